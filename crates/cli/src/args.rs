@@ -1,0 +1,237 @@
+//! Command-line arguments and the parsers for destinations, sizes and stream schedules.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+
+/// Move data fast between sites over parallel TCP streams.
+#[derive(Debug, Parser)]
+#[command(name = "xfer", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Send files, directory trees or generated data to a receiver.
+    Send(SendArgs),
+    /// Receive sessions on one port and write them under a root directory.
+    Recv(RecvArgs),
+}
+
+/// `xfer send`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  xfer send data/ results.h5 host:9000:incoming --key KEY --streams 8\n  xfer send --mem 10GiB 127.0.0.1:9000 --key KEY --streams 4 --json"
+)]
+pub struct SendArgs {
+    /// Files and directories to send, then the destination HOST:PORT[:DEST] (DEST is a directory
+    /// under the receiver's root; IPv6 hosts in brackets: [::1]:9000).
+    #[arg(required = true, num_args = 1.., value_name = "PATH... HOST:PORT[:DEST]")]
+    pub args: Vec<String>,
+    /// The receiver's session key (as printed by `xfer recv`).
+    #[arg(
+        long,
+        env = "XFER_KEY",
+        hide_env_values = true,
+        conflicts_with = "key_file"
+    )]
+    pub key: Option<String>,
+    /// Read the session key from this file.
+    #[arg(long)]
+    pub key_file: Option<PathBuf>,
+    /// Number of parallel TCP streams.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub streams: u32,
+    /// Change the stream count over time, e.g. "0s:1,5s:16,10s:4" (times since the start).
+    #[arg(long, value_parser = parse_schedule)]
+    pub streams_schedule: Option<Schedule>,
+    /// Send SIZE bytes of generated data to a discarding sink (memory-to-memory benchmark).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    pub mem: Option<u64>,
+    /// Also compare a BLAKE3 hash of every whole file end to end.
+    #[arg(long, conflicts_with = "mem")]
+    pub verify: bool,
+    /// Largest work unit (chunk) size.
+    #[arg(long, default_value = "4MiB", value_parser = parse_unit_size)]
+    pub unit_size: u32,
+    /// Print one JSON object per second and a JSON summary instead of the progress bar.
+    #[arg(long, conflicts_with = "quiet")]
+    pub json: bool,
+    /// Print nothing but errors.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// `xfer recv`.
+#[derive(Debug, Args)]
+pub struct RecvArgs {
+    /// Address and port to listen on (one port serves control and all data streams).
+    #[arg(long, default_value = "0.0.0.0:9000")]
+    pub listen: String,
+    /// Directory everything received is written under.
+    #[arg(long)]
+    pub root: PathBuf,
+    /// Read the session key from this file instead of generating a one-time key.
+    #[arg(long)]
+    pub key_file: Option<PathBuf>,
+    /// Exit after serving one session.
+    #[arg(long)]
+    pub once: bool,
+    /// Most data streams one session may open.
+    #[arg(long, default_value_t = 256)]
+    pub max_streams: u32,
+}
+
+/// Where `xfer send` sends to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Destination {
+    /// `HOST:PORT`, ready for name resolution.
+    pub addr: String,
+    /// Directory under the receiver's root (empty: the root).
+    pub dest: String,
+}
+
+/// Parses `HOST:PORT[:DEST]`, with IPv6 hosts in brackets.
+pub fn parse_destination(s: &str) -> anyhow::Result<Destination> {
+    let (host, rest) = if let Some(after) = s.strip_prefix('[') {
+        let (host, rest) = after
+            .split_once(']')
+            .with_context(|| format!("destination {s:?}: missing ']' after an IPv6 host"))?;
+        let rest = rest
+            .strip_prefix(':')
+            .with_context(|| format!("destination {s:?}: expected ':PORT' after the host"))?;
+        (format!("[{host}]"), rest)
+    } else {
+        let (host, rest) = s
+            .split_once(':')
+            .with_context(|| format!("destination {s:?} is not HOST:PORT[:DEST]"))?;
+        (host.to_string(), rest)
+    };
+    if host.is_empty() || host == "[]" {
+        bail!("destination {s:?} has no host");
+    }
+    let (port, dest) = rest.split_once(':').unwrap_or((rest, ""));
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|&p| p != 0)
+        .with_context(|| format!("destination {s:?}: {port:?} is not a port number"))?;
+    Ok(Destination {
+        addr: format!("{host}:{port}"),
+        dest: dest.trim_end_matches('/').to_string(),
+    })
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(s)
+        .map_err(|e| format!("{s:?} is not a size ({e}); examples: 10GiB, 512M, 4096"))
+}
+
+fn parse_unit_size(s: &str) -> Result<u32, String> {
+    let size = parse_size_arg(s)?;
+    if !(1..=64 << 20).contains(&size) {
+        return Err(format!(
+            "unit size must be between 1 byte and 64 MiB, not {size}"
+        ));
+    }
+    Ok(size as u32)
+}
+
+/// Stream counts to apply at given times since the start of the transfer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Schedule(pub Vec<(Duration, u32)>);
+
+impl Schedule {
+    /// The count in force at `elapsed`, if the schedule has started.
+    pub fn at(&self, elapsed: Duration) -> Option<u32> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(t, _)| *t <= elapsed)
+            .map(|&(_, n)| n)
+    }
+}
+
+/// Parses `"0s:1,5s:16,10s:4"` (times: `500ms`, `5s`, `1.5s`, `2m`, or bare seconds).
+pub fn parse_schedule(s: &str) -> Result<Schedule, String> {
+    let mut steps = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (time, count) = part
+            .split_once(':')
+            .ok_or_else(|| format!("schedule step {part:?} is not TIME:STREAMS"))?;
+        let count: u32 = count
+            .trim()
+            .parse()
+            .ok()
+            .filter(|n| (1..=256).contains(n))
+            .ok_or_else(|| format!("schedule step {part:?}: streams must be 1 to 256"))?;
+        steps.push((
+            parse_time(time.trim()).ok_or_else(|| {
+                format!("schedule step {part:?}: {time:?} is not a time like 5s or 500ms")
+            })?,
+            count,
+        ));
+    }
+    if steps.is_empty() {
+        return Err("the schedule is empty".into());
+    }
+    steps.sort_by_key(|&(t, _)| t);
+    Ok(Schedule(steps))
+}
+
+fn parse_time(s: &str) -> Option<Duration> {
+    let (number, scale) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (s, 1.0)
+    };
+    let secs = number.trim().parse::<f64>().ok()? * scale;
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destinations() {
+        let d = parse_destination("host:9000:in/coming/").unwrap();
+        assert_eq!(
+            d,
+            Destination {
+                addr: "host:9000".into(),
+                dest: "in/coming".into()
+            }
+        );
+        assert_eq!(parse_destination("[::1]:9000").unwrap().addr, "[::1]:9000");
+        assert_eq!(parse_destination("[::1]:9000:x").unwrap().dest, "x");
+        assert!(parse_destination("host").is_err());
+        assert!(parse_destination("host:http").is_err());
+        assert!(parse_destination(":9000").is_err());
+    }
+
+    #[test]
+    fn schedules() {
+        let s = parse_schedule("5s:16, 0s:1,10s:4,500ms:2").unwrap();
+        assert_eq!(s.at(Duration::ZERO), Some(1));
+        assert_eq!(s.at(Duration::from_millis(600)), Some(2));
+        assert_eq!(s.at(Duration::from_secs(7)), Some(16));
+        assert_eq!(s.at(Duration::from_secs(70)), Some(4));
+        assert_eq!(parse_schedule("1s:3").unwrap().at(Duration::ZERO), None);
+        assert!(parse_schedule("5s").is_err());
+        assert!(parse_schedule("xs:3").is_err());
+        assert!(parse_schedule("1s:0").is_err());
+    }
+}

@@ -1,0 +1,31 @@
+//! `xfer`: send files, directory trees or generated data over parallel TCP streams.
+
+mod args;
+mod recv;
+mod send;
+
+use clap::Parser;
+
+fn main() {
+    let cli = args::Cli::parse();
+    let default_level = match &cli.command {
+        args::Command::Recv(_) => "info",
+        args::Command::Send(_) => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("XFER_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
+        )
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    let result = match cli.command {
+        args::Command::Send(a) => send::run(a),
+        args::Command::Recv(a) => recv::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("xfer: error: {e:#}");
+        std::process::exit(1);
+    }
+}

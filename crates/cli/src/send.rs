@@ -1,0 +1,233 @@
+//! `xfer send`: run a transfer with a live progress bar, or per-second JSON, and a summary.
+
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use transfer::auth::SessionKey;
+use transfer::sender::{Progress, SendConfig, SendSource, StreamSample, Summary, Transfer};
+use transfer::tcp_info::TcpInfo;
+
+use crate::args::{parse_destination, SendArgs};
+
+/// How often the progress bar and the stream schedule are updated.
+const TICK: Duration = Duration::from_millis(100);
+/// How often a JSON progress object is printed.
+const REPORT_EVERY: Duration = Duration::from_secs(1);
+
+/// One per-second JSON report.
+#[derive(Serialize)]
+struct ProgressReport<'a> {
+    r#type: &'static str,
+    t: f64,
+    bytes_acked: u64,
+    bytes_total: u64,
+    bytes_skipped: u64,
+    gbit_per_s: f64,
+    files_done: u64,
+    files_total: u64,
+    streams: usize,
+    streams_target: usize,
+    tcp: &'a [StreamReport],
+}
+
+/// One stream's counters in a report.
+#[derive(Serialize)]
+struct StreamReport {
+    stream: u64,
+    #[serde(flatten)]
+    tcp: TcpInfo,
+}
+
+/// The final JSON summary.
+#[derive(Serialize)]
+struct SummaryReport<'a> {
+    r#type: &'static str,
+    bytes: u64,
+    bytes_skipped: u64,
+    files: u64,
+    seconds: f64,
+    gbit_per_s: f64,
+    streams_timeline: &'a [(f64, usize)],
+    retransmits: u64,
+}
+
+/// Runs `xfer send`.
+pub fn run(args: SendArgs) -> anyhow::Result<()> {
+    let (sources, destination) = match args.args.split_last() {
+        Some((dest, sources)) => (sources, parse_destination(dest)?),
+        None => bail!("missing destination HOST:PORT[:DEST]"),
+    };
+    let source = match args.mem {
+        Some(size) => {
+            if !sources.is_empty() {
+                bail!(
+                    "--mem sends generated data; do not also name files ({})",
+                    sources.join(", ")
+                );
+            }
+            if !destination.dest.is_empty() {
+                bail!("--mem sends to a discarding sink; a destination directory makes no sense");
+            }
+            SendSource::Memory { size }
+        }
+        None => {
+            if sources.is_empty() {
+                bail!("nothing to send: name files or directories before HOST:PORT[:DEST], or use --mem SIZE");
+            }
+            SendSource::Paths {
+                paths: sources.iter().map(PathBuf::from).collect(),
+                dest: std::ffi::OsStr::new(&destination.dest).as_bytes().to_vec(),
+            }
+        }
+    };
+    let key = match (&args.key, &args.key_file) {
+        (Some(text), _) => SessionKey::from_text(text)?,
+        (None, Some(path)) => SessionKey::from_file(path)?,
+        (None, None) => bail!("no session key: pass --key KEY (printed by `xfer recv`), --key-file FILE, or set XFER_KEY"),
+    };
+    let schedule = args.streams_schedule.clone();
+    let initial = schedule
+        .as_ref()
+        .and_then(|s| s.at(Duration::ZERO))
+        .unwrap_or(args.streams);
+    let config = SendConfig {
+        addr: destination.addr,
+        key,
+        streams: initial as usize,
+        unit_size: args.unit_size,
+        verify: args.verify,
+    };
+    let transfer = Transfer::start(config, source)?;
+    if !args.quiet {
+        for skipped in transfer.skipped_sources() {
+            eprintln!("xfer: warning: {skipped}");
+        }
+    }
+    let bar = progress_bar(&args, &transfer.progress());
+    let mut stdout = std::io::stdout().lock();
+    let mut next_report = REPORT_EVERY;
+    let mut last_acked = (Duration::ZERO, 0u64);
+    loop {
+        let finished = transfer.wait_timeout(TICK);
+        let progress = transfer.progress();
+        if let Some(n) = schedule.as_ref().and_then(|s| s.at(progress.elapsed)) {
+            if n as usize != progress.streams_target {
+                transfer.set_target_streams(n as usize);
+            }
+        }
+        if let Some(bar) = &bar {
+            bar.set_position(progress.bytes_acked);
+            bar.set_message(format!(
+                "files {}/{}  streams {}",
+                progress.files_done, progress.files_total, progress.streams_active
+            ));
+        }
+        if args.json && progress.elapsed >= next_report {
+            next_report += REPORT_EVERY;
+            let rate = rate_since(last_acked, &progress);
+            last_acked = (progress.elapsed, progress.bytes_acked);
+            let tcp: Vec<_> = transfer
+                .sample_streams()
+                .into_iter()
+                .map(|StreamSample { stream, tcp }| StreamReport { stream, tcp })
+                .collect();
+            let report = ProgressReport {
+                r#type: "progress",
+                t: progress.elapsed.as_secs_f64(),
+                bytes_acked: progress.bytes_acked,
+                bytes_total: progress.bytes_total,
+                bytes_skipped: progress.bytes_skipped,
+                gbit_per_s: rate,
+                files_done: progress.files_done,
+                files_total: progress.files_total,
+                streams: progress.streams_active,
+                streams_target: progress.streams_target,
+                tcp: &tcp,
+            };
+            serde_json::to_writer(&mut stdout, &report)?;
+            writeln!(stdout)?;
+            stdout.flush()?;
+        }
+        if finished {
+            break;
+        }
+    }
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let summary = transfer.wait()?;
+    print_summary(&args, &summary, &mut stdout).context("writing the summary")
+}
+
+fn rate_since((t0, b0): (Duration, u64), now: &Progress) -> f64 {
+    let dt = now.elapsed.saturating_sub(t0).as_secs_f64();
+    if dt > 0.0 {
+        (now.bytes_acked - b0) as f64 * 8.0 / dt / 1e9
+    } else {
+        0.0
+    }
+}
+
+fn progress_bar(args: &SendArgs, progress: &Progress) -> Option<ProgressBar> {
+    if args.quiet || args.json {
+        return None;
+    }
+    let bar = ProgressBar::new(progress.bytes_total);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{bar:30.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}  {msg}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    bar.enable_steady_tick(Duration::from_millis(250));
+    Some(bar)
+}
+
+fn print_summary(args: &SendArgs, summary: &Summary, out: &mut impl Write) -> std::io::Result<()> {
+    if args.json {
+        let report = SummaryReport {
+            r#type: "summary",
+            bytes: summary.bytes,
+            bytes_skipped: summary.bytes_skipped,
+            files: summary.files,
+            seconds: summary.seconds,
+            gbit_per_s: summary.gbit_per_s(),
+            streams_timeline: &summary.streams_timeline,
+            retransmits: summary.retransmits,
+        };
+        serde_json::to_writer(&mut *out, &report)?;
+        writeln!(out)?;
+    } else if !args.quiet {
+        let max_streams = summary
+            .streams_timeline
+            .iter()
+            .map(|&(_, n)| n)
+            .max()
+            .unwrap_or(0);
+        writeln!(
+            out,
+            "sent {} in {:.2} s: {:.2} Gbit/s mean, {} files, up to {} streams, {} retransmits{}",
+            indicatif::BinaryBytes(summary.bytes),
+            summary.seconds,
+            summary.gbit_per_s(),
+            summary.files,
+            max_streams,
+            summary.retransmits,
+            if summary.bytes_skipped > 0 {
+                format!(
+                    ", {} already at the receiver",
+                    indicatif::BinaryBytes(summary.bytes_skipped)
+                )
+            } else {
+                String::new()
+            }
+        )?;
+    }
+    out.flush()
+}

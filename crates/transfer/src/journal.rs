@@ -1,0 +1,215 @@
+//! The receiver's journal of verified chunks, one per partly received file.
+//!
+//! A file arrives as `.NAME.xfer-part` beside its final name, with `.NAME.xfer-journal` next to
+//! it. The journal starts with the identity of the source version (size and mtime) and then gets
+//! one fixed-size record `(offset, len, xxh3)` appended after each chunk is written. A record
+//! goes to the page cache right after its data, so a killed process loses nothing it acknowledged.
+//! On resume every record is checked again against the part file's bytes, so a record that
+//! outlived its data (power loss) or a part file changed behind our back costs a resend, never a
+//! corrupt file. A torn last record is ignored.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use rangemap::RangeSet;
+
+use crate::manifest::Timestamp;
+use crate::wire::chunk_checksum;
+
+const MAGIC: &[u8; 8] = b"XFERJNL1";
+const HEADER_LEN: usize = 32;
+const RECORD_LEN: usize = 24;
+const NAME_MAX: usize = 255;
+
+/// The source version a journal belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceIdentity {
+    /// Source file size.
+    pub size: u64,
+    /// Source file mtime.
+    pub mtime: Timestamp,
+}
+
+/// Names of the part file and journal kept beside a file's final path while it arrives.
+#[derive(Debug, Clone)]
+pub struct PartPaths {
+    /// The data, written in place at each chunk's offset.
+    pub part: PathBuf,
+    /// The journal of verified chunks.
+    pub journal: PathBuf,
+}
+
+impl PartPaths {
+    /// Derives the hidden part and journal names for `final_path` (hashed when the name is too
+    /// long to extend).
+    pub fn for_final(final_path: &Path) -> PartPaths {
+        let dir = final_path.parent().unwrap_or(Path::new(""));
+        let name = final_path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let stem = if name.len() + ".xfer-journal".len() + 1 <= NAME_MAX {
+            format!(".{name}")
+        } else {
+            format!(".xfer-{}", &blake3::hash(name.as_bytes()).to_hex()[..32])
+        };
+        PartPaths {
+            part: dir.join(format!("{stem}.xfer-part")),
+            journal: dir.join(format!("{stem}.xfer-journal")),
+        }
+    }
+}
+
+/// An open journal that records verified chunks.
+#[derive(Debug)]
+pub struct Journal {
+    file: File,
+}
+
+impl Journal {
+    /// Creates (or truncates) a journal for `identity`.
+    pub fn create(path: &Path, identity: SourceIdentity) -> std::io::Result<Journal> {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(0o600)
+            .open(path)?;
+        let mut header = [0u8; HEADER_LEN];
+        header[..8].copy_from_slice(MAGIC);
+        header[8..16].copy_from_slice(&identity.size.to_le_bytes());
+        header[16..24].copy_from_slice(&identity.mtime.secs.to_le_bytes());
+        header[24..28].copy_from_slice(&identity.mtime.nanos.to_le_bytes());
+        file.write_all(&header)?;
+        Ok(Journal { file })
+    }
+
+    /// Appends the record of one verified chunk.
+    pub fn record(&mut self, offset: u64, len: u64, checksum: u64) -> std::io::Result<()> {
+        let mut rec = [0u8; RECORD_LEN];
+        rec[..8].copy_from_slice(&offset.to_le_bytes());
+        rec[8..16].copy_from_slice(&len.to_le_bytes());
+        rec[16..].copy_from_slice(&checksum.to_le_bytes());
+        self.file.write_all(&rec)
+    }
+
+    /// Reopens an existing journal for `identity`, re-verifies its records against `part`, and
+    /// returns it positioned for appending with the ranges that still verify. `None` when the
+    /// journal is missing, unreadable, or belongs to another version of the source.
+    pub fn resume(
+        path: &Path,
+        part: &File,
+        identity: SourceIdentity,
+    ) -> Option<(Journal, RangeSet<u64>)> {
+        let mut bytes = Vec::new();
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .ok()?
+            .read_to_end(&mut bytes)
+            .ok()?;
+        if bytes.len() < HEADER_LEN || &bytes[..8] != MAGIC {
+            return None;
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        let recorded = SourceIdentity {
+            size: u64_at(8),
+            mtime: Timestamp {
+                secs: u64_at(16) as i64,
+                nanos: u32::from_le_bytes(bytes[24..28].try_into().expect("4 bytes")),
+            },
+        };
+        if recorded != identity {
+            return None;
+        }
+        let mut verified = RangeSet::new();
+        let mut buf = Vec::new();
+        for rec in bytes[HEADER_LEN..].chunks_exact(RECORD_LEN) {
+            let offset = u64::from_le_bytes(rec[..8].try_into().expect("8 bytes"));
+            let len = u64::from_le_bytes(rec[8..16].try_into().expect("8 bytes"));
+            let checksum = u64::from_le_bytes(rec[16..].try_into().expect("8 bytes"));
+            let Some(end) = offset
+                .checked_add(len)
+                .filter(|&e| e <= identity.size && len > 0)
+            else {
+                continue;
+            };
+            buf.resize(len as usize, 0);
+            if part.read_exact_at(&mut buf, offset).is_ok() && chunk_checksum(&buf) == checksum {
+                verified.insert(offset..end);
+            }
+        }
+        // Drop a torn tail so that new records stay aligned.
+        let keep = HEADER_LEN + (bytes.len() - HEADER_LEN) / RECORD_LEN * RECORD_LEN;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .ok()?;
+        file.set_len(keep as u64).ok()?;
+        let mut journal = Journal { file };
+        use std::io::Seek;
+        journal.file.seek(std::io::SeekFrom::End(0)).ok()?;
+        Some((journal, verified))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resume_keeps_only_records_whose_bytes_still_verify() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = PartPaths::for_final(&dir.path().join("data.bin"));
+        let identity = SourceIdentity {
+            size: 300,
+            mtime: Timestamp { secs: 5, nanos: 6 },
+        };
+        let part = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&paths.part)
+            .unwrap();
+        part.set_len(300).unwrap();
+        let mut journal = Journal::create(&paths.journal, identity).unwrap();
+        for (off, fill) in [(0u64, 1u8), (100, 2), (200, 3)] {
+            let data = vec![fill; 100];
+            part.write_all_at(&data, off).unwrap();
+            journal.record(off, 100, chunk_checksum(&data)).unwrap();
+        }
+        // Corrupt the middle chunk behind the journal's back and tear a record at the end.
+        part.write_all_at(&[9u8; 1], 150).unwrap();
+        journal.file.write_all(&[1, 2, 3]).unwrap();
+        drop(journal);
+
+        let (mut journal, verified) = Journal::resume(&paths.journal, &part, identity).unwrap();
+        let ranges: Vec<_> = verified.iter().cloned().collect();
+        assert_eq!(ranges, vec![0..100, 200..300]);
+        journal.record(100, 100, 0).unwrap();
+        let len = std::fs::metadata(&paths.journal).unwrap().len() as usize;
+        assert_eq!((len - HEADER_LEN) % RECORD_LEN, 0);
+
+        let other = SourceIdentity {
+            size: 300,
+            mtime: Timestamp { secs: 5, nanos: 7 },
+        };
+        assert!(Journal::resume(&paths.journal, &part, other).is_none());
+    }
+
+    #[test]
+    fn long_names_get_hashed_part_names() {
+        let long = "x".repeat(250);
+        let paths = PartPaths::for_final(Path::new(&format!("/d/{long}")));
+        assert!(paths.part.file_name().unwrap().len() <= NAME_MAX);
+        assert!(paths.journal.file_name().unwrap().len() <= NAME_MAX);
+        let short = PartPaths::for_final(Path::new("/d/a.txt"));
+        assert_eq!(short.part, Path::new("/d/.a.txt.xfer-part"));
+    }
+}

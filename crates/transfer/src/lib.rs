@@ -1,0 +1,18 @@
+//! The xfer data plane: move files and directory trees (or generated test data) from a sender to
+//! a receiver over N parallel TCP streams whose count may change at any moment, with per-chunk
+//! checksums, journaled resume, and per-stream `TCP_INFO` statistics for an optimiser.
+//!
+//! - [`receiver::Receiver`] serves sessions on one port ([`receiver::ReceiverConfig`]).
+//! - [`sender::Transfer`] runs one transfer ([`sender::SendConfig`], [`sender::SendSource`]);
+//!   [`sender::Transfer::set_target_streams`] changes the stream count live,
+//!   [`sender::Transfer::sample_streams`] reads each stream's TCP counters.
+//! - [`wire`] is the protocol, [`auth`] the key handshake, [`manifest`] what is sent,
+//!   [`journal`] the receiver's record of verified chunks.
+
+pub mod auth;
+pub mod journal;
+pub mod manifest;
+pub mod receiver;
+pub mod sender;
+pub mod tcp_info;
+pub mod wire;

@@ -1,0 +1,327 @@
+//! The manifest of a transfer: which directories and files the sender will send, with their
+//! relative paths, sizes, modes and mtimes; how the sender builds it from its sources; and how
+//! the receiver checks that every path stays under its root.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Longest relative path accepted, in bytes (Linux's PATH_MAX).
+pub const MAX_PATH_LEN: usize = 4096;
+
+/// A file or directory timestamp: seconds and nanoseconds since the Unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timestamp {
+    /// Whole seconds (negative before 1970).
+    pub secs: i64,
+    /// Nanoseconds within the second.
+    pub nanos: u32,
+}
+
+impl Timestamp {
+    /// The modification time recorded in `meta`.
+    pub fn mtime_of(meta: &std::fs::Metadata) -> Timestamp {
+        Timestamp {
+            secs: meta.mtime(),
+            nanos: meta.mtime_nsec() as u32,
+        }
+    }
+
+    /// As a `SystemTime`, for setting it on a file.
+    pub fn to_system_time(self) -> std::time::SystemTime {
+        let nanos = std::time::Duration::new(self.secs.unsigned_abs(), self.nanos.min(999_999_999));
+        if self.secs >= 0 {
+            std::time::UNIX_EPOCH + nanos
+        } else {
+            std::time::UNIX_EPOCH - std::time::Duration::from_secs(self.secs.unsigned_abs())
+                + std::time::Duration::from_nanos(self.nanos as u64)
+        }
+    }
+}
+
+/// A directory to create (relative path, permission bits, mtime set after its contents arrive).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    /// Path relative to the destination, `/`-separated raw bytes.
+    pub path: Vec<u8>,
+    /// Permission bits (`0o777` part of the mode).
+    pub mode: u32,
+    /// Modification time.
+    pub mtime: Timestamp,
+}
+
+/// A regular file to send.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Path relative to the destination, `/`-separated raw bytes.
+    pub path: Vec<u8>,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits (`0o777` part of the mode).
+    pub mode: u32,
+    /// Modification time; with the size it identifies this version of the source file.
+    pub mtime: Timestamp,
+}
+
+/// Where the receiver puts what arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SinkKind {
+    /// Files under the receiver's root.
+    Files,
+    /// Generated data that the receiver verifies and discards (memory-to-memory benchmark).
+    Discard,
+}
+
+/// Everything the sender announces before sending data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Destination directory relative to the receiver's root (empty: the root itself).
+    pub dest: Vec<u8>,
+    /// Files or a discarding sink.
+    pub sink: SinkKind,
+    /// Directories, parents before children.
+    pub dirs: Vec<DirEntry>,
+    /// Files; a chunk names its file by index in this list.
+    pub files: Vec<FileEntry>,
+}
+
+impl Manifest {
+    /// Total bytes of all files.
+    pub fn total_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+}
+
+/// Errors of building a manifest from the sender's sources.
+#[derive(Debug, thiserror::Error)]
+pub enum ScanError {
+    /// A source could not be read.
+    #[error("cannot read source {path}: {source}")]
+    Unreadable {
+        /// The source.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// Two sources would land at the same destination name.
+    #[error("two sources are both named {0:?} at the destination")]
+    DuplicateName(String),
+    /// A source has no usable name (such as `/`).
+    #[error("source {0} has no file name to use at the destination")]
+    NoName(String),
+}
+
+/// A manifest plus where each of its files is on the sender's disk.
+#[derive(Debug)]
+pub struct ScannedSources {
+    /// What will be announced to the receiver.
+    pub manifest: Manifest,
+    /// Local path of each `manifest.files` entry, same order.
+    pub local_paths: Vec<PathBuf>,
+    /// Entries that were left out (symbolic links, devices, sockets), with why.
+    pub skipped: Vec<String>,
+}
+
+/// Builds the manifest for sending `sources` into `dest`: each source lands under its own name,
+/// directories recursively (sorted by name), regular files only; links and special files are
+/// skipped and listed in `skipped`.
+pub fn scan_sources(sources: &[PathBuf], dest: &[u8]) -> Result<ScannedSources, ScanError> {
+    let mut out = ScannedSources {
+        manifest: Manifest {
+            dest: dest.to_vec(),
+            sink: SinkKind::Files,
+            dirs: Vec::new(),
+            files: Vec::new(),
+        },
+        local_paths: Vec::new(),
+        skipped: Vec::new(),
+    };
+    let mut top_names = std::collections::HashSet::new();
+    for source in sources {
+        let unreadable = |e: std::io::Error| ScanError::Unreadable {
+            path: source.display().to_string(),
+            source: e,
+        };
+        let meta = std::fs::metadata(source).map_err(unreadable)?;
+        let name = match source.file_name() {
+            Some(n) => n.to_owned(),
+            None => std::fs::canonicalize(source)
+                .map_err(unreadable)?
+                .file_name()
+                .ok_or_else(|| ScanError::NoName(source.display().to_string()))?
+                .to_owned(),
+        };
+        if !top_names.insert(name.clone()) {
+            return Err(ScanError::DuplicateName(
+                name.to_string_lossy().into_owned(),
+            ));
+        }
+        if meta.is_file() {
+            std::fs::File::open(source).map_err(unreadable)?;
+            out.push_file(name.as_bytes().to_vec(), source.clone(), &meta);
+            continue;
+        }
+        if !meta.is_dir() {
+            out.skipped.push(format!(
+                "{}: not a regular file or directory",
+                source.display()
+            ));
+            continue;
+        }
+        let walk = walkdir::WalkDir::new(source)
+            .follow_links(false)
+            .sort_by_file_name();
+        for entry in walk {
+            let entry = entry.map_err(|e| ScanError::Unreadable {
+                path: e.path().unwrap_or(source).display().to_string(),
+                source: e
+                    .into_io_error()
+                    .unwrap_or_else(|| std::io::Error::other("filesystem loop")),
+            })?;
+            let rel = entry
+                .path()
+                .strip_prefix(source)
+                .expect("walkdir stays under its root");
+            let mut path = name.as_bytes().to_vec();
+            for comp in rel.components() {
+                path.push(b'/');
+                path.extend_from_slice(comp.as_os_str().as_bytes());
+            }
+            let kind = entry.file_type();
+            let meta = if kind.is_symlink() {
+                None
+            } else {
+                Some(entry.metadata().map_err(|e| {
+                    ScanError::Unreadable {
+                        path: entry.path().display().to_string(),
+                        source: e
+                            .into_io_error()
+                            .unwrap_or_else(|| std::io::Error::other("metadata")),
+                    }
+                })?)
+            };
+            match meta {
+                Some(m) if kind.is_dir() => out.manifest.dirs.push(DirEntry {
+                    path,
+                    mode: m.mode() & 0o777,
+                    mtime: Timestamp::mtime_of(&m),
+                }),
+                Some(m) if kind.is_file() => out.push_file(path, entry.path().to_path_buf(), &m),
+                _ => out.skipped.push(format!(
+                    "{}: symbolic link or special file, skipped",
+                    entry.path().display()
+                )),
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl ScannedSources {
+    fn push_file(&mut self, path: Vec<u8>, local: PathBuf, meta: &std::fs::Metadata) {
+        self.manifest.files.push(FileEntry {
+            path,
+            size: meta.len(),
+            mode: meta.mode() & 0o777,
+            mtime: Timestamp::mtime_of(meta),
+        });
+        self.local_paths.push(local);
+    }
+}
+
+/// Why a relative path from a peer was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    /// Absolute paths would leave the root.
+    #[error("absolute path {0:?} refused: paths must stay under the receiver's root")]
+    Absolute(String),
+    /// `..` would leave the root.
+    #[error("path {0:?} refused: '..' would leave the receiver's root")]
+    ParentComponent(String),
+    /// Empty paths, empty or `.` components, NUL bytes, or over-long paths.
+    #[error("malformed path {0:?} refused")]
+    Malformed(String),
+}
+
+/// Checks a peer-supplied relative path and splits it into its components. The empty path is
+/// accepted only when `allow_empty` (it means the root itself).
+pub fn split_relative(path: &[u8], allow_empty: bool) -> Result<Vec<&OsStr>, PathError> {
+    let shown = || String::from_utf8_lossy(path).into_owned();
+    if path.is_empty() {
+        return if allow_empty {
+            Ok(Vec::new())
+        } else {
+            Err(PathError::Malformed(shown()))
+        };
+    }
+    if path[0] == b'/' {
+        return Err(PathError::Absolute(shown()));
+    }
+    if path.len() > MAX_PATH_LEN || path.contains(&0) {
+        return Err(PathError::Malformed(shown()));
+    }
+    path.split(|&b| b == b'/')
+        .map(|comp| match comp {
+            b".." => Err(PathError::ParentComponent(shown())),
+            b"" | b"." => Err(PathError::Malformed(shown())),
+            c => Ok(OsStr::from_bytes(c)),
+        })
+        .collect()
+}
+
+/// Joins checked components under `base`.
+pub fn join_components(base: &Path, components: &[&OsStr]) -> PathBuf {
+    let mut out = base.to_path_buf();
+    out.extend(components);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn escaping_paths_are_refused() {
+        assert!(matches!(
+            split_relative(b"/etc/passwd", false),
+            Err(PathError::Absolute(_))
+        ));
+        assert!(matches!(
+            split_relative(b"a/../../x", false),
+            Err(PathError::ParentComponent(_))
+        ));
+        assert!(matches!(
+            split_relative(b"a//b", false),
+            Err(PathError::Malformed(_))
+        ));
+        assert!(matches!(
+            split_relative(b"a/./b", false),
+            Err(PathError::Malformed(_))
+        ));
+        assert!(matches!(
+            split_relative(b"a\0b", false),
+            Err(PathError::Malformed(_))
+        ));
+        assert!(split_relative(b"", false).is_err());
+        assert_eq!(split_relative(b"", true).unwrap().len(), 0);
+        assert_eq!(
+            split_relative("d/é/ü.txt".as_bytes(), false).unwrap().len(),
+            3
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn accepted_paths_stay_under_the_base(path in proptest::collection::vec(any::<u8>(), 0..64)) {
+            if let Ok(comps) = split_relative(&path, true) {
+                let joined = join_components(Path::new("/base"), &comps);
+                prop_assert!(joined.starts_with("/base"));
+                prop_assert!(joined.components().all(|c| matches!(c, std::path::Component::RootDir | std::path::Component::Normal(_))));
+            }
+        }
+    }
+}

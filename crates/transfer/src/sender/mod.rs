@@ -1,0 +1,669 @@
+//! The sending side: a [`Transfer`] moves a manifest's files (or generated data) over a number of
+//! TCP streams that the caller may change at any moment with [`Transfer::set_target_streams`].
+//!
+//! Streams pull work units (chunks of at most `unit_size` bytes) from one shared queue, so a
+//! fast stream takes more of them. A stream being removed sends no new unit, waits for the acks
+//! of what it has in flight, and closes; a stream that breaks hands its unacknowledged units back
+//! to the queue. The receiver acknowledges a unit only after it verified and wrote it, and treats
+//! a unit it already holds as a duplicate, so no byte is lost or written twice.
+
+mod control;
+mod source;
+mod stream;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::auth::{self, AuthError, SessionKey};
+use crate::manifest::{scan_sources, FileEntry, Manifest, SinkKind, Timestamp};
+use crate::tcp_info::{self, TcpInfo};
+use crate::wire::{self, FileStatus, FrameReader, Message, Role};
+use source::SourceData;
+use stream::StreamHandle;
+
+/// How long connecting one TCP connection may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Streams that may break mid-transfer (and be replaced) before the transfer gives up.
+const MAX_STREAM_FAILURES: u32 = 32;
+
+/// What to send.
+#[derive(Debug, Clone)]
+pub enum SendSource {
+    /// Files and directory trees, each landing under its own name in `dest`.
+    Paths {
+        /// Local files and directories.
+        paths: Vec<PathBuf>,
+        /// Destination directory relative to the receiver's root (empty: the root).
+        dest: Vec<u8>,
+    },
+    /// `size` bytes of generated data to a discarding sink (memory-to-memory benchmark).
+    Memory {
+        /// Bytes to send.
+        size: u64,
+    },
+}
+
+/// How to send.
+#[derive(Debug, Clone)]
+pub struct SendConfig {
+    /// Receiver address, `HOST:PORT`.
+    pub addr: String,
+    /// The receiver's session key.
+    pub key: SessionKey,
+    /// Streams to open at first (change later with [`Transfer::set_target_streams`]).
+    pub streams: usize,
+    /// Largest work unit in bytes (capped by the receiver's limit).
+    pub unit_size: u32,
+    /// Also compare a BLAKE3 hash of each whole file end to end.
+    pub verify: bool,
+}
+
+/// Why a transfer failed. Every variant's text is a complete one-line explanation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// A source could not be scanned.
+    #[error("{0}")]
+    Source(String),
+    /// A source file changed while it was being sent.
+    #[error(
+        "source file {0} changed during the transfer; run the same command again to send it whole"
+    )]
+    SourceChanged(String),
+    /// The receiver's address did not resolve or accept a connection.
+    #[error("cannot connect to {addr}: {reason}")]
+    Connect {
+        /// The address.
+        addr: String,
+        /// The cause.
+        reason: String,
+    },
+    /// Authentication failed or the receiver refused the session.
+    #[error("{0}")]
+    Auth(String),
+    /// The receiver reported an error (disk full, path refused, ...).
+    #[error("receiver: {0}")]
+    Receiver(String),
+    /// The connection to the receiver broke.
+    #[error("lost connection to the receiver: {0}")]
+    Connection(String),
+    /// The receiver broke the protocol.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+}
+
+impl From<AuthError> for SendError {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::Wire(w) => SendError::Connection(w.to_string()),
+            AuthError::Refused(r) => SendError::Receiver(r),
+            other => SendError::Auth(other.to_string()),
+        }
+    }
+}
+
+/// One unit of work: a byte range of one manifest file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unit {
+    file: u32,
+    offset: u64,
+    len: u32,
+}
+
+/// Units waiting to be sent, units in flight, and bytes not yet acknowledged per file.
+struct WorkQueue {
+    pending: VecDeque<Unit>,
+    in_flight: usize,
+    remaining: Vec<u64>,
+}
+
+/// A snapshot of a transfer's progress.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Time since the transfer started.
+    pub elapsed: Duration,
+    /// Bytes this run has to send.
+    pub bytes_total: u64,
+    /// Bytes the receiver already had (resumed or complete files).
+    pub bytes_skipped: u64,
+    /// Bytes acknowledged (verified and written by the receiver).
+    pub bytes_acked: u64,
+    /// Bytes handed to the sockets.
+    pub bytes_sent: u64,
+    /// Files in the manifest.
+    pub files_total: u64,
+    /// Files in place under their final names.
+    pub files_done: u64,
+    /// Streams open or opening, not counting those being removed.
+    pub streams_active: usize,
+    /// Stream count the caller asked for.
+    pub streams_target: usize,
+}
+
+/// TCP statistics of one open stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamSample {
+    /// Stream number within the transfer (1, 2, ...).
+    pub stream: u64,
+    /// Kernel counters.
+    pub tcp: TcpInfo,
+}
+
+/// The result of a finished transfer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    /// Bytes acknowledged in this run.
+    pub bytes: u64,
+    /// Bytes the receiver already had.
+    pub bytes_skipped: u64,
+    /// Files in the manifest.
+    pub files: u64,
+    /// Wall time of the transfer in seconds.
+    pub seconds: f64,
+    /// `(seconds since start, active streams)` at each change of the stream count.
+    pub streams_timeline: Vec<(f64, usize)>,
+    /// TCP segments retransmitted over all streams.
+    pub retransmits: u64,
+}
+
+impl Summary {
+    /// Mean goodput in Gbit/s.
+    pub fn gbit_per_s(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.bytes as f64 * 8.0 / self.seconds / 1e9
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Messages to the control writer thread.
+enum SealEvent {
+    /// All of this file's units were acknowledged: check the source and seal it.
+    Seal(u32),
+    /// Every file is finalised: end the session.
+    AllFinalized,
+    /// The transfer failed: stop.
+    Abort,
+}
+
+/// Messages to the stream manager thread.
+enum ManagerEvent {
+    TargetChanged,
+    StreamExited {
+        id: u64,
+        result: Result<(), stream::StreamFailure>,
+    },
+}
+
+/// State shared by the transfer's threads.
+struct Shared {
+    config: SendConfig,
+    addrs: Vec<SocketAddr>,
+    session: [u8; 16],
+    manifest: Manifest,
+    source: SourceData,
+    start: Instant,
+    queue: Mutex<WorkQueue>,
+    queue_cv: Condvar,
+    target: AtomicUsize,
+    max_streams: usize,
+    bytes_total: u64,
+    bytes_skipped: u64,
+    bytes_acked: AtomicU64,
+    bytes_sent: AtomicU64,
+    files_done: AtomicU64,
+    streams: Mutex<BTreeMap<u64, Arc<StreamHandle>>>,
+    timeline: Mutex<Vec<(f64, usize)>>,
+    closed_retransmits: AtomicU64,
+    nacks: AtomicU64,
+    control_socket: TcpStream,
+    seal_tx: Mutex<mpsc::Sender<SealEvent>>,
+    manager_tx: Mutex<mpsc::Sender<ManagerEvent>>,
+    failed: AtomicBool,
+    outcome: Mutex<Option<Result<(), SendError>>>,
+    outcome_cv: Condvar,
+}
+
+impl Shared {
+    fn queue(&self) -> MutexGuard<'_, WorkQueue> {
+        self.queue.lock().expect("work queue lock")
+    }
+
+    /// The next unit for a stream, waiting while others have units in flight that may come back.
+    /// `None` when the stream should close: it is being removed, the transfer failed, or all
+    /// units are acknowledged.
+    fn next_unit(&self, retire: &AtomicBool) -> Option<Unit> {
+        let mut q = self.queue();
+        loop {
+            if self.failed.load(Ordering::Acquire) || retire.load(Ordering::Acquire) {
+                return None;
+            }
+            if let Some(unit) = q.pending.pop_front() {
+                q.in_flight += 1;
+                return Some(unit);
+            }
+            if q.in_flight == 0 {
+                return None;
+            }
+            q = self.queue_cv.wait(q).expect("work queue lock");
+        }
+    }
+
+    fn unit_acked(&self, unit: Unit) {
+        let file_done = {
+            let mut q = self.queue();
+            q.in_flight -= 1;
+            let left = &mut q.remaining[unit.file as usize];
+            *left -= unit.len as u64;
+            *left == 0
+        };
+        self.bytes_acked
+            .fetch_add(unit.len as u64, Ordering::Relaxed);
+        if file_done {
+            self.send_seal(SealEvent::Seal(unit.file));
+        }
+        self.queue_cv.notify_all();
+    }
+
+    fn hand_back(&self, units: impl DoubleEndedIterator<Item = Unit>) {
+        let mut q = self.queue();
+        for unit in units.rev() {
+            q.in_flight -= 1;
+            q.pending.push_front(unit);
+        }
+        drop(q);
+        self.queue_cv.notify_all();
+    }
+
+    fn all_units_acked(&self) -> bool {
+        let q = self.queue();
+        q.pending.is_empty() && q.in_flight == 0
+    }
+
+    fn send_seal(&self, event: SealEvent) {
+        let _ = self.seal_tx.lock().expect("seal channel lock").send(event);
+    }
+
+    fn notify_manager(&self, event: ManagerEvent) {
+        let _ = self
+            .manager_tx
+            .lock()
+            .expect("manager channel lock")
+            .send(event);
+    }
+
+    /// Ends the transfer with `error` (the first error wins) and unblocks every thread.
+    fn fail(&self, error: SendError) {
+        {
+            let mut outcome = self.outcome.lock().expect("outcome lock");
+            if outcome.is_some() {
+                return;
+            }
+            *outcome = Some(Err(error));
+        }
+        {
+            let _q = self.queue();
+            self.failed.store(true, Ordering::Release);
+        }
+        self.queue_cv.notify_all();
+        self.outcome_cv.notify_all();
+        self.send_seal(SealEvent::Abort);
+        self.notify_manager(ManagerEvent::TargetChanged);
+        let _ = self.control_socket.shutdown(std::net::Shutdown::Both);
+        for handle in self.streams.lock().expect("streams lock").values() {
+            handle.shutdown();
+        }
+    }
+
+    fn complete(&self) {
+        let mut outcome = self.outcome.lock().expect("outcome lock");
+        if outcome.is_none() {
+            *outcome = Some(Ok(()));
+        }
+        drop(outcome);
+        self.outcome_cv.notify_all();
+        self.notify_manager(ManagerEvent::TargetChanged);
+    }
+
+    fn is_over(&self) -> bool {
+        self.outcome.lock().expect("outcome lock").is_some()
+    }
+
+    fn file_shown(&self, file: u32) -> String {
+        let entry = &self.manifest.files[file as usize];
+        String::from_utf8_lossy(&entry.path).into_owned()
+    }
+}
+
+/// A running transfer.
+pub struct Transfer {
+    shared: Arc<Shared>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    skipped_sources: Vec<String>,
+}
+
+impl Transfer {
+    /// Scans the sources, connects and authenticates, exchanges manifest and plan, and starts the
+    /// streams. Returns once data is flowing; errors up to that point are returned here.
+    pub fn start(config: SendConfig, source: SendSource) -> Result<Transfer, SendError> {
+        let start = Instant::now();
+        let (manifest, source_data, skipped_sources) = match &source {
+            SendSource::Paths { paths, dest } => {
+                let scanned =
+                    scan_sources(paths, dest).map_err(|e| SendError::Source(e.to_string()))?;
+                (
+                    scanned.manifest,
+                    SourceData::Files(scanned.local_paths),
+                    scanned.skipped,
+                )
+            }
+            SendSource::Memory { size } => {
+                let manifest = Manifest {
+                    dest: Vec::new(),
+                    sink: SinkKind::Discard,
+                    dirs: Vec::new(),
+                    files: vec![FileEntry {
+                        path: b"memory".to_vec(),
+                        size: *size,
+                        mode: 0,
+                        mtime: Timestamp { secs: 0, nanos: 0 },
+                    }],
+                };
+                (manifest, SourceData::pattern(config.unit_size), Vec::new())
+            }
+        };
+        let addrs = resolve(&config.addr)?;
+        let control = connect(&addrs, &config.addr)?;
+        let mut reader = FrameReader::new(
+            std::io::BufReader::new(control.try_clone().map_err(conn_err)?),
+            0,
+        );
+        let mut writer = control.try_clone().map_err(conn_err)?;
+        let (session, limits) =
+            auth::handshake_as_client(&mut reader, &mut writer, &config.key, Role::Control)?;
+        wire::write_message(&mut writer, &Message::Manifest(manifest.clone()))
+            .map_err(|e| SendError::Connection(e.to_string()))?;
+        let plan = match reader
+            .read_message()
+            .map_err(|e| SendError::Connection(e.to_string()))?
+        {
+            Message::Plan(plan) if plan.len() == manifest.files.len() => plan,
+            Message::Plan(_) => {
+                return Err(SendError::Protocol(
+                    "plan does not match the manifest".into(),
+                ))
+            }
+            Message::Refused { reason } => return Err(SendError::Receiver(reason)),
+            other => {
+                return Err(SendError::Protocol(format!(
+                    "expected Plan, got {}",
+                    auth::name(&other)
+                )))
+            }
+        };
+        let unit_size = config.unit_size.clamp(1, limits.max_chunk);
+        let (queue, to_seal, files_complete) = build_queue(&manifest, &plan, unit_size)?;
+        let bytes_total = queue.pending.iter().map(|u| u.len as u64).sum();
+        let bytes_skipped = manifest.total_bytes() - bytes_total;
+        let (seal_tx, seal_rx) = mpsc::channel();
+        let (manager_tx, manager_rx) = mpsc::channel();
+        let max_streams = limits.max_streams.max(1) as usize;
+        let shared = Arc::new(Shared {
+            target: AtomicUsize::new(config.streams.clamp(1, max_streams)),
+            config,
+            addrs,
+            session,
+            manifest,
+            source: source_data,
+            start,
+            queue: Mutex::new(queue),
+            queue_cv: Condvar::new(),
+            max_streams,
+            bytes_total,
+            bytes_skipped,
+            bytes_acked: AtomicU64::new(0),
+            bytes_sent: AtomicU64::new(0),
+            files_done: AtomicU64::new(files_complete),
+            streams: Mutex::new(BTreeMap::new()),
+            timeline: Mutex::new(Vec::new()),
+            closed_retransmits: AtomicU64::new(0),
+            nacks: AtomicU64::new(0),
+            control_socket: control,
+            seal_tx: Mutex::new(seal_tx),
+            manager_tx: Mutex::new(manager_tx),
+            failed: AtomicBool::new(false),
+            outcome: Mutex::new(None),
+            outcome_cv: Condvar::new(),
+        });
+        for &file in &to_seal.immediately {
+            shared.send_seal(SealEvent::Seal(file));
+        }
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(f)
+                .map_err(|e| SendError::Source(format!("cannot start a thread: {e}")))
+        };
+        let threads = vec![
+            spawn("xfer-seal", {
+                let shared = shared.clone();
+                Box::new(move || control::run_sealer(&shared, writer, seal_rx))
+            })?,
+            spawn("xfer-control", {
+                let shared = shared.clone();
+                Box::new(move || control::run_control_reader(&shared, reader, to_seal.total))
+            })?,
+            spawn("xfer-streams", {
+                let shared = shared.clone();
+                Box::new(move || stream::run_manager(&shared, manager_rx))
+            })?,
+        ];
+        Ok(Transfer {
+            shared,
+            threads,
+            skipped_sources,
+        })
+    }
+
+    /// Sets the number of streams; it takes effect at once (clamped to 1..=the receiver's limit).
+    pub fn set_target_streams(&self, streams: usize) {
+        self.shared
+            .target
+            .store(streams.clamp(1, self.shared.max_streams), Ordering::Release);
+        self.shared.notify_manager(ManagerEvent::TargetChanged);
+    }
+
+    /// Sources that were left out of the manifest (links, special files), with why.
+    pub fn skipped_sources(&self) -> &[String] {
+        &self.skipped_sources
+    }
+
+    /// A snapshot of progress counters (cheap: reads atomics and two small locks).
+    pub fn progress(&self) -> Progress {
+        let s = &self.shared;
+        Progress {
+            elapsed: s.start.elapsed(),
+            bytes_total: s.bytes_total,
+            bytes_skipped: s.bytes_skipped,
+            bytes_acked: s.bytes_acked.load(Ordering::Relaxed),
+            bytes_sent: s.bytes_sent.load(Ordering::Relaxed),
+            files_total: s.manifest.files.len() as u64,
+            files_done: s.files_done.load(Ordering::Relaxed),
+            streams_active: s
+                .streams
+                .lock()
+                .expect("streams lock")
+                .values()
+                .filter(|h| !h.is_retiring())
+                .count(),
+            streams_target: s.target.load(Ordering::Acquire),
+        }
+    }
+
+    /// Reads `TCP_INFO` of every open stream now. Never waits for the data path.
+    pub fn sample_streams(&self) -> Vec<StreamSample> {
+        let handles: Vec<_> = self
+            .shared
+            .streams
+            .lock()
+            .expect("streams lock")
+            .values()
+            .cloned()
+            .collect();
+        handles
+            .iter()
+            .filter_map(|h| h.sample().map(|tcp| StreamSample { stream: h.id, tcp }))
+            .collect()
+    }
+
+    /// Waits up to `timeout` for the transfer to end; `true` when it has.
+    pub fn wait_timeout(&self, timeout: Duration) -> bool {
+        let outcome = self.shared.outcome.lock().expect("outcome lock");
+        let (outcome, _) = self
+            .shared
+            .outcome_cv
+            .wait_timeout_while(outcome, timeout, |o| o.is_none())
+            .expect("outcome lock");
+        outcome.is_some()
+    }
+
+    /// Waits for the end of the transfer and returns its summary or its error.
+    pub fn wait(self) -> Result<Summary, SendError> {
+        while !self.wait_timeout(Duration::from_secs(3600)) {}
+        let seconds = self.shared.start.elapsed().as_secs_f64();
+        for t in self.threads {
+            let _ = t.join();
+        }
+        let shared = self.shared;
+        shared
+            .outcome
+            .lock()
+            .expect("outcome lock")
+            .clone()
+            .expect("outcome is set")?;
+        let streams_timeline = shared.timeline.lock().expect("timeline lock").clone();
+        Ok(Summary {
+            bytes: shared.bytes_acked.load(Ordering::Relaxed),
+            bytes_skipped: shared.bytes_skipped,
+            files: shared.manifest.files.len() as u64,
+            seconds,
+            streams_timeline,
+            retransmits: shared.closed_retransmits.load(Ordering::Relaxed),
+        })
+    }
+}
+
+/// Which files need a `Seal` and which can be sealed at once (nothing left to send).
+struct SealPlan {
+    total: u64,
+    immediately: Vec<u32>,
+}
+
+fn build_queue(
+    manifest: &Manifest,
+    plan: &[FileStatus],
+    unit_size: u32,
+) -> Result<(WorkQueue, SealPlan, u64), SendError> {
+    let mut queue = WorkQueue {
+        pending: VecDeque::new(),
+        in_flight: 0,
+        remaining: Vec::with_capacity(plan.len()),
+    };
+    let mut seal = SealPlan {
+        total: 0,
+        immediately: Vec::new(),
+    };
+    let mut complete = 0;
+    for (index, (entry, status)) in manifest.files.iter().zip(plan).enumerate() {
+        let file = index as u32;
+        let mut have = rangemap::RangeSet::new();
+        match status {
+            FileStatus::Complete => {
+                complete += 1;
+                queue.remaining.push(0);
+                continue;
+            }
+            FileStatus::Missing => {}
+            FileStatus::Partial(ranges) => {
+                for &(offset, len) in ranges {
+                    let end = offset
+                        .checked_add(len)
+                        .filter(|&e| e <= entry.size)
+                        .ok_or_else(|| {
+                            SendError::Protocol(format!(
+                                "plan range {offset}+{len} outside a file of {} bytes",
+                                entry.size
+                            ))
+                        })?;
+                    if len > 0 {
+                        have.insert(offset..end);
+                    }
+                }
+            }
+        }
+        let mut remaining = 0;
+        for gap in have.gaps(&(0..entry.size)) {
+            let mut offset = gap.start;
+            while offset < gap.end {
+                let len = (gap.end - offset).min(unit_size as u64) as u32;
+                queue.pending.push_back(Unit { file, offset, len });
+                offset += len as u64;
+                remaining += len as u64;
+            }
+        }
+        queue.remaining.push(remaining);
+        seal.total += 1;
+        if remaining == 0 {
+            seal.immediately.push(file);
+        }
+    }
+    Ok((queue, seal, complete))
+}
+
+fn conn_err(e: std::io::Error) -> SendError {
+    SendError::Connection(e.to_string())
+}
+
+fn resolve(addr: &str) -> Result<Vec<SocketAddr>, SendError> {
+    let addrs: Vec<_> = addr
+        .to_socket_addrs()
+        .map_err(|e| SendError::Connect {
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        })?
+        .collect();
+    if addrs.is_empty() {
+        return Err(SendError::Connect {
+            addr: addr.to_string(),
+            reason: "the name has no address".into(),
+        });
+    }
+    Ok(addrs)
+}
+
+/// Opens one TCP connection to the first address that answers.
+fn connect(addrs: &[SocketAddr], shown: &str) -> Result<TcpStream, SendError> {
+    let mut last = None;
+    for addr in addrs {
+        match TcpStream::connect_timeout(addr, CONNECT_TIMEOUT) {
+            Ok(s) => {
+                s.set_nodelay(true).map_err(conn_err)?;
+                return Ok(s);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(SendError::Connect {
+        addr: shown.to_string(),
+        reason: last.map(|e| e.to_string()).unwrap_or_default(),
+    })
+}
+
+/// Samples a socket's TCP counters, ignoring a socket that is already closed.
+fn sample_socket(socket: &TcpStream) -> Option<TcpInfo> {
+    tcp_info::sample(socket).ok()
+}

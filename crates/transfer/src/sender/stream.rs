@@ -1,0 +1,296 @@
+//! Data streams: the manager thread that opens and retires streams to follow the target count,
+//! and each stream's writer and acknowledgement reader.
+
+use std::collections::VecDeque;
+use std::io::BufReader;
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use super::{connect, sample_socket, ManagerEvent, SendError, Shared, Unit, MAX_STREAM_FAILURES};
+use crate::auth;
+use crate::tcp_info::TcpInfo;
+use crate::wire::{self, ChunkHeader, FrameReader, Message, Role};
+
+/// Most checksum failures tolerated in one transfer before it is abandoned.
+const MAX_NACKS: u64 = 64;
+
+/// How a stream ended badly.
+#[derive(Debug)]
+pub(super) enum StreamFailure {
+    /// The stream broke; its units went back to the queue and another stream may replace it.
+    Broken(String),
+    /// The transfer cannot go on (already reported through `Shared::fail`).
+    Fatal,
+}
+
+/// What the rest of the transfer sees of one stream.
+pub(super) struct StreamHandle {
+    pub(super) id: u64,
+    retire: AtomicBool,
+    socket: OnceLock<TcpStream>,
+}
+
+impl StreamHandle {
+    pub(super) fn is_retiring(&self) -> bool {
+        self.retire.load(Ordering::Acquire)
+    }
+
+    pub(super) fn sample(&self) -> Option<TcpInfo> {
+        self.socket.get().and_then(sample_socket)
+    }
+
+    pub(super) fn shutdown(&self) {
+        if let Some(s) = self.socket.get() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// Keeps the number of non-retiring streams equal to the target until all units are acknowledged.
+pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEvent>) {
+    let mut threads = std::collections::HashMap::new();
+    let mut next_id = 1u64;
+    let mut failures = 0u32;
+    let mut last_active = usize::MAX;
+    loop {
+        if shared.is_over() {
+            break;
+        }
+        if !shared.all_units_acked() {
+            let target = shared.target.load(Ordering::Acquire);
+            let mut streams = shared.streams.lock().expect("streams lock");
+            let active: Vec<_> = streams
+                .values()
+                .filter(|h| !h.is_retiring())
+                .cloned()
+                .collect();
+            for handle in active
+                .iter()
+                .rev()
+                .take(active.len().saturating_sub(target))
+            {
+                let _q = shared.queue();
+                handle.retire.store(true, Ordering::Release);
+                shared.queue_cv.notify_all();
+            }
+            for _ in active.len()..target {
+                let handle = Arc::new(StreamHandle {
+                    id: next_id,
+                    retire: AtomicBool::new(false),
+                    socket: OnceLock::new(),
+                });
+                next_id += 1;
+                streams.insert(handle.id, handle.clone());
+                let thread_shared = shared.clone();
+                let spawned = std::thread::Builder::new()
+                    .name(format!("xfer-stream-{}", handle.id))
+                    .spawn(move || {
+                        let id = handle.id;
+                        let result = run_stream(&thread_shared, &handle);
+                        thread_shared.notify_manager(ManagerEvent::StreamExited { id, result });
+                    });
+                match spawned {
+                    Ok(t) => {
+                        threads.insert(next_id - 1, t);
+                    }
+                    Err(e) => {
+                        drop(streams);
+                        shared.fail(SendError::Source(format!(
+                            "cannot start a stream thread: {e}"
+                        )));
+                        break;
+                    }
+                }
+            }
+        }
+        let active = shared
+            .streams
+            .lock()
+            .expect("streams lock")
+            .values()
+            .filter(|h| !h.is_retiring())
+            .count();
+        if active != last_active {
+            last_active = active;
+            shared
+                .timeline
+                .lock()
+                .expect("timeline lock")
+                .push((shared.start.elapsed().as_secs_f64(), active));
+        }
+        match events.recv_timeout(Duration::from_millis(200)) {
+            Ok(ManagerEvent::StreamExited { id, result }) => {
+                shared.streams.lock().expect("streams lock").remove(&id);
+                if let Some(t) = threads.remove(&id) {
+                    let _ = t.join();
+                }
+                if let Err(StreamFailure::Broken(reason)) = result {
+                    failures += 1;
+                    tracing::warn!("stream {id} broke ({reason}); its units go back to the queue");
+                    if failures > MAX_STREAM_FAILURES {
+                        shared.fail(SendError::Connection(format!(
+                            "{failures} streams broke; last: {reason}"
+                        )));
+                    }
+                }
+            }
+            Ok(ManagerEvent::TargetChanged) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    for handle in shared.streams.lock().expect("streams lock").values() {
+        handle.retire.store(true, Ordering::Release);
+    }
+    shared.queue_cv.notify_all();
+    for (_, t) in threads {
+        let _ = t.join();
+    }
+}
+
+/// Runs one stream from connect to close.
+fn run_stream(shared: &Shared, handle: &StreamHandle) -> Result<(), StreamFailure> {
+    let fatal = |e: SendError| {
+        shared.fail(e);
+        StreamFailure::Fatal
+    };
+    let socket = connect(&shared.addrs, &shared.config.addr).map_err(fatal)?;
+    let clone = || {
+        socket
+            .try_clone()
+            .map_err(|e| StreamFailure::Broken(e.to_string()))
+    };
+    let mut reader = FrameReader::new(BufReader::new(clone()?), 0);
+    let mut writer = clone()?;
+    auth::handshake_as_client(
+        &mut reader,
+        &mut writer,
+        &shared.config.key,
+        Role::Data {
+            session: shared.session,
+        },
+    )
+    .map_err(|e| fatal(e.into()))?;
+    let _ = handle.socket.set(clone()?);
+    if shared.is_over() {
+        handle.shutdown();
+    }
+    let in_flight = Mutex::new(VecDeque::new());
+    let result = std::thread::scope(|scope| {
+        let acks = scope.spawn(|| read_acks(shared, reader, &in_flight));
+        let written = write_units(shared, handle, &mut writer, &in_flight);
+        if written.is_err() {
+            let _ = socket.shutdown(Shutdown::Both);
+        }
+        let acked = acks.join().unwrap_or(Err(StreamFailure::Fatal));
+        written.and(acked)
+    });
+    let leftover: Vec<Unit> = in_flight
+        .lock()
+        .expect("in-flight lock")
+        .drain(..)
+        .collect();
+    if !leftover.is_empty() {
+        shared.hand_back(leftover.into_iter());
+    }
+    if let Some(info) = sample_socket(&socket) {
+        shared
+            .closed_retransmits
+            .fetch_add(info.total_retrans as u64, Ordering::Relaxed);
+    }
+    result
+}
+
+/// Sends units until the queue says stop, then `EndOfStream`.
+fn write_units(
+    shared: &Shared,
+    handle: &StreamHandle,
+    writer: &mut TcpStream,
+    in_flight: &Mutex<VecDeque<Unit>>,
+) -> Result<(), StreamFailure> {
+    let mut buf = Vec::new();
+    let mut open = None;
+    let broken = |e: wire::WireError| StreamFailure::Broken(e.to_string());
+    while let Some(unit) = shared.next_unit(&handle.retire) {
+        in_flight.lock().expect("in-flight lock").push_back(unit);
+        let (data, checksum) = shared
+            .source
+            .unit_data(unit, &mut buf, &mut open)
+            .map_err(|e| {
+                shared.fail(e);
+                StreamFailure::Fatal
+            })?;
+        let header = ChunkHeader {
+            file: unit.file,
+            offset: unit.offset,
+            checksum,
+        };
+        wire::write_chunk(writer, &header, data).map_err(broken)?;
+        shared
+            .bytes_sent
+            .fetch_add(unit.len as u64, Ordering::Relaxed);
+    }
+    wire::write_message(writer, &Message::EndOfStream).map_err(broken)
+}
+
+/// Matches acknowledgements to the units in flight, in order, until `EndOfStream`.
+fn read_acks(
+    shared: &Shared,
+    mut reader: FrameReader<BufReader<TcpStream>>,
+    in_flight: &Mutex<VecDeque<Unit>>,
+) -> Result<(), StreamFailure> {
+    let fatal = |e: SendError| {
+        shared.fail(e);
+        StreamFailure::Fatal
+    };
+    loop {
+        let message = reader.read_message().map_err(|e| {
+            if shared.is_over() {
+                StreamFailure::Fatal
+            } else {
+                StreamFailure::Broken(e.to_string())
+            }
+        })?;
+        match message {
+            Message::Ack { file, offset, len } => {
+                let unit = in_flight.lock().expect("in-flight lock").pop_front();
+                match unit {
+                    Some(u) if u == (Unit { file, offset, len }) => shared.unit_acked(u),
+                    _ => {
+                        return Err(fatal(SendError::Protocol(
+                            "acknowledgement for a chunk that was not sent".into(),
+                        )))
+                    }
+                }
+            }
+            Message::Nack { file, offset } => {
+                let unit = in_flight.lock().expect("in-flight lock").pop_front();
+                match unit {
+                    Some(u) if u.file == file && u.offset == offset => {
+                        tracing::warn!("chunk {offset} of {} failed its checksum at the receiver; sending it again", shared.file_shown(file));
+                        shared.hand_back(std::iter::once(u));
+                        if shared.nacks.fetch_add(1, Ordering::Relaxed) >= MAX_NACKS {
+                            return Err(fatal(SendError::Connection(
+                                "too many chunks arrived corrupted".into(),
+                            )));
+                        }
+                    }
+                    _ => {
+                        return Err(fatal(SendError::Protocol(
+                            "negative acknowledgement for a chunk that was not sent".into(),
+                        )))
+                    }
+                }
+            }
+            Message::EndOfStream => return Ok(()),
+            Message::Error { message } => return Err(fatal(SendError::Receiver(message))),
+            other => {
+                return Err(fatal(SendError::Protocol(format!(
+                    "unexpected {} on a data stream",
+                    auth::name(&other)
+                ))))
+            }
+        }
+    }
+}

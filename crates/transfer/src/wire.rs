@@ -1,0 +1,438 @@
+//! The wire protocol: length-prefixed frames carrying either a control [`Message`] or a data chunk.
+//!
+//! Every frame is `len: u32 LE | kind: u8 | body[len - 1]`. A `kind = MESSAGE` body is a
+//! postcard-encoded [`Message`]; a `kind = CHUNK` body is a fixed [`ChunkHeader`] followed by the
+//! chunk's bytes. Frames larger than the reader's limit are refused before anything is allocated,
+//! so a hostile peer cannot make either side allocate more than the negotiated bound.
+
+use std::io::{self, IoSlice, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+use crate::manifest::Manifest;
+
+/// First bytes of every connection's `Hello`, so a stray client is refused at once.
+pub const MAGIC: [u8; 4] = *b"XFR1";
+/// Version of this protocol; peers with another version are refused with a clear error.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Largest control message body accepted (a manifest of several hundred thousand entries).
+pub const MAX_MESSAGE_LEN: usize = 64 << 20;
+/// Largest chunk payload either side will ever accept.
+pub const MAX_CHUNK_LEN: usize = 64 << 20;
+
+const KIND_MESSAGE: u8 = 1;
+const KIND_CHUNK: u8 = 2;
+const FRAME_PREFIX_LEN: usize = 5;
+
+/// Errors of reading or writing frames.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// The underlying socket failed or closed mid-frame.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The peer announced a frame longer than this side accepts.
+    #[error("oversized frame from peer: {len} bytes exceeds the limit of {limit}")]
+    Oversized {
+        /// Announced length.
+        len: usize,
+        /// The limit in force.
+        limit: usize,
+    },
+    /// The peer sent bytes that are not a valid frame.
+    #[error("malformed frame from peer: {0}")]
+    Malformed(String),
+}
+
+/// Header of a data chunk: which file, where in it, and the chunk's xxh3-64 checksum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkHeader {
+    /// Index of the file in the session's manifest.
+    pub file: u32,
+    /// Byte offset of the chunk in that file.
+    pub offset: u64,
+    /// xxh3-64 of the chunk's bytes.
+    pub checksum: u64,
+}
+
+impl ChunkHeader {
+    /// Encoded size of the header.
+    pub const LEN: usize = 20;
+
+    fn encode(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        out[..4].copy_from_slice(&self.file.to_le_bytes());
+        out[4..12].copy_from_slice(&self.offset.to_le_bytes());
+        out[12..].copy_from_slice(&self.checksum.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8; Self::LEN]) -> Self {
+        let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        ChunkHeader {
+            file: u32_at(0),
+            offset: u64_at(4),
+            checksum: u64_at(12),
+        }
+    }
+}
+
+/// What a connection is for, declared in its `Hello`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    /// The control connection that opens a session.
+    Control,
+    /// A data stream joining the session with this id.
+    Data {
+        /// Session id from the control connection's `Welcome`.
+        session: [u8; 16],
+    },
+}
+
+/// Limits the receiver imposes on a session, announced in `Welcome`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionLimits {
+    /// Most data streams open at once.
+    pub max_streams: u32,
+    /// Largest chunk payload in bytes.
+    pub max_chunk: u32,
+}
+
+/// What the receiver already holds of one manifest file, answered in `Plan`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileStatus {
+    /// Nothing usable: send the whole file.
+    Missing,
+    /// These verified `(offset, len)` ranges survive from an interrupted attempt.
+    Partial(Vec<(u64, u64)>),
+    /// The destination already holds this exact file (size and mtime match): send nothing.
+    Complete,
+}
+
+/// Control and acknowledgement messages.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Message {
+    /// First message of every connection (client to receiver).
+    Hello {
+        /// Must equal [`MAGIC`].
+        magic: [u8; 4],
+        /// Must equal [`PROTOCOL_VERSION`].
+        version: u16,
+        /// What the connection is for.
+        role: Role,
+        /// Client's fresh random nonce.
+        nonce: [u8; 32],
+    },
+    /// Receiver's answer: its nonce and its proof of knowing the key.
+    Challenge {
+        /// Receiver's fresh random nonce.
+        nonce: [u8; 32],
+        /// MAC over both nonces proving the receiver holds the key.
+        proof: [u8; 32],
+    },
+    /// Client's proof of knowing the key.
+    Auth {
+        /// MAC over both nonces and the role.
+        proof: [u8; 32],
+    },
+    /// Authentication succeeded.
+    Welcome {
+        /// The session this connection belongs to.
+        session: [u8; 16],
+        /// Limits in force for the session.
+        limits: SessionLimits,
+    },
+    /// The receiver refuses the connection or the request; the text says why.
+    Refused {
+        /// Human-readable cause.
+        reason: String,
+    },
+    /// What the sender will send (control, sender to receiver).
+    Manifest(Manifest),
+    /// What the receiver already has, one entry per manifest file (control).
+    Plan(Vec<FileStatus>),
+    /// All of a file's chunks were acknowledged and the source is unchanged: finalise it.
+    Seal {
+        /// Manifest file index.
+        file: u32,
+        /// BLAKE3 of the whole source file when `--verify` is on.
+        blake3: Option<[u8; 32]>,
+    },
+    /// Result of sealing a file: `None` when it is in place under its final name.
+    Finalized {
+        /// Manifest file index.
+        file: u32,
+        /// Why finalising failed, if it did.
+        error: Option<String>,
+    },
+    /// The sender is done: set directory metadata, flush, and end the session.
+    Finish,
+    /// The session ended; everything is durable on the receiver.
+    Done,
+    /// A chunk was verified and written (data stream, receiver to sender).
+    Ack {
+        /// Manifest file index.
+        file: u32,
+        /// Chunk offset.
+        offset: u64,
+        /// Chunk length.
+        len: u32,
+    },
+    /// A chunk failed its checksum and must be sent again.
+    Nack {
+        /// Manifest file index.
+        file: u32,
+        /// Chunk offset.
+        offset: u64,
+    },
+    /// The sender will send no more chunks on this stream; the receiver echoes it after the last ack.
+    EndOfStream,
+    /// A fatal error on the receiver (disk full, I/O error); the session cannot go on.
+    Error {
+        /// Human-readable cause.
+        message: String,
+    },
+}
+
+/// A frame as read: a control message, or a chunk whose bytes sit in the reader's buffer.
+#[derive(Debug)]
+pub enum Frame<'a> {
+    /// A control or acknowledgement message.
+    Message(Message),
+    /// A data chunk.
+    Chunk(ChunkHeader, &'a [u8]),
+}
+
+/// Reads frames from a byte stream, reusing one buffer for chunk payloads.
+pub struct FrameReader<R> {
+    inner: R,
+    buf: Vec<u8>,
+    max_chunk: usize,
+}
+
+impl<R: Read> FrameReader<R> {
+    /// Wraps `inner`; chunks longer than `max_chunk` bytes are refused as oversized.
+    pub fn new(inner: R, max_chunk: usize) -> Self {
+        FrameReader {
+            inner,
+            buf: Vec::new(),
+            max_chunk: max_chunk.min(MAX_CHUNK_LEN),
+        }
+    }
+
+    /// Gives back the wrapped reader.
+    pub fn get_mut(&mut self) -> &mut R {
+        &mut self.inner
+    }
+
+    /// Reads the next frame. A clean end of stream before a frame starts is `UnexpectedEof`.
+    pub fn read_frame(&mut self) -> Result<Frame<'_>, WireError> {
+        let mut prefix = [0u8; FRAME_PREFIX_LEN];
+        self.inner.read_exact(&mut prefix)?;
+        let len = u32::from_le_bytes(prefix[..4].try_into().expect("4 bytes")) as usize;
+        let body_len = len
+            .checked_sub(1)
+            .ok_or_else(|| WireError::Malformed("zero-length frame".into()))?;
+        match prefix[4] {
+            KIND_MESSAGE => {
+                if body_len > MAX_MESSAGE_LEN {
+                    return Err(WireError::Oversized {
+                        len: body_len,
+                        limit: MAX_MESSAGE_LEN,
+                    });
+                }
+                self.buf.resize(body_len, 0);
+                self.inner.read_exact(&mut self.buf)?;
+                let msg = postcard::from_bytes(&self.buf)
+                    .map_err(|e| WireError::Malformed(format!("bad message: {e}")))?;
+                Ok(Frame::Message(msg))
+            }
+            KIND_CHUNK => {
+                let data_len = body_len.checked_sub(ChunkHeader::LEN).ok_or_else(|| {
+                    WireError::Malformed(format!("chunk frame of {body_len} bytes has no header"))
+                })?;
+                if data_len > self.max_chunk {
+                    return Err(WireError::Oversized {
+                        len: data_len,
+                        limit: self.max_chunk,
+                    });
+                }
+                let mut header = [0u8; ChunkHeader::LEN];
+                self.inner.read_exact(&mut header)?;
+                self.buf.resize(data_len, 0);
+                self.inner.read_exact(&mut self.buf)?;
+                Ok(Frame::Chunk(ChunkHeader::decode(&header), &self.buf))
+            }
+            other => Err(WireError::Malformed(format!("unknown frame kind {other}"))),
+        }
+    }
+
+    /// Reads the next frame and requires it to be a message.
+    pub fn read_message(&mut self) -> Result<Message, WireError> {
+        match self.read_frame()? {
+            Frame::Message(m) => Ok(m),
+            Frame::Chunk(..) => Err(WireError::Malformed(
+                "data chunk where a control message was expected".into(),
+            )),
+        }
+    }
+}
+
+/// Writes one message frame.
+pub fn write_message<W: Write>(w: &mut W, msg: &Message) -> Result<(), WireError> {
+    let mut body = Vec::with_capacity(64);
+    body.extend_from_slice(&[0u8; FRAME_PREFIX_LEN]);
+    let mut body = postcard::to_extend(msg, body)
+        .map_err(|e| WireError::Malformed(format!("cannot encode message: {e}")))?;
+    let len = body.len() - FRAME_PREFIX_LEN;
+    if len > MAX_MESSAGE_LEN {
+        return Err(WireError::Oversized {
+            len,
+            limit: MAX_MESSAGE_LEN,
+        });
+    }
+    body[..4].copy_from_slice(&(len as u32 + 1).to_le_bytes());
+    body[4] = KIND_MESSAGE;
+    w.write_all(&body)?;
+    Ok(())
+}
+
+/// Writes one chunk frame with a single vectored write (header and payload are not copied together).
+pub fn write_chunk<W: Write>(
+    w: &mut W,
+    header: &ChunkHeader,
+    data: &[u8],
+) -> Result<(), WireError> {
+    if data.len() > MAX_CHUNK_LEN {
+        return Err(WireError::Oversized {
+            len: data.len(),
+            limit: MAX_CHUNK_LEN,
+        });
+    }
+    let mut prefix = [0u8; FRAME_PREFIX_LEN + ChunkHeader::LEN];
+    let len = (1 + ChunkHeader::LEN + data.len()) as u32;
+    prefix[..4].copy_from_slice(&len.to_le_bytes());
+    prefix[4] = KIND_CHUNK;
+    prefix[FRAME_PREFIX_LEN..].copy_from_slice(&header.encode());
+    let mut slices = [IoSlice::new(&prefix), IoSlice::new(data)];
+    let mut slices: &mut [IoSlice<'_>] = &mut slices;
+    while !slices.is_empty() {
+        match w.write_vectored(slices) {
+            Ok(0) => return Err(WireError::Io(io::ErrorKind::WriteZero.into())),
+            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// xxh3-64 checksum of a chunk, the per-unit integrity check.
+pub fn chunk_checksum(data: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn roundtrip(msg: &Message) -> Message {
+        let mut out = Vec::new();
+        write_message(&mut out, msg).unwrap();
+        FrameReader::new(&out[..], MAX_CHUNK_LEN)
+            .read_message()
+            .unwrap()
+    }
+
+    #[test]
+    fn messages_roundtrip() {
+        let msgs = [
+            Message::Hello {
+                magic: MAGIC,
+                version: PROTOCOL_VERSION,
+                role: Role::Data { session: [7; 16] },
+                nonce: [1; 32],
+            },
+            Message::Plan(vec![
+                FileStatus::Missing,
+                FileStatus::Partial(vec![(0, 10), (20, 5)]),
+                FileStatus::Complete,
+            ]),
+            Message::Ack {
+                file: 3,
+                offset: u64::MAX,
+                len: 17,
+            },
+            Message::Error {
+                message: "disk full".into(),
+            },
+        ];
+        for m in &msgs {
+            assert_eq!(&roundtrip(m), m);
+        }
+    }
+
+    #[test]
+    fn oversized_chunk_is_refused_before_reading_it() {
+        let mut out = Vec::new();
+        let header = ChunkHeader {
+            file: 0,
+            offset: 0,
+            checksum: 0,
+        };
+        write_chunk(&mut out, &header, &[0u8; 100]).unwrap();
+        let err = FrameReader::new(&out[..], 99).read_frame().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                WireError::Oversized {
+                    len: 100,
+                    limit: 99
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn oversized_message_is_refused() {
+        let mut out = ((MAX_MESSAGE_LEN + 2) as u32).to_le_bytes().to_vec();
+        out.push(KIND_MESSAGE);
+        let err = FrameReader::new(&out[..], 16).read_frame().unwrap_err();
+        assert!(err.to_string().starts_with("oversized frame"), "{err}");
+    }
+
+    proptest! {
+        #[test]
+        fn chunk_roundtrip(file: u32, offset: u64, data in proptest::collection::vec(any::<u8>(), 0..4096)) {
+            let header = ChunkHeader { file, offset, checksum: chunk_checksum(&data) };
+            let mut out = Vec::new();
+            write_chunk(&mut out, &header, &data).unwrap();
+            let mut reader = FrameReader::new(&out[..], 4096);
+            match reader.read_frame().unwrap() {
+                Frame::Chunk(h, d) => { prop_assert_eq!(h, header); prop_assert_eq!(d, &data[..]); }
+                Frame::Message(m) => prop_assert!(false, "got message {:?}", m),
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let mut reader = FrameReader::new(&bytes[..], 256);
+            for _ in 0..8 {
+                if reader.read_frame().is_err() { break; }
+            }
+        }
+
+        #[test]
+        fn truncated_frames_are_errors(cut in 0usize..40) {
+            let mut out = Vec::new();
+            write_message(&mut out, &Message::Nack { file: 1, offset: 99 }).unwrap();
+            write_chunk(&mut out, &ChunkHeader { file: 1, offset: 2, checksum: 3 }, b"hello").unwrap();
+            let cut = cut.min(out.len() - 1);
+            let mut reader = FrameReader::new(&out[..cut], 64);
+            let first = reader.read_frame().map(|_| ()).is_ok();
+            prop_assert!(!first || reader.read_frame().is_err());
+        }
+    }
+}
