@@ -57,6 +57,9 @@ pub struct SendArgs {
     /// Also compare a BLAKE3 hash of every whole file end to end.
     #[arg(long, conflicts_with = "mem")]
     pub verify: bool,
+    /// Cap each stream's sending rate at this many Mbit/s (TCP pacing; paper 001 uses 50).
+    #[arg(long, value_name = "MBIT_PER_S")]
+    pub stream_rate_cap: Option<f64>,
     /// Largest work unit (chunk) size.
     #[arg(long, default_value = "4MiB", value_parser = parse_unit_size)]
     pub unit_size: u32,

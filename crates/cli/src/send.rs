@@ -95,12 +95,18 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         .as_ref()
         .and_then(|s| s.at(Duration::ZERO))
         .unwrap_or(args.streams);
+    let stream_rate_cap = match args.stream_rate_cap {
+        Some(mbit) if mbit.is_finite() && mbit > 0.0 => Some((mbit * 1e6 / 8.0) as u64),
+        Some(mbit) => bail!("--stream-rate-cap must be a positive number of Mbit/s, not {mbit}"),
+        None => None,
+    };
     let config = SendConfig {
         addr: destination.addr,
         key,
         streams: initial as usize,
         unit_size: args.unit_size,
         verify: args.verify,
+        stream_rate_cap,
     };
     let transfer = Transfer::start(config, source)?;
     if !args.quiet {

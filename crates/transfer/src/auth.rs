@@ -295,6 +295,7 @@ mod tests {
         let mut reader = FrameReader::new(a.try_clone().unwrap(), 0);
         let mut writer = a;
         let client = handshake_as_client(&mut reader, &mut writer, &client_key, Role::Control);
+        drop((reader, writer)); // the server sees EOF when the client gives up
         (server.join().unwrap(), client)
     }
 

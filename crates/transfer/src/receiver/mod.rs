@@ -78,6 +78,9 @@ struct Session {
     dest: Destination,
     streams: AtomicU32,
     failure: Mutex<Option<String>>,
+    /// Clones of the data sockets, shut down when the control connection ends so that no stream
+    /// thread outlives its session (a vanished sender sends no FIN). `None` once it ended.
+    sockets: Mutex<Option<Vec<TcpStream>>>,
 }
 
 struct Shared {
@@ -171,6 +174,11 @@ fn serve_connection(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
         stream.set_nonblocking(false)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(Duration::from_secs(60))
+            .with_interval(Duration::from_secs(10))
+            .with_retries(6);
+        socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
         let reader = FrameReader::new(
             BufReader::with_capacity(256 << 10, stream.try_clone()?),
             shared.config.limits.max_chunk as usize,
@@ -251,6 +259,7 @@ fn run_control(
         dest,
         streams: AtomicU32::new(0),
         failure: Mutex::new(None),
+        sockets: Mutex::new(Some(Vec::new())),
     });
     shared
         .sessions
@@ -259,6 +268,10 @@ fn run_control(
         .insert(id, session.clone());
     let outcome = serve_control_messages(&session, reader, writer, plan);
     shared.sessions.lock().expect("sessions lock").remove(&id);
+    let sockets = session.sockets.lock().expect("sockets lock").take();
+    for socket in sockets.into_iter().flatten() {
+        let _ = socket.shutdown(std::net::Shutdown::Both);
+    }
     match outcome {
         Ok(()) => tracing::info!(
             "session {short_id} from {peer} complete in {:.2?}",
@@ -344,6 +357,20 @@ fn run_data(
             peer,
             format!("a session may open at most {} streams", limits.max_streams),
         );
+    }
+    let registered = match (
+        writer.try_clone(),
+        session.sockets.lock().expect("sockets lock").as_mut(),
+    ) {
+        (Ok(clone), Some(sockets)) => {
+            sockets.push(clone);
+            true
+        }
+        _ => false,
+    };
+    if !registered {
+        session.streams.fetch_sub(1, Ordering::AcqRel);
+        return refuse(writer, peer, "the session has ended".into());
     }
     let result = wire::write_message(
         writer,

@@ -60,6 +60,9 @@ pub struct SendConfig {
     pub unit_size: u32,
     /// Also compare a BLAKE3 hash of each whole file end to end.
     pub verify: bool,
+    /// Cap on each stream's sending rate in bytes per second (`SO_MAX_PACING_RATE`, enforced by
+    /// TCP's own pacing), as paper 001 throttles each stream; `None`: no cap.
+    pub stream_rate_cap: Option<u64>,
 }
 
 /// Why a transfer failed. Every variant's text is a complete one-line explanation.
@@ -98,7 +101,11 @@ pub enum SendError {
 impl From<AuthError> for SendError {
     fn from(e: AuthError) -> Self {
         match e {
-            AuthError::Wire(w) => SendError::Connection(w.to_string()),
+            AuthError::Wire(w @ crate::wire::WireError::Io(_)) => {
+                SendError::Connection(w.to_string())
+            }
+            AuthError::Wire(w) => SendError::Protocol(w.to_string()),
+            AuthError::Protocol(p) => SendError::Protocol(p),
             AuthError::Refused(r) => SendError::Receiver(r),
             other => SendError::Auth(other.to_string()),
         }
@@ -661,6 +668,26 @@ fn connect(addrs: &[SocketAddr], shown: &str) -> Result<TcpStream, SendError> {
         addr: shown.to_string(),
         reason: last.map(|e| e.to_string()).unwrap_or_default(),
     })
+}
+
+/// Caps a socket's pacing rate (bytes per second).
+fn set_max_pacing_rate(socket: &TcpStream, rate: u64) -> std::io::Result<()> {
+    let rate = rate.min(u32::MAX as u64) as u32;
+    // SAFETY: setsockopt reads `size_of::<u32>()` bytes from a live local for the call.
+    let rc = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(socket),
+            libc::SOL_SOCKET,
+            libc::SO_MAX_PACING_RATE,
+            (&rate as *const u32).cast(),
+            std::mem::size_of::<u32>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Samples a socket's TCP counters, ignoring a socket that is already closed.

@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use super::{connect, sample_socket, ManagerEvent, SendError, Shared, Unit, MAX_STREAM_FAILURES};
+use super::{
+    connect, sample_socket, set_max_pacing_rate, ManagerEvent, SendError, Shared, Unit,
+    MAX_STREAM_FAILURES,
+};
 use crate::auth;
 use crate::tcp_info::TcpInfo;
 use crate::wire::{self, ChunkHeader, FrameReader, Message, Role};
@@ -128,7 +131,7 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                 }
                 if let Err(StreamFailure::Broken(reason)) = result {
                     failures += 1;
-                    tracing::warn!("stream {id} broke ({reason}); its units go back to the queue");
+                    tracing::info!("stream {id} broke ({reason}); its units go back to the queue");
                     if failures > MAX_STREAM_FAILURES {
                         shared.fail(SendError::Connection(format!(
                             "{failures} streams broke; last: {reason}"
@@ -156,6 +159,13 @@ fn run_stream(shared: &Shared, handle: &StreamHandle) -> Result<(), StreamFailur
         StreamFailure::Fatal
     };
     let socket = connect(&shared.addrs, &shared.config.addr).map_err(fatal)?;
+    if let Some(rate) = shared.config.stream_rate_cap {
+        set_max_pacing_rate(&socket, rate).map_err(|e| {
+            fatal(SendError::Connection(format!(
+                "cannot cap the stream rate: {e}"
+            )))
+        })?;
+    }
     let clone = || {
         socket
             .try_clone()

@@ -1,0 +1,264 @@
+//! Resume after SIGKILL of the sender or of the receiver, and changed sources.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use transfer::journal::{Journal, PartPaths, SourceIdentity};
+use transfer::manifest::Timestamp;
+
+use crate::common::*;
+
+const MIB: u64 = 1 << 20;
+const STREAMS: u64 = 4;
+const UNIT: u64 = MIB;
+
+/// A tree of one large, one medium and many small files; returns its total size.
+fn build_tree(dir: &Path) -> u64 {
+    std::fs::create_dir_all(dir.join("many")).unwrap();
+    write_data(&dir.join("large.bin"), 192 * MIB + 12345, 1);
+    write_data(&dir.join("medium.bin"), 20 * MIB, 2);
+    for i in 0..50u64 {
+        write_data(&dir.join(format!("many/f{i:02}")), 100_000 + i, 100 + i);
+    }
+    192 * MIB + 12345 + 20 * MIB + (0..50).map(|i| 100_000 + i).sum::<u64>()
+}
+
+/// Starts a paced sender (about 4 x 400 Mbit/s) so that a kill lands mid-transfer.
+fn start_slow_send(receiver: &Receiver, tree: &Path) -> Child {
+    xfer()
+        .arg("send")
+        .arg(tree)
+        .arg(&receiver.addr)
+        .args([
+            "--key",
+            &receiver.key,
+            "--streams",
+            &STREAMS.to_string(),
+            "--unit-size",
+            "1MiB",
+            "--stream-rate-cap",
+            "400",
+            "--quiet",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Bytes of `tree` that the receiver holds verifiably under `dest`: complete files plus the
+/// journaled ranges of part files that still verify.
+fn bytes_held(tree: &Path, dest: &Path) -> u64 {
+    let mut held = 0;
+    for rel in entries(tree) {
+        let (src, dst) = (tree.join(&rel), dest.join(&rel));
+        let meta = std::fs::metadata(&src).unwrap();
+        if !meta.is_file() {
+            continue;
+        }
+        if std::fs::metadata(&dst).is_ok_and(|m| {
+            m.len() == meta.len()
+                && m.mtime() == meta.mtime()
+                && m.mtime_nsec() == meta.mtime_nsec()
+        }) {
+            held += meta.len();
+            continue;
+        }
+        let paths = PartPaths::for_final(&dst);
+        let Ok(part) = std::fs::File::open(&paths.part) else {
+            continue;
+        };
+        let identity = SourceIdentity {
+            size: meta.len(),
+            mtime: Timestamp::mtime_of(&meta),
+        };
+        if let Some((_, verified)) = Journal::resume(&paths.journal, &part, identity) {
+            held += verified.iter().map(|r| r.end - r.start).sum::<u64>();
+        }
+    }
+    held
+}
+
+/// Waits until the receiver has logged the end of the interrupted session.
+fn wait_for_session_end(receiver: &Receiver) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !receiver.stderr.lock().unwrap().contains("ended early") {
+        assert!(
+            Instant::now() < deadline,
+            "receiver never noticed the killed sender: {}",
+            receiver.stderr.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+}
+
+/// Re-runs the send and checks it moved only what was missing and ended identical.
+fn rerun_and_check(receiver: &Receiver, src: &Path, root: &Path, total: u64) {
+    let tree = src.join("tree");
+    let missing = total - bytes_held(&tree, &root.join("tree"));
+    let out = ok(send(
+        receiver,
+        &[
+            tree.to_str().unwrap(),
+            &receiver.addr,
+            "--streams",
+            &STREAMS.to_string(),
+            "--unit-size",
+            "1MiB",
+            "--json",
+        ],
+    ));
+    let summary = summary(&out);
+    let (sent, skipped) = (
+        summary["bytes"].as_u64().unwrap(),
+        summary["bytes_skipped"].as_u64().unwrap(),
+    );
+    eprintln!(
+        "total {total}, missing after the kill {missing}, re-run sent {sent}, skipped {skipped}"
+    );
+    assert_eq!(sent + skipped, total);
+    assert!(
+        sent <= missing + STREAMS * UNIT,
+        "re-run sent {sent} bytes but only {missing} were missing"
+    );
+    assert_same_tree(src, root);
+}
+
+fn random_delay(seed: u64, lo_ms: u64, hi_ms: u64) -> Duration {
+    Duration::from_millis(lo_ms + seed % (hi_ms - lo_ms))
+}
+
+#[test]
+fn sender_killed_at_a_random_point_then_rerun_sends_only_what_is_missing() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let total = build_tree(&src.path().join("tree"));
+    let receiver = Receiver::start(root.path());
+    let mut sender = start_slow_send(&receiver, &src.path().join("tree"));
+    std::thread::sleep(random_delay(seed(), 200, 900));
+    sender.kill().unwrap();
+    sender.wait().unwrap();
+    wait_for_session_end(&receiver);
+    assert!(
+        complete_looking_files(root.path()).iter().all(|f| {
+            let src_file = src.path().join(f);
+            src_file.is_file() && same_bytes(&src_file, &root.path().join(f))
+        }),
+        "a complete-looking file on the receiver differs from its source"
+    );
+    rerun_and_check(&receiver, src.path(), root.path(), total);
+}
+
+#[test]
+fn receiver_killed_at_a_random_point_then_rerun_sends_only_what_is_missing() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = keys.path().join("key");
+    std::fs::write(&key_file, "receiver-kill-test-key-0123456789\n").unwrap();
+    let total = build_tree(&src.path().join("tree"));
+    let mut receiver =
+        Receiver::start_with(root.path(), &["--key-file", key_file.to_str().unwrap()]);
+    let sender = start_slow_send(&receiver, &src.path().join("tree"));
+    std::thread::sleep(random_delay(seed(), 200, 900));
+    receiver.kill();
+    let out = sender.wait_with_output().unwrap();
+    let stderr = fails(out);
+    assert!(
+        stderr.contains("xfer: error:") && stderr.lines().count() == 1,
+        "expected one error line, got: {stderr}"
+    );
+    let receiver = Receiver::start_with(root.path(), &["--key-file", key_file.to_str().unwrap()]);
+    rerun_and_check(&receiver, src.path(), root.path(), total);
+}
+
+#[test]
+fn a_source_changed_since_the_interrupted_attempt_is_sent_again_whole() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let file = src.path().join("data.bin");
+    write_data(&file, 64 * MIB, 5);
+    let receiver = Receiver::start(root.path());
+    let mut sender = xfer()
+        .arg("send")
+        .arg(&file)
+        .arg(&receiver.addr)
+        .args([
+            "--key",
+            &receiver.key,
+            "--streams",
+            "2",
+            "--unit-size",
+            "1MiB",
+            "--stream-rate-cap",
+            "80",
+            "--quiet",
+        ])
+        .spawn()
+        .unwrap();
+    let part = PartPaths::for_final(&root.path().join("data.bin"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::metadata(&part.journal)
+        .map(|m| m.len())
+        .unwrap_or(0)
+        < 32 + 24 * 4
+    {
+        assert!(Instant::now() < deadline, "no partial data arrived");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sender.kill().unwrap();
+    sender.wait().unwrap();
+    wait_for_session_end(&receiver);
+
+    write_data(&file, 64 * MIB, 6);
+    set_mtime(&file, 1_700_000_000, 1);
+    let out = ok(send(
+        &receiver,
+        &[file.to_str().unwrap(), &receiver.addr, "--json"],
+    ));
+    assert_eq!(
+        summary(&out)["bytes"].as_u64().unwrap(),
+        64 * MIB,
+        "the changed file must be sent whole"
+    );
+    assert!(same_bytes(&file, &root.path().join("data.bin")));
+}
+
+#[test]
+fn a_source_changed_during_the_transfer_is_detected_and_not_put_in_place() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let file = src.path().join("growing.log");
+    write_data(&file, 32 * MIB, 9);
+    let receiver = Receiver::start(root.path());
+    let sender = xfer()
+        .arg("send")
+        .arg(&file)
+        .arg(&receiver.addr)
+        .args([
+            "--key",
+            &receiver.key,
+            "--streams",
+            "1",
+            "--unit-size",
+            "1MiB",
+            "--stream-rate-cap",
+            "80",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    set_mtime(&file, 1_600_000_000, 0);
+    let stderr = fails(sender.wait_with_output().unwrap());
+    assert!(stderr.contains("changed during the transfer"), "{stderr}");
+    assert!(
+        complete_looking_files(root.path()).is_empty(),
+        "{:?}",
+        complete_looking_files(root.path())
+    );
+}

@@ -1,0 +1,146 @@
+//! Trees arrive exact; the stream count follows a schedule mid-transfer.
+
+use crate::common::*;
+
+const MIB: u64 = 1 << 20;
+const UNIT: u64 = 4 * MIB;
+
+#[test]
+fn tree_with_edge_cases_arrives_byte_identical() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let tree = src.path().join("tree");
+    std::fs::create_dir_all(tree.join("nested/a/b/c")).unwrap();
+    std::fs::create_dir_all(tree.join("nested/empty")).unwrap();
+    std::fs::create_dir_all(tree.join("ünïcödé/日本語")).unwrap();
+    for (name, len) in [
+        ("zero", 0),
+        ("one", 1),
+        ("unit-minus-1", UNIT - 1),
+        ("unit", UNIT),
+        ("unit-plus-1", UNIT + 1),
+        ("big.bin", 1 << 30),
+    ] {
+        write_data(&tree.join(name), len, len);
+    }
+    write_data(&tree.join("ünïcödé/日本語/ファイル.txt"), 12345, 7);
+    let small = tree.join("small");
+    for i in 0..5000u64 {
+        let dir = small.join(format!("d{:02}", i / 100));
+        if i % 100 == 0 {
+            std::fs::create_dir_all(&dir).unwrap();
+        }
+        write_data(&dir.join(format!("f{i:04}")), (i * 37) % 4097, i);
+    }
+    chmod(&tree.join("one"), 0o600);
+    chmod(&tree.join("unit"), 0o755);
+    chmod(&tree.join("unit-minus-1"), 0o444);
+    chmod(&tree.join("nested/a"), 0o700);
+    chmod(&tree.join("nested/empty"), 0o750);
+    set_mtime(&tree.join("one"), 1_000_000_000, 123_456_789);
+    set_mtime(&tree.join("nested/a/b"), 1_500_000_000, 987_654_321);
+
+    let receiver = Receiver::start(root.path());
+    let out = ok(send(
+        &receiver,
+        &[
+            tree.to_str().unwrap(),
+            &receiver.dest("incoming"),
+            "--streams",
+            "8",
+            "--verify",
+            "--json",
+        ],
+    ));
+    assert_eq!(summary(&out)["files"], 5000 + 7);
+    assert_same_tree(src.path(), &root.path().join("incoming"));
+    let leftovers: Vec<_> = entries(root.path())
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(".xfer-"))
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "part or journal files left behind: {leftovers:?}"
+    );
+
+    // Sending the same tree again finds everything in place and moves no byte.
+    let again = summary(&ok(send(
+        &receiver,
+        &[tree.to_str().unwrap(), &receiver.dest("incoming"), "--json"],
+    )));
+    assert_eq!(again["bytes"], 0);
+    assert_same_tree(src.path(), &root.path().join("incoming"));
+}
+
+#[test]
+fn stream_count_follows_a_schedule_mid_transfer() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    write_data(&src.path().join("two-gib.bin"), 2 << 30, 42);
+    let receiver = Receiver::start(root.path());
+    // Each stream is paced to 320 Mbit/s so that the schedule plays out within the transfer.
+    let schedule = [(0.0, 1u64), (2.0, 16), (4.0, 2), (6.0, 8)];
+    let schedule_arg = schedule
+        .iter()
+        .map(|(t, n)| format!("{t}s:{n}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = ok(send(
+        &receiver,
+        &[
+            src.path().join("two-gib.bin").to_str().unwrap(),
+            &receiver.addr,
+            "--streams-schedule",
+            &schedule_arg,
+            "--stream-rate-cap",
+            "320",
+            "--unit-size",
+            "1MiB",
+            "--json",
+        ],
+    ));
+    assert!(same_bytes(
+        &src.path().join("two-gib.bin"),
+        &root.path().join("two-gib.bin")
+    ));
+
+    let scheduled_at = |t: f64| schedule.iter().rev().find(|(s, _)| *s <= t).unwrap().1;
+    let settled = |t: f64| schedule.iter().all(|(s, _)| !(t >= *s && t < s + 0.4));
+    let mut seen = Vec::new();
+    for report in json_lines(&out).iter().filter(|v| v["type"] == "progress") {
+        let t = report["t"].as_f64().unwrap();
+        let streams = report["streams"].as_u64().unwrap();
+        if settled(t) {
+            assert_eq!(
+                streams,
+                scheduled_at(t),
+                "at t={t:.2}s the report shows {streams} streams: {report}"
+            );
+            assert_eq!(
+                report["tcp"].as_array().unwrap().len() as u64,
+                streams,
+                "one TCP_INFO sample per stream at t={t:.2}"
+            );
+        }
+        if seen.last() != Some(&streams) {
+            seen.push(streams);
+        }
+    }
+    for (_, n) in schedule {
+        assert!(
+            seen.contains(&n),
+            "no per-second report showed {n} streams; counts seen: {seen:?}"
+        );
+    }
+    let timeline: Vec<u64> = summary(&out)["streams_timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[1].as_u64().unwrap())
+        .collect();
+    let changes: Vec<u64> = timeline.iter().copied().filter(|&n| n > 0).collect();
+    assert!(
+        changes.starts_with(&[1, 16, 2, 8]),
+        "stream timeline {timeline:?}"
+    );
+}
