@@ -107,6 +107,9 @@ impl SessionKey {
     }
 }
 
+/// What a client learns from `Welcome`: the session id and the receiver's limits.
+pub type Welcomed = ([u8; 16], SessionLimits);
+
 /// Fills an array from the operating system's random source.
 pub fn random_bytes<const N: usize>() -> [u8; N] {
     let mut out = [0u8; N];
@@ -120,7 +123,7 @@ pub fn handshake_as_client<R: Read, W: Write>(
     writer: &mut W,
     key: &SessionKey,
     role: Role,
-) -> Result<([u8; 16], SessionLimits), AuthError> {
+) -> Result<Welcomed, AuthError> {
     let client_nonce = random_bytes::<32>();
     crate::wire::write_message(
         writer,
@@ -267,7 +270,7 @@ mod tests {
         server_key: &str,
     ) -> (
         Result<Role, AuthError>,
-        Result<([u8; 16], SessionLimits), AuthError>,
+        Result<Welcomed, AuthError>,
     ) {
         let (a, b) = UnixStream::pair().unwrap();
         let server_key = SessionKey::from_text(server_key).unwrap();

@@ -50,7 +50,7 @@ impl PartPaths {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let stem = if name.len() + ".xfer-journal".len() + 1 <= NAME_MAX {
+        let stem = if name.len() + ".xfer-journal".len() < NAME_MAX {
             format!(".{name}")
         } else {
             format!(".xfer-{}", &blake3::hash(name.as_bytes()).to_hex()[..32])

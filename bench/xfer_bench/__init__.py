@@ -1,0 +1,1 @@
+"""Benchmark harness for xfer: topologies, reference tools, measurements and reports."""

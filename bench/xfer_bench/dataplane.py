@@ -1,0 +1,297 @@
+"""Data-plane benchmark: `xfer --streams N` beside `iperf3 -P N`, memory-to-memory and
+file-to-file (tmpfs), over loopback and over a veth pair between two namespaces.
+
+Every figure is a ratio against iperf3 measured in the same invocation, runs interleaved and
+repeated, medians reported, because absolute timings on a shared machine are noisy. iperf3's own
+file mode (-F) is not a usable file-to-file reference (with -P > 1 its streams overwrite one
+another's data), so file-to-file is compared with iperf3 memory-to-memory (the network's speed)
+and with a local `cp` of the same file into the same tmpfs (the machine's ceiling for writing
+fresh file pages, which on some virtual machines is far below the network's speed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from xfer_bench.netns import LOOPBACK, Topology, tmpfs, veth_pair
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_XFER = REPO / "target" / "release" / "xfer"
+IPERF3_PORT = 5299
+
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes in a size such as `4GiB`, `512M` or `1000` (binary multiples)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if not m:
+        raise ValueError(f"{text!r} is not a size like 4GiB or 512M")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+
+
+def iperf3_gbps(report: dict) -> float:
+    """Received goodput in Gbit/s from an `iperf3 -J` report."""
+    if "error" in report:
+        raise RuntimeError(f"iperf3: {report['error']}")
+    return report["end"]["sum_received"]["bits_per_second"] / 1e9
+
+
+def xfer_summary_gbps(stdout: str) -> float:
+    """Mean Gbit/s from the summary line of `xfer send --json`."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("{"):
+            obj = json.loads(line)
+            if obj.get("type") == "summary":
+                return float(obj["gbit_per_s"])
+    raise RuntimeError(f"no summary in xfer output: {stdout[-500:]!r}")
+
+
+def run_iperf3(topo: Topology, streams: int, seconds: float) -> float:
+    """One `iperf3 -P streams` run memory to memory; returns Gbit/s."""
+    server = subprocess.Popen(
+        topo.receiver_cmd(["iperf3", "-s", "-1", "-p", str(IPERF3_PORT)]),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        cmd = ["iperf3", "-c", topo.receiver_addr, "-p", str(IPERF3_PORT)]
+        cmd += ["-P", str(streams), "-t", str(seconds), "-J"]
+        for _ in range(50):
+            out = subprocess.run(topo.sender_cmd(cmd), capture_output=True, text=True)
+            report = json.loads(out.stdout or "{}")
+            if "Connection refused" in report.get("error", ""):
+                time.sleep(0.1)
+                continue
+            return iperf3_gbps(report)
+        raise RuntimeError("iperf3 server never came up")
+    finally:
+        server.kill()
+        server.wait()
+
+
+@dataclass
+class XferReceiver:
+    """A running `xfer recv` on the receiver side of a topology."""
+
+    process: subprocess.Popen
+    addr: str
+    key: str
+    root: Path
+
+
+@contextmanager
+def xfer_receiver(xfer: Path, topo: Topology, root: Path) -> Iterator[XferReceiver]:
+    """Starts `xfer recv` writing under `root`; stops it on exit."""
+    proc = subprocess.Popen(
+        topo.receiver_cmd(
+            [str(xfer), "recv", "--listen", f"{topo.receiver_addr}:0", "--root", str(root)]
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        addr = proc.stdout.readline().strip().removeprefix("listening on ")
+        key = proc.stdout.readline().strip().removeprefix("key ")
+        if not addr or not key:
+            raise RuntimeError(f"xfer recv did not start (exit {proc.poll()})")
+        yield XferReceiver(proc, addr, key, root)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def run_xfer(topo: Topology, xfer: Path, rx: XferReceiver, streams: int, what: list[str]) -> float:
+    """One `xfer send WHAT --streams N --json` run; returns mean Gbit/s."""
+    cmd = [str(xfer), "send", *what[:-1], what[-1], "--key", rx.key]
+    cmd += ["--streams", str(streams), "--json"]
+    out = subprocess.run(topo.sender_cmd(cmd), capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"xfer send failed: {out.stderr.strip()}")
+    return xfer_summary_gbps(out.stdout)
+
+
+def local_copy_gbps(source: Path, dest_dir: Path) -> float:
+    """Gbit/s of copying `source` into a new file under `dest_dir` with cp (then removed)."""
+    target = dest_dir / "local-copy.bin"
+    start = time.perf_counter()
+    subprocess.run(["cp", str(source), str(target)], check=True)
+    seconds = time.perf_counter() - start
+    size = target.stat().st_size
+    target.unlink()
+    return size * 8 / seconds / 1e9
+
+
+def empty_dir(path: Path) -> None:
+    """Removes everything under `path`, keeping `path`."""
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+@dataclass
+class Row:
+    """Medians for one topology and stream count."""
+
+    topology: str
+    streams: int
+    iperf3_gbps: float
+    xfer_mem_gbps: float
+    xfer_file_gbps: float
+    copy_gbps: float
+
+    @property
+    def mem_ratio(self) -> float:
+        """xfer memory-to-memory over iperf3."""
+        return self.xfer_mem_gbps / self.iperf3_gbps
+
+    @property
+    def file_ratio(self) -> float:
+        """xfer file-to-file (tmpfs) over iperf3 memory-to-memory."""
+        return self.xfer_file_gbps / self.iperf3_gbps
+
+    @property
+    def file_vs_copy(self) -> float:
+        """xfer file-to-file over a local cp into the same tmpfs."""
+        return self.xfer_file_gbps / self.copy_gbps
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """The report as a Markdown table."""
+    lines = [
+        "| topology | N | iperf3 Gbit/s | xfer mem Gbit/s | mem / iperf3 | xfer file Gbit/s "
+        "| file / iperf3 | local cp Gbit/s | file / cp |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.topology} | {r.streams} | {r.iperf3_gbps:.2f} | {r.xfer_mem_gbps:.2f} | "
+            f"{r.mem_ratio:.2f} | {r.xfer_file_gbps:.2f} | {r.file_ratio:.2f} | "
+            f"{r.copy_gbps:.2f} | {r.file_vs_copy:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def measure(
+    topo: Topology,
+    xfer: Path,
+    streams: Sequence[int],
+    reps: int,
+    seconds: float,
+    file_size: int,
+    scratch: Path,
+) -> list[Row]:
+    """Interleaved, repeated runs of iperf3, xfer mem and xfer file for each stream count."""
+    src = scratch / "src"
+    dst = scratch / "dst"
+    src.mkdir(exist_ok=True)
+    dst.mkdir(exist_ok=True)
+    source = src / "payload.bin"
+    if not source.exists():
+        with open(source, "wb") as f:
+            block = os.urandom(1 << 20)
+            for _ in range(file_size >> 20):
+                f.write(block)
+    rows = []
+    with xfer_receiver(xfer, topo, dst) as rx:
+        for n in streams:
+            ref, mem, fil, cp = [], [], [], []
+            for _ in range(reps):
+                ref.append(run_iperf3(topo, n, seconds))
+                size = max(1 << 30, int(ref[-1] * 1e9 / 8 * seconds))
+                mem.append(run_xfer(topo, xfer, rx, n, ["--mem", str(size), rx.addr]))
+                empty_dir(dst)
+                fil.append(run_xfer(topo, xfer, rx, n, [str(source), rx.addr]))
+                empty_dir(dst)
+                cp.append(local_copy_gbps(source, dst))
+            row = Row(
+                topo.name,
+                n,
+                statistics.median(ref),
+                statistics.median(mem),
+                statistics.median(fil),
+                statistics.median(cp),
+            )
+            print(
+                f"{topo.name} N={n}: iperf3 {row.iperf3_gbps:.2f}, xfer mem {row.xfer_mem_gbps:.2f}"
+                f" ({row.mem_ratio:.2f}x), xfer file {row.xfer_file_gbps:.2f}"
+                f" ({row.file_ratio:.2f}x; {row.file_vs_copy:.2f}x of local cp)",
+                file=sys.stderr,
+            )
+            rows.append(row)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the benchmark and prints the table."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--streams", default="1,4,8,16", help="stream counts, comma-separated")
+    p.add_argument("--reps", type=int, default=3, help="repetitions per cell (median reported)")
+    p.add_argument("--seconds", type=float, default=4.0, help="iperf3 run length")
+    p.add_argument("--file-size", default="4GiB", help="size of the file-to-file payload")
+    p.add_argument("--topologies", default="loopback,veth", help="loopback and/or veth")
+    p.add_argument("--xfer", type=Path, default=DEFAULT_XFER, help="the xfer binary")
+    p.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = p.parse_args(argv)
+    if os.geteuid() != 0:
+        p.error("needs root (tmpfs mounts and network namespaces)")
+    if not args.xfer.exists():
+        p.error(f"{args.xfer} does not exist: build it with cargo build --release")
+    streams = [int(s) for s in args.streams.split(",")]
+    file_size = parse_size(args.file_size)
+    command = "scripts/bench-dataplane " + shlex.join(sys.argv[1:] if argv is None else argv)
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="xfer-bench-") as tmp:
+        tmpfs_size = f"{2 * file_size + (1 << 30)}"
+        with tmpfs(os.path.join(tmp, "tmpfs"), tmpfs_size) as scratch:
+            for name in args.topologies.split(","):
+                if name == "loopback":
+                    rows += measure(
+                        LOOPBACK,
+                        args.xfer,
+                        streams,
+                        args.reps,
+                        args.seconds,
+                        file_size,
+                        Path(scratch),
+                    )
+                elif name == "veth":
+                    with veth_pair() as topo:
+                        rows += measure(
+                            topo,
+                            args.xfer,
+                            streams,
+                            args.reps,
+                            args.seconds,
+                            file_size,
+                            Path(scratch),
+                        )
+                else:
+                    p.error(f"unknown topology {name!r}")
+    print(f"\nreproduce: {command.strip()}\n")
+    print(format_table(rows))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

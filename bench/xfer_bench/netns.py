@@ -1,0 +1,84 @@
+"""Network topologies on one machine: loopback, or two namespaces joined by a veth pair.
+
+Namespaces and links carry a per-process suffix so concurrent runs do not collide, use only
+private addresses inside the namespaces, and are deleted when the context exits, also on error.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where the sender and receiver run and how the sender reaches the receiver."""
+
+    name: str
+    receiver_addr: str
+    sender_ns: str | None = None
+    receiver_ns: str | None = None
+
+    def sender_cmd(self, argv: Sequence[str]) -> list[str]:
+        """The command line that runs `argv` on the sender's side."""
+        return _in_ns(self.sender_ns, argv)
+
+    def receiver_cmd(self, argv: Sequence[str]) -> list[str]:
+        """The command line that runs `argv` on the receiver's side."""
+        return _in_ns(self.receiver_ns, argv)
+
+
+def _in_ns(ns: str | None, argv: Sequence[str]) -> list[str]:
+    return ["ip", "netns", "exec", ns, *argv] if ns else list(argv)
+
+
+LOOPBACK = Topology(name="loopback", receiver_addr="127.0.0.1")
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@contextmanager
+def veth_pair(prefix: str = "xb") -> Iterator[Topology]:
+    """Two namespaces joined by a veth pair (10.201.0.1 sender, 10.201.0.2 receiver).
+
+    Needs root. Everything made here is removed on exit, also when the body raises.
+    """
+    tag = f"{prefix}{os.getpid() % 100000}"
+    snd, rcv = f"{tag}s", f"{tag}r"
+    made: list[str] = []
+    try:
+        for ns in (snd, rcv):
+            _ip("netns", "add", ns)
+            made.append(ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("link", "add", f"{tag}a", "netns", snd, "type", "veth", "peer", f"{tag}b", "netns", rcv)
+        _ip("-n", snd, "addr", "add", "10.201.0.1/30", "dev", f"{tag}a")
+        _ip("-n", rcv, "addr", "add", "10.201.0.2/30", "dev", f"{tag}b")
+        _ip("-n", snd, "link", "set", f"{tag}a", "up")
+        _ip("-n", rcv, "link", "set", f"{tag}b", "up")
+        yield Topology(name="veth", receiver_addr="10.201.0.2", sender_ns=snd, receiver_ns=rcv)
+    finally:
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def namespaces() -> list[str]:
+    """Names of the network namespaces that exist now."""
+    out = subprocess.run(["ip", "netns", "list"], check=True, capture_output=True, text=True)
+    return [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
+
+
+@contextmanager
+def tmpfs(path: str, size: str) -> Iterator[str]:
+    """A tmpfs of `size` mounted at `path` (created), unmounted on exit. Needs root."""
+    os.makedirs(path, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "xfer-bench", path], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", path], capture_output=True)

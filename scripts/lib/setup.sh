@@ -1,0 +1,39 @@
+# Shared setup steps for the scripts in scripts/: each installs only what is missing, from
+# Debian's packages, crates.io and PyPI, so a fresh machine needs nothing done by hand.
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "setup: installing Debian packages: ${missing[*]}" >&2
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+ensure_rust() {
+  if ! command -v cargo >/dev/null 2>&1; then
+    [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+  fi
+  if ! command -v cargo >/dev/null 2>&1; then
+    apt_install cargo rustc
+  fi
+  command -v cargo >/dev/null 2>&1 || { echo "setup: no Rust toolchain (cargo) could be installed" >&2; exit 1; }
+}
+
+ensure_python_env() {
+  local venv="$repo_root/.venv"
+  if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "$venv" 2>/dev/null || { apt_install python3-venv && python3 -m venv "$venv"; }
+  fi
+  if ! "$venv/bin/python" -c "import xfer_bench, pytest, ruff" 2>/dev/null || [ "$repo_root/bench/pyproject.toml" -nt "$venv/.installed" ]; then
+    "$venv/bin/python" -m pip install -q --upgrade pip
+    "$venv/bin/python" -m pip install -q -e "$repo_root/bench[dev]"
+    touch "$venv/.installed"
+  fi
+}
