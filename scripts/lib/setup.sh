@@ -32,8 +32,12 @@ ensure_python_env() {
     python3 -m venv "$venv" 2>/dev/null || { apt_install python3-venv && python3 -m venv "$venv"; }
   fi
   if ! "$venv/bin/python" -c "import xfer_bench, pytest, ruff" 2>/dev/null || [ "$repo_root/bench/pyproject.toml" -nt "$venv/.installed" ]; then
-    "$venv/bin/python" -m pip install -q --upgrade pip
-    "$venv/bin/python" -m pip install -q -e "$repo_root/bench[dev]"
+    if ! { "$venv/bin/python" -m pip install -q --upgrade pip &&
+           "$venv/bin/python" -m pip install -q -e "$repo_root/bench[dev]"; } > "$venv/pip.log" 2>&1; then
+      cat "$venv/pip.log" >&2
+      echo "setup: installing the Python environment failed (log above)" >&2
+      exit 1
+    fi
     touch "$venv/.installed"
   fi
 }

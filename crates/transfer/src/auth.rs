@@ -268,10 +268,7 @@ mod tests {
     fn run(
         client_key: &str,
         server_key: &str,
-    ) -> (
-        Result<Role, AuthError>,
-        Result<Welcomed, AuthError>,
-    ) {
+    ) -> (Result<Role, AuthError>, Result<Welcomed, AuthError>) {
         let (a, b) = UnixStream::pair().unwrap();
         let server_key = SessionKey::from_text(server_key).unwrap();
         let server = std::thread::spawn(move || {

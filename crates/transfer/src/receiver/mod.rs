@@ -391,6 +391,27 @@ fn run_data(
     session.streams.fetch_sub(1, Ordering::AcqRel);
     if let Err(e) = result {
         tracing::debug!("data stream from {peer} closed: {e}");
+        drain_before_close(writer);
+    }
+    let _ = writer.shutdown(std::net::Shutdown::Both);
+}
+
+/// After an error reply: half-close, then read and discard what the peer is still sending for a
+/// bounded time, so its blocked write completes and it reads the error instead of hanging (or
+/// losing the error to a reset).
+fn drain_before_close(socket: &mut TcpStream) {
+    const LINGER: Duration = Duration::from_secs(2);
+    let _ = socket.shutdown(std::net::Shutdown::Write);
+    if socket.set_read_timeout(Some(LINGER)).is_err() {
+        return;
+    }
+    let deadline = Instant::now() + LINGER;
+    let mut sink = vec![0u8; 256 << 10];
+    while Instant::now() < deadline {
+        match std::io::Read::read(socket, &mut sink) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
     }
 }
 
