@@ -39,6 +39,7 @@ struct ProgressReport<'a> {
 #[derive(Serialize)]
 struct StreamReport {
     stream: u64,
+    retiring: bool,
     #[serde(flatten)]
     tcp: TcpInfo,
 }
@@ -140,7 +141,17 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
             let tcp: Vec<_> = transfer
                 .sample_streams()
                 .into_iter()
-                .map(|StreamSample { stream, tcp }| StreamReport { stream, tcp })
+                .map(
+                    |StreamSample {
+                         stream,
+                         retiring,
+                         tcp,
+                     }| StreamReport {
+                        stream,
+                        retiring,
+                        tcp,
+                    },
+                )
                 .collect();
             let report = ProgressReport {
                 r#type: "progress",
@@ -218,11 +229,12 @@ fn print_summary(args: &SendArgs, summary: &Summary, out: &mut impl Write) -> st
             .unwrap_or(0);
         writeln!(
             out,
-            "sent {} in {:.2} s: {:.2} Gbit/s mean, {} files, up to {} streams, {} retransmits{}",
+            "sent {} in {:.2} s: {:.2} Gbit/s mean, {} file{}, up to {} streams, {} retransmits{}",
             indicatif::BinaryBytes(summary.bytes),
             summary.seconds,
             summary.gbit_per_s(),
             summary.files,
+            if summary.files == 1 { "" } else { "s" },
             max_streams,
             summary.retransmits,
             if summary.bytes_skipped > 0 {

@@ -155,6 +155,8 @@ pub struct Progress {
 pub struct StreamSample {
     /// Stream number within the transfer (1, 2, ...).
     pub stream: u64,
+    /// The stream is being removed: it sends no new unit and closes once its units are acked.
+    pub retiring: bool,
     /// Kernel counters.
     pub tcp: TcpInfo,
 }
@@ -523,7 +525,13 @@ impl Transfer {
             .collect();
         handles
             .iter()
-            .filter_map(|h| h.sample().map(|tcp| StreamSample { stream: h.id, tcp }))
+            .filter_map(|h| {
+                h.sample().map(|tcp| StreamSample {
+                    stream: h.id,
+                    retiring: h.is_retiring(),
+                    tcp,
+                })
+            })
             .collect()
     }
 

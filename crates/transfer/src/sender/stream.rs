@@ -78,7 +78,9 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                 handle.retire.store(true, Ordering::Release);
                 shared.queue_cv.notify_all();
             }
-            for _ in active.len()..target {
+            // Streams still draining count against the receiver's limit; top up once they exit.
+            let room = shared.max_streams.saturating_sub(streams.len());
+            for _ in active.len()..target.min(active.len() + room) {
                 let handle = Arc::new(StreamHandle {
                     id: next_id,
                     retire: AtomicBool::new(false),
