@@ -240,6 +240,16 @@ def measure(
     return rows
 
 
+@contextmanager
+def topology(name: str) -> Iterator[Topology]:
+    """The named topology, set up for the body and removed after it."""
+    if name == "veth":
+        with veth_pair() as topo:
+            yield topo
+    else:
+        yield LOOPBACK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the benchmark and prints the table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -256,36 +266,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.xfer.exists():
         p.error(f"{args.xfer} does not exist: build it with cargo build --release")
     streams = [int(s) for s in args.streams.split(",")]
+    names = args.topologies.split(",")
+    if unknown := [n for n in names if n not in ("loopback", "veth")]:
+        p.error(f"unknown topologies {unknown}: choose loopback and/or veth")
     file_size = parse_size(args.file_size)
     command = "scripts/bench-dataplane " + shlex.join(sys.argv[1:] if argv is None else argv)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="xfer-bench-") as tmp:
         tmpfs_size = f"{2 * file_size + (1 << 30)}"
         with tmpfs(os.path.join(tmp, "tmpfs"), tmpfs_size) as scratch:
-            for name in args.topologies.split(","):
-                if name == "loopback":
+            for name in names:
+                with topology(name) as topo:
                     rows += measure(
-                        LOOPBACK,
-                        args.xfer,
-                        streams,
-                        args.reps,
-                        args.seconds,
-                        file_size,
-                        Path(scratch),
+                        topo, args.xfer, streams, args.reps, args.seconds, file_size, Path(scratch)
                     )
-                elif name == "veth":
-                    with veth_pair() as topo:
-                        rows += measure(
-                            topo,
-                            args.xfer,
-                            streams,
-                            args.reps,
-                            args.seconds,
-                            file_size,
-                            Path(scratch),
-                        )
-                else:
-                    p.error(f"unknown topology {name!r}")
     print(f"\nreproduce: {command.strip()}\n")
     print(format_table(rows))
     if args.json:

@@ -63,6 +63,19 @@ fn open_session(addr: &str, manifest: Manifest) -> (Conn, [u8; 16], Message) {
     ((reader, writer), session, reply)
 }
 
+/// A session with one 10-byte file `ten`, and one data stream joined to it.
+fn ten_byte_session(addr: &str) -> (Conn, Conn) {
+    let (control, session, _) = open_session(addr, manifest(vec![entry(b"ten", 10)], vec![]));
+    let (data, _) = connect(addr, Role::Data { session }).unwrap();
+    (control, data)
+}
+
+/// Seals file 0 on the control connection and returns the receiver's answer.
+fn seal((reader, writer): &mut Conn, blake3: Option<[u8; 32]>) -> Message {
+    write_message(writer, &Message::Seal { file: 0, blake3 }).unwrap();
+    reader.read_message().unwrap()
+}
+
 fn chunk(data: &[u8], offset: u64) -> ChunkHeader {
     ChunkHeader {
         file: 0,
@@ -166,10 +179,7 @@ fn chunks_outside_their_file_or_too_large_end_the_stream_with_an_error() {
 #[test]
 fn corrupted_chunks_are_nacked_and_early_seals_refused() {
     let root = tempfile::tempdir().unwrap();
-    let addr = start(root.path());
-    let ((mut creader, mut cwriter), session, _) =
-        open_session(&addr, manifest(vec![entry(b"ten", 10)], vec![]));
-    let ((mut reader, mut writer), _) = connect(&addr, Role::Data { session }).unwrap();
+    let (mut control, (mut reader, mut writer)) = ten_byte_session(&start(root.path()));
 
     let data = *b"0123456789";
     let mut wrong = chunk(&data[..5], 0);
@@ -189,15 +199,7 @@ fn corrupted_chunks_are_nacked_and_early_seals_refused() {
         }
     );
 
-    write_message(
-        &mut cwriter,
-        &Message::Seal {
-            file: 0,
-            blake3: None,
-        },
-    )
-    .unwrap();
-    let reply = creader.read_message().unwrap();
+    let reply = seal(&mut control, None);
     assert!(
         matches!(&reply, Message::Finalized { error: Some(e), .. } if e.contains("missing")),
         "{reply:?}"
@@ -211,10 +213,7 @@ fn corrupted_chunks_are_nacked_and_early_seals_refused() {
 #[test]
 fn a_wrong_whole_file_hash_keeps_the_file_out_of_place() {
     let root = tempfile::tempdir().unwrap();
-    let addr = start(root.path());
-    let ((mut creader, mut cwriter), session, _) =
-        open_session(&addr, manifest(vec![entry(b"ten", 10)], vec![]));
-    let ((mut reader, mut writer), _) = connect(&addr, Role::Data { session }).unwrap();
+    let (mut control, (mut reader, mut writer)) = ten_byte_session(&start(root.path()));
     let data = *b"0123456789";
     write_chunk(&mut writer, &chunk(&data, 0), &data).unwrap();
     assert_eq!(
@@ -225,15 +224,7 @@ fn a_wrong_whole_file_hash_keeps_the_file_out_of_place() {
             len: 10
         }
     );
-    write_message(
-        &mut cwriter,
-        &Message::Seal {
-            file: 0,
-            blake3: Some([0; 32]),
-        },
-    )
-    .unwrap();
-    let reply = creader.read_message().unwrap();
+    let reply = seal(&mut control, Some([0; 32]));
     assert!(
         matches!(&reply, Message::Finalized { error: Some(e), .. } if e.contains("BLAKE3")),
         "{reply:?}"

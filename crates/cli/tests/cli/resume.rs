@@ -25,27 +25,29 @@ fn build_tree(dir: &Path) -> u64 {
     192 * MIB + 12345 + 20 * MIB + (0..50).map(|i| 100_000 + i).sum::<u64>()
 }
 
-/// Starts a paced sender (about 4 x 400 Mbit/s) so that a kill lands mid-transfer.
-fn start_slow_send(receiver: &Receiver, tree: &Path) -> Child {
+/// Starts `xfer send PATH` with `streams` streams each paced to `mbit` Mbit/s and 1 MiB units, so
+/// that a kill or a change lands mid-transfer. Stderr is piped for the caller to read.
+fn start_paced_send(receiver: &Receiver, path: &Path, streams: u64, mbit: u32) -> Child {
     xfer()
         .arg("send")
-        .arg(tree)
+        .arg(path)
         .arg(&receiver.addr)
+        .args(["--key", &receiver.key, "--unit-size", "1MiB"])
         .args([
-            "--key",
-            &receiver.key,
             "--streams",
-            &STREAMS.to_string(),
-            "--unit-size",
-            "1MiB",
+            &streams.to_string(),
             "--stream-rate-cap",
-            "400",
-            "--quiet",
+            &mbit.to_string(),
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
+}
+
+/// Starts the standard interrupted transfer of `tree` (about 4 x 400 Mbit/s).
+fn start_slow_send(receiver: &Receiver, tree: &Path) -> Child {
+    start_paced_send(receiver, tree, STREAMS, 400)
 }
 
 /// Bytes of `tree` that the receiver holds verifiably under `dest`: complete files plus the
@@ -182,23 +184,7 @@ fn a_source_changed_since_the_interrupted_attempt_is_sent_again_whole() {
     let file = src.path().join("data.bin");
     write_data(&file, 64 * MIB, 5);
     let receiver = Receiver::start(root.path());
-    let mut sender = xfer()
-        .arg("send")
-        .arg(&file)
-        .arg(&receiver.addr)
-        .args([
-            "--key",
-            &receiver.key,
-            "--streams",
-            "2",
-            "--unit-size",
-            "1MiB",
-            "--stream-rate-cap",
-            "80",
-            "--quiet",
-        ])
-        .spawn()
-        .unwrap();
+    let mut sender = start_paced_send(&receiver, &file, 2, 80);
     let part = PartPaths::for_final(&root.path().join("data.bin"));
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::fs::metadata(&part.journal)
@@ -234,24 +220,7 @@ fn a_source_changed_during_the_transfer_is_detected_and_not_put_in_place() {
     let file = src.path().join("growing.log");
     write_data(&file, 32 * MIB, 9);
     let receiver = Receiver::start(root.path());
-    let sender = xfer()
-        .arg("send")
-        .arg(&file)
-        .arg(&receiver.addr)
-        .args([
-            "--key",
-            &receiver.key,
-            "--streams",
-            "1",
-            "--unit-size",
-            "1MiB",
-            "--stream-rate-cap",
-            "80",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let sender = start_paced_send(&receiver, &file, 1, 80);
     std::thread::sleep(Duration::from_millis(500));
     set_mtime(&file, 1_600_000_000, 0);
     let stderr = fails(sender.wait_with_output().unwrap());
