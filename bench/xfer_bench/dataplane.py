@@ -5,8 +5,13 @@ Every figure is a ratio against iperf3 measured in the same invocation, runs int
 repeated, medians reported, because absolute timings on a shared machine are noisy. iperf3's own
 file mode (-F) is not a usable file-to-file reference (with -P > 1 its streams overwrite one
 another's data), so file-to-file is compared with iperf3 memory-to-memory (the network's speed)
-and with a local `cp` of the same file into the same tmpfs (the machine's ceiling for writing
-fresh file pages, which on some virtual machines is far below the network's speed).
+and with a local `cp` of the same file into the same tmpfs (the machine's own ceiling).
+
+Virtual machines that hand freed memory back to their host (free page reporting) write into
+memory that sat free for a few seconds at a fraction of normal speed: on the development VM a
+2 GiB `cp` into tmpfs takes 0.2 s right after an equal-sized file was deleted and 4.6 s after a
+6 s pause. So every file-writing run here, xfer's and cp's alike, starts right after the
+previous run's output is deleted, and the tmpfs uses huge pages where the kernel offers them.
 """
 
 from __future__ import annotations
@@ -128,14 +133,13 @@ def run_xfer(topo: Topology, xfer: Path, rx: XferReceiver, streams: int, what: l
 
 
 def local_copy_gbps(source: Path, dest_dir: Path) -> float:
-    """Gbit/s of copying `source` into a new file under `dest_dir` with cp (then removed)."""
+    """Gbit/s of copying `source` into a new file under `dest_dir` with cp (the copy is left
+    there, so that the next file-writing run starts by freeing an equal amount of memory)."""
     target = dest_dir / "local-copy.bin"
     start = time.perf_counter()
     subprocess.run(["cp", str(source), str(target)], check=True)
     seconds = time.perf_counter() - start
-    size = target.stat().st_size
-    target.unlink()
-    return size * 8 / seconds / 1e9
+    return target.stat().st_size * 8 / seconds / 1e9
 
 
 def empty_dir(path: Path) -> None:
@@ -210,6 +214,7 @@ def measure(
             block = os.urandom(1 << 20)
             for _ in range(file_size >> 20):
                 f.write(block)
+    local_copy_gbps(source, dst)  # something of the same size to free before the first run
     rows = []
     with xfer_receiver(xfer, topo, dst) as rx:
         for n in streams:
@@ -222,6 +227,8 @@ def measure(
                 fil.append(run_xfer(topo, xfer, rx, n, [str(source), rx.addr]))
                 empty_dir(dst)
                 cp.append(local_copy_gbps(source, dst))
+            empty_dir(dst)
+            local_copy_gbps(source, dst)
             row = Row(
                 topo.name,
                 n,

@@ -73,11 +73,16 @@ def namespaces() -> list[str]:
     return [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
 
 
+HUGE_SHMEM = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+
+
 @contextmanager
 def tmpfs(path: str, size: str) -> Iterator[str]:
-    """A tmpfs of `size` mounted at `path` (created), unmounted on exit. Needs root."""
+    """A tmpfs of `size` mounted at `path` (created), with huge pages where the kernel offers
+    them; unmounted on exit. Needs root."""
     os.makedirs(path, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "xfer-bench", path], check=True)
+    options = f"size={size}" + (",huge=always" if os.path.exists(HUGE_SHMEM) else "")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "xfer-bench", path], check=True)
     try:
         yield path
     finally:
