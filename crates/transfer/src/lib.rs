@@ -9,6 +9,8 @@
 //! - [`wire`] is the protocol, [`auth`] the key handshake, [`manifest`] what is sent,
 //!   [`journal`] the receiver's record of verified chunks.
 
+#![warn(missing_docs)]
+
 pub mod auth;
 pub mod journal;
 pub mod manifest;
