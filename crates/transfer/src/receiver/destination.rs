@@ -434,6 +434,8 @@ fn resume_state(
             && meta.len() == entry.size
             && crate::manifest::Timestamp::mtime_of(&meta) == entry.mtime
         {
+            // A journal may outlive its rename when the receiver died in between.
+            remove_leftovers(&PartPaths::for_final(final_path), shown)?;
             return Ok((FileStatus::Complete, PartState::default()));
         }
     }
@@ -468,21 +470,27 @@ fn resume_state(
         Some(state) => Ok((FileStatus::Missing, state)),
         None => {
             // Stale or foreign leftovers of another version: start over.
-            for stale in [&paths.part, &paths.journal] {
-                match std::fs::remove_file(stale) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => {
-                        return Err(DestinationError::Io {
-                            path: shown.to_string(),
-                            source: e,
-                        })
-                    }
-                }
-            }
+            remove_leftovers(&paths, shown)?;
             Ok((FileStatus::Missing, PartState::default()))
         }
     }
+}
+
+/// Removes a part file and journal if they exist.
+fn remove_leftovers(paths: &PartPaths, shown: &str) -> Result<(), DestinationError> {
+    for stale in [&paths.part, &paths.journal] {
+        match std::fs::remove_file(stale) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(DestinationError::Io {
+                    path: shown.to_string(),
+                    source,
+                })
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Walks `components` below `base`, creating missing directories and refusing symbolic links and
@@ -556,4 +564,30 @@ pub fn check_root_writable(root: &Path) -> std::io::Result<PathBuf> {
         .open(&probe)?;
     std::fs::remove_file(&probe)?;
     Ok(root)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::Timestamp;
+
+    #[test]
+    fn a_complete_file_loses_a_journal_left_from_before_its_rename() {
+        let dir = tempfile::tempdir().unwrap();
+        let final_path = dir.path().join("done.bin");
+        std::fs::write(&final_path, b"abc").unwrap();
+        let mtime = Timestamp::mtime_of(&std::fs::metadata(&final_path).unwrap());
+        let paths = PartPaths::for_final(&final_path);
+        std::fs::write(&paths.journal, b"stale").unwrap();
+        let entry = FileEntry {
+            path: b"done.bin".to_vec(),
+            size: 3,
+            mode: 0o644,
+            mtime,
+        };
+        let (status, _) = resume_state(&final_path, &entry, "done.bin").unwrap();
+        assert_eq!(status, FileStatus::Complete);
+        assert!(!paths.journal.exists());
+        assert_eq!(std::fs::read(&final_path).unwrap(), b"abc");
+    }
 }
