@@ -199,11 +199,15 @@ impl FileTree {
             active,
             claimed: Vec::new(),
         };
-        let dest_dir = ensure_dir(root, &dest)?;
+        let mut dirs = DirChecker {
+            root,
+            checked: HashSet::new(),
+        };
+        let dest_dir = dirs.ensure(root, &dest)?;
         let mut seen = HashSet::new();
         for dir in &manifest.dirs {
             let comps = split_relative(&dir.path, false).map_err(refused)?;
-            let path = ensure_dir(&dest_dir, &comps)?;
+            let path = dirs.ensure(&dest_dir, &comps)?;
             tree.dirs.push((path, dir.clone()));
         }
         let mut plan = Vec::with_capacity(manifest.files.len());
@@ -212,7 +216,7 @@ impl FileTree {
             let (name, parents) = comps
                 .split_last()
                 .expect("split_relative never returns an empty list here");
-            let parent = ensure_dir(&dest_dir, parents)?;
+            let parent = dirs.ensure(&dest_dir, parents)?;
             let final_path = parent.join(name);
             let shown = shown_under(root, &final_path);
             if !seen.insert(final_path.clone()) {
@@ -493,51 +497,69 @@ fn remove_leftovers(paths: &PartPaths, shown: &str) -> Result<(), DestinationErr
     Ok(())
 }
 
-/// Walks `components` below `base`, creating missing directories and refusing symbolic links and
-/// non-directories on the way, so nothing is ever written outside `base`.
-fn ensure_dir(base: &Path, components: &[&std::ffi::OsStr]) -> Result<PathBuf, DestinationError> {
-    let mut path = base.to_path_buf();
-    for comp in components {
-        path = join_components(&path, &[comp]);
-        let shown = || path.display().to_string();
-        match std::fs::symlink_metadata(&path) {
-            Ok(m) if m.file_type().is_symlink() => {
-                return Err(DestinationError::Refused(format!(
-                    "path {} is a symbolic link on the receiver; refusing to write through it",
-                    shown()
-                )))
+/// Makes sure directories exist under the root without passing through symbolic links or
+/// non-directories, so nothing is ever written outside the root. Remembers what it checked, so a
+/// manifest of many files in few directories costs one `lstat` per directory, not per file.
+struct DirChecker<'a> {
+    root: &'a Path,
+    checked: HashSet<PathBuf>,
+}
+
+impl DirChecker<'_> {
+    /// Walks `components` below `base` (the root or a directory under it), creating what is
+    /// missing; returns the resulting directory.
+    fn ensure(
+        &mut self,
+        base: &Path,
+        components: &[&std::ffi::OsStr],
+    ) -> Result<PathBuf, DestinationError> {
+        let mut path = base.to_path_buf();
+        for comp in components {
+            path = join_components(&path, &[comp]);
+            if self.checked.contains(&path) {
+                continue;
             }
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => {
-                return Err(DestinationError::Refused(format!(
-                    "{} exists and is not a directory",
-                    shown()
-                )))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                match std::fs::create_dir(&path) {
-                    Ok(()) => {}
-                    Err(e)
-                        if e.kind() == std::io::ErrorKind::AlreadyExists
-                            && path.is_dir()
-                            && !path.is_symlink() => {}
-                    Err(source) => {
-                        return Err(DestinationError::Io {
-                            path: shown(),
-                            source,
-                        })
+            let shown = || shown_under(self.root, &path);
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(DestinationError::Refused(format!(
+                        "path {} is a symbolic link on the receiver; refusing to write through it",
+                        shown()
+                    )))
+                }
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    return Err(DestinationError::Refused(format!(
+                        "{} exists and is not a directory",
+                        shown()
+                    )))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    match std::fs::create_dir(&path) {
+                        Ok(()) => {}
+                        Err(e)
+                            if e.kind() == std::io::ErrorKind::AlreadyExists
+                                && path.is_dir()
+                                && !path.is_symlink() => {}
+                        Err(source) => {
+                            return Err(DestinationError::Io {
+                                path: shown(),
+                                source,
+                            })
+                        }
                     }
                 }
+                Err(source) => {
+                    return Err(DestinationError::Io {
+                        path: shown(),
+                        source,
+                    })
+                }
             }
-            Err(source) => {
-                return Err(DestinationError::Io {
-                    path: shown(),
-                    source,
-                })
-            }
+            self.checked.insert(path.clone());
         }
+        Ok(path)
     }
-    Ok(path)
 }
 
 fn shown_under(root: &Path, path: &Path) -> String {
