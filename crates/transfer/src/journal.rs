@@ -9,8 +9,8 @@
 //! corrupt file. A torn last record is ignored.
 
 use std::fs::File;
-use std::io::{Read, Write};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use rangemap::RangeSet;
@@ -69,15 +69,10 @@ pub struct Journal {
 }
 
 impl Journal {
-    /// Creates (or truncates) a journal for `identity`.
-    pub fn create(path: &Path, identity: SourceIdentity) -> std::io::Result<Journal> {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .mode(0o600)
-            .open(path)?;
+    /// Starts a journal for `identity` in `file` (opened for writing; anything in it is replaced).
+    pub fn create(mut file: File, identity: SourceIdentity) -> std::io::Result<Journal> {
+        file.set_len(0)?;
+        file.seek(SeekFrom::Start(0))?;
         let mut header = [0u8; HEADER_LEN];
         header[..8].copy_from_slice(MAGIC);
         header[8..16].copy_from_slice(&identity.size.to_le_bytes());
@@ -96,22 +91,16 @@ impl Journal {
         self.file.write_all(&rec)
     }
 
-    /// Reopens an existing journal for `identity`, re-verifies its records against `part`, and
-    /// returns it positioned for appending with the ranges that still verify. `None` when the
-    /// journal is missing, unreadable, or belongs to another version of the source.
+    /// Continues the journal in `file` (opened for reading and writing): re-verifies its records
+    /// against `part` and returns it positioned for appending, with the ranges that still
+    /// verify. `None` when the journal is unreadable or belongs to another version of the source.
     pub fn resume(
-        path: &Path,
+        mut file: File,
         part: &File,
         identity: SourceIdentity,
     ) -> Option<(Journal, RangeSet<u64>)> {
         let mut bytes = Vec::new();
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-            .ok()?
-            .read_to_end(&mut bytes)
-            .ok()?;
+        file.read_to_end(&mut bytes).ok()?;
         if bytes.len() < HEADER_LEN || &bytes[..8] != MAGIC {
             return None;
         }
@@ -145,15 +134,9 @@ impl Journal {
         }
         // Drop a torn tail so that new records stay aligned.
         let keep = HEADER_LEN + (bytes.len() - HEADER_LEN) / RECORD_LEN * RECORD_LEN;
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-            .ok()?;
         file.set_len(keep as u64).ok()?;
-        let mut journal = Journal { file };
-        use std::io::Seek;
-        journal.file.seek(std::io::SeekFrom::End(0)).ok()?;
+        file.seek(SeekFrom::Start(keep as u64)).ok()?;
+        let journal = Journal { file };
         Some((journal, verified))
     }
 }
@@ -161,6 +144,16 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn open_rw(path: &Path) -> File {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .unwrap()
+    }
 
     #[test]
     fn resume_keeps_only_records_whose_bytes_still_verify() {
@@ -178,7 +171,7 @@ mod tests {
             .open(&paths.part)
             .unwrap();
         part.set_len(300).unwrap();
-        let mut journal = Journal::create(&paths.journal, identity).unwrap();
+        let mut journal = Journal::create(open_rw(&paths.journal), identity).unwrap();
         for (off, fill) in [(0u64, 1u8), (100, 2), (200, 3)] {
             let data = vec![fill; 100];
             part.write_all_at(&data, off).unwrap();
@@ -189,7 +182,8 @@ mod tests {
         journal.file.write_all(&[1, 2, 3]).unwrap();
         drop(journal);
 
-        let (mut journal, verified) = Journal::resume(&paths.journal, &part, identity).unwrap();
+        let (mut journal, verified) =
+            Journal::resume(open_rw(&paths.journal), &part, identity).unwrap();
         let ranges: Vec<_> = verified.iter().cloned().collect();
         assert_eq!(ranges, vec![0..100, 200..300]);
         journal.record(100, 100, 0).unwrap();
@@ -200,7 +194,7 @@ mod tests {
             size: 300,
             mtime: Timestamp { secs: 5, nanos: 7 },
         };
-        assert!(Journal::resume(&paths.journal, &part, other).is_none());
+        assert!(Journal::resume(open_rw(&paths.journal), &part, other).is_none());
     }
 
     #[test]

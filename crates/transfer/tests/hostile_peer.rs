@@ -231,3 +231,44 @@ fn a_wrong_whole_file_hash_keeps_the_file_out_of_place() {
     );
     assert!(!root.path().join("ten").exists());
 }
+
+#[test]
+fn a_directory_swapped_for_a_symlink_mid_session_cannot_redirect_writes() {
+    let parent = tempfile::tempdir().unwrap();
+    let (root, outside) = (parent.path().join("root"), parent.path().join("outside"));
+    std::fs::create_dir(&root).unwrap();
+    std::fs::create_dir(&outside).unwrap();
+    let addr = start(&root);
+    let (mut control, session, plan) =
+        open_session(&addr, manifest(vec![entry(b"sub/f", 10)], vec![]));
+    assert_eq!(plan, Message::Plan(vec![FileStatus::Missing]));
+
+    // Someone with access to the root swaps the checked directory for a link to elsewhere.
+    std::fs::rename(root.join("sub"), root.join("moved")).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("sub")).unwrap();
+
+    let ((mut reader, mut writer), _) = connect(&addr, Role::Data { session }).unwrap();
+    let data = *b"0123456789";
+    write_chunk(&mut writer, &chunk(&data, 0), &data).unwrap();
+    assert_eq!(
+        reader.read_message().unwrap(),
+        Message::Ack {
+            file: 0,
+            offset: 0,
+            len: 10
+        }
+    );
+    assert_eq!(
+        seal(&mut control, None),
+        Message::Finalized {
+            file: 0,
+            error: None
+        }
+    );
+    assert_eq!(
+        std::fs::read_dir(&outside).unwrap().count(),
+        0,
+        "a write escaped the root"
+    );
+    assert_eq!(std::fs::read(root.join("moved/f")).unwrap(), data);
+}

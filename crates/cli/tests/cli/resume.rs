@@ -76,7 +76,14 @@ fn bytes_held(tree: &Path, dest: &Path) -> u64 {
             size: meta.len(),
             mtime: Timestamp::mtime_of(&meta),
         };
-        if let Some((_, verified)) = Journal::resume(&paths.journal, &part, identity) {
+        let Ok(journal) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&paths.journal)
+        else {
+            continue;
+        };
+        if let Some((_, verified)) = Journal::resume(journal, &part, identity) {
             held += verified.iter().map(|r| r.end - r.start).sum::<u64>();
         }
     }

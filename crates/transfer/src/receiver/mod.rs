@@ -3,6 +3,7 @@
 //! acknowledged per stream.
 
 mod destination;
+mod file_tree;
 
 use std::collections::HashMap;
 use std::io::{BufReader, Write};

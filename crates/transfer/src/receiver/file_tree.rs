@@ -1,0 +1,487 @@
+//! Files under the receiver's root. Every directory a session writes into is checked once (no
+//! symbolic links, no non-directories on the way, missing ones created) and then held open as a
+//! handle beneath the root (cap-std); part files, journals, renames and removals all go through
+//! those handles, so a path swapped for a symbolic link mid-session cannot redirect a write
+//! outside the root. Each file arrives as a hidden part file with a journal of verified chunks
+//! beside it and is renamed to its name only after every chunk verified.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use cap_std::fs::{Dir, MetadataExt, OpenOptions, OpenOptionsExt};
+use rangemap::RangeSet;
+
+use super::destination::{chunk_end, require_complete, ActivePaths, DestinationError};
+use crate::journal::{Journal, PartPaths, SourceIdentity};
+use crate::manifest::{split_relative, DirEntry, FileEntry, Manifest, PathError, Timestamp};
+use crate::wire::FileStatus;
+
+/// One file of a tree being received.
+struct TreeFile {
+    entry: FileEntry,
+    /// Path relative to the root: for messages and for the claim against other sessions.
+    rel: PathBuf,
+    /// The directory the file lands in.
+    dir: Arc<Dir>,
+    /// Final name in `dir`.
+    name: OsString,
+    /// Part and journal names in `dir`.
+    names: PartPaths,
+    state: Mutex<PartState>,
+}
+
+/// The open part file, its journal, and which byte ranges verified.
+#[derive(Default)]
+struct PartState {
+    part: Option<Arc<File>>,
+    journal: Option<Journal>,
+    verified: RangeSet<u64>,
+    sealed: bool,
+}
+
+/// Files under the receiver's root for one session.
+pub struct FileTree {
+    root: Dir,
+    files: Vec<TreeFile>,
+    dirs: Vec<(PathBuf, DirEntry)>,
+    active: ActivePaths,
+    claimed: Vec<PathBuf>,
+}
+
+impl Drop for FileTree {
+    fn drop(&mut self) {
+        let mut active = self.active.lock().expect("active paths lock");
+        for p in &self.claimed {
+            active.remove(p);
+        }
+    }
+}
+
+fn refused(e: PathError) -> DestinationError {
+    DestinationError::Refused(e.to_string())
+}
+
+fn io_at(path: &Path) -> impl Fn(std::io::Error) -> DestinationError + '_ {
+    move |source| DestinationError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+impl FileTree {
+    /// Checks every path of `manifest`, claims its files against other sessions, creates its
+    /// directories, and reports what survives of earlier attempts.
+    pub(super) fn prepare(
+        root: &Path,
+        manifest: &Manifest,
+        active: ActivePaths,
+    ) -> Result<(FileTree, Vec<FileStatus>), DestinationError> {
+        let dest: PathBuf = split_relative(&manifest.dest, true)
+            .map_err(refused)?
+            .into_iter()
+            .collect();
+        let mut rels = Vec::with_capacity(manifest.files.len());
+        let mut seen = HashSet::new();
+        for entry in &manifest.files {
+            let rel = dest.join(
+                split_relative(&entry.path, false)
+                    .map_err(refused)?
+                    .iter()
+                    .collect::<PathBuf>(),
+            );
+            if !seen.insert(rel.clone()) {
+                return Err(DestinationError::Refused(format!(
+                    "{} appears twice in the manifest",
+                    rel.display()
+                )));
+            }
+            rels.push(rel);
+        }
+        let mut tree = FileTree {
+            root: Dir::open_ambient_dir(root, cap_std::ambient_authority())
+                .map_err(io_at(Path::new(".")))?,
+            files: Vec::with_capacity(rels.len()),
+            dirs: Vec::with_capacity(manifest.dirs.len()),
+            active,
+            claimed: Vec::new(),
+        };
+        // Claim before touching anything, so that leftovers another session is writing are
+        // never taken for stale ones.
+        tree.claim(&rels)?;
+        let mut checker = DirChecker::default();
+        checker.ensure(&tree.root, &dest)?;
+        for dir in &manifest.dirs {
+            let rel = dest.join(
+                split_relative(&dir.path, false)
+                    .map_err(refused)?
+                    .iter()
+                    .collect::<PathBuf>(),
+            );
+            checker.ensure(&tree.root, &rel)?;
+            tree.dirs.push((rel, dir.clone()));
+        }
+        let mut plan = Vec::with_capacity(rels.len());
+        for (entry, rel) in manifest.files.iter().zip(rels) {
+            let dir = checker.ensure(&tree.root, rel.parent().unwrap_or(Path::new("")))?;
+            let name = rel
+                .file_name()
+                .expect("a checked file path ends in a name")
+                .to_owned();
+            let names = PartPaths::for_final(Path::new(&name));
+            let file = TreeFile {
+                entry: entry.clone(),
+                rel,
+                dir,
+                name,
+                names,
+                state: Mutex::default(),
+            };
+            let (status, state) = file.resume_state()?;
+            *file.state.lock().expect("part lock") = state;
+            plan.push(status);
+            tree.files.push(file);
+        }
+        Ok((tree, plan))
+    }
+
+    fn claim(&mut self, rels: &[PathBuf]) -> Result<(), DestinationError> {
+        let mut active = self.active.lock().expect("active paths lock");
+        if let Some(busy) = rels.iter().find(|rel| active.contains(*rel)) {
+            return Err(DestinationError::Refused(format!(
+                "another session is writing {} now",
+                busy.display()
+            )));
+        }
+        for rel in rels {
+            active.insert(rel.clone());
+            self.claimed.push(rel.clone());
+        }
+        Ok(())
+    }
+
+    fn file(&self, file: u32) -> Result<&TreeFile, DestinationError> {
+        self.files
+            .get(file as usize)
+            .ok_or_else(|| DestinationError::Protocol(format!("chunk for unknown file {file}")))
+    }
+
+    /// Writes a verified chunk at its offset and journals it; a chunk that already verified is
+    /// a harmless duplicate and is not written again.
+    pub(super) fn write(
+        &self,
+        file: u32,
+        offset: u64,
+        data: &[u8],
+        checksum: u64,
+    ) -> Result<(), DestinationError> {
+        let f = self.file(file)?;
+        let end = chunk_end(offset, data.len() as u64, f.entry.size)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let part = {
+            let mut state = f.state.lock().expect("part lock");
+            if state.verified.gaps(&(offset..end)).next().is_none() {
+                return Ok(());
+            }
+            f.open_part(&mut state)?
+        };
+        part.write_all_at(data, offset).map_err(io_at(&f.rel))?;
+        let mut state = f.state.lock().expect("part lock");
+        if let Some(journal) = state.journal.as_mut() {
+            journal
+                .record(offset, data.len() as u64, checksum)
+                .map_err(io_at(&f.rel))?;
+        }
+        state.verified.insert(offset..end);
+        Ok(())
+    }
+
+    /// Puts a complete file in place: checks every byte verified (and the whole-file BLAKE3 when
+    /// given), sets mode and mtime, renames the part file to the final name.
+    pub(super) fn seal(
+        &self,
+        file: u32,
+        expected: Option<[u8; 32]>,
+    ) -> Result<(), DestinationError> {
+        let f = self.file(file)?;
+        let io = io_at(&f.rel);
+        let mut state = f.state.lock().expect("part lock");
+        if state.sealed {
+            return Err(DestinationError::Protocol(format!(
+                "{} sealed twice",
+                f.rel.display()
+            )));
+        }
+        require_complete(&state.verified, f.entry.size, &f.rel.display().to_string())?;
+        let part = f.open_part(&mut state)?;
+        if let Some(expected) = expected {
+            let mut hasher = blake3::Hasher::new();
+            std::io::copy(
+                &mut std::io::BufReader::with_capacity(1 << 20, &*part),
+                &mut hasher,
+            )
+            .map_err(&io)?;
+            if hasher.finalize() != blake3::Hash::from(expected) {
+                return Err(DestinationError::Refused(format!(
+                    "{}: end-to-end BLAKE3 differs from the sender's; the file was not put in place",
+                    f.rel.display()
+                )));
+            }
+        }
+        part.set_permissions(std::fs::Permissions::from_mode(f.entry.mode & 0o777))
+            .map_err(&io)?;
+        part.set_modified(f.entry.mtime.to_system_time())
+            .map_err(&io)?;
+        if f.dir.symlink_metadata(&f.name).is_ok_and(|m| m.is_dir()) {
+            return Err(DestinationError::Refused(format!(
+                "{}: a directory is in the way",
+                f.rel.display()
+            )));
+        }
+        f.dir.rename(&f.names.part, &f.dir, &f.name).map_err(&io)?;
+        let _ = f.dir.remove_file(&f.names.journal);
+        state.part = None;
+        state.journal = None;
+        state.sealed = true;
+        Ok(())
+    }
+
+    /// Sets directory modes and mtimes (deepest first, after their contents arrived) and flushes
+    /// the filesystem.
+    pub(super) fn finish(&self) -> Result<(), DestinationError> {
+        for (rel, dir) in self.dirs.iter().rev() {
+            let io = io_at(rel);
+            let handle = open_dir_for_metadata(&self.root, rel).map_err(&io)?;
+            handle
+                .set_permissions(std::fs::Permissions::from_mode(dir.mode & 0o777))
+                .map_err(&io)?;
+            handle
+                .set_modified(dir.mtime.to_system_time())
+                .map_err(&io)?;
+        }
+        let io = io_at(Path::new("."));
+        let root = open_dir_for_metadata(&self.root, Path::new(".")).map_err(&io)?;
+        // SAFETY: syncfs only reads the fd, which `root` keeps open for the call.
+        if unsafe { libc::syncfs(root.as_raw_fd()) } != 0 {
+            return Err(io(std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+}
+
+/// A directory opened read-only beneath `root`. Directory handles are path-only descriptors,
+/// which can neither change modes and times nor sync a filesystem.
+fn open_dir_for_metadata(root: &Dir, rel: &Path) -> std::io::Result<File> {
+    let mut options = OpenOptions::new();
+    options
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW);
+    Ok(root.open_with(rel, &options)?.into_std())
+}
+
+/// Options for opening a part file or journal in its directory: read-write, never through a
+/// symbolic link, private until renamed into place.
+fn part_options(create: bool) -> OpenOptions {
+    let mut options = OpenOptions::new();
+    options.read(true).write(true).create(create);
+    options.mode(0o600).custom_flags(libc::O_NOFOLLOW);
+    options
+}
+
+impl TreeFile {
+    fn open(&self, name: &Path, create: bool) -> std::io::Result<File> {
+        Ok(self.dir.open_with(name, &part_options(create))?.into_std())
+    }
+
+    /// The open part file, created (and preallocated, so a full disk shows at once) on first use.
+    fn open_part(&self, state: &mut PartState) -> Result<Arc<File>, DestinationError> {
+        if let Some(part) = &state.part {
+            return Ok(part.clone());
+        }
+        let io = io_at(&self.rel);
+        let part = self.open(&self.names.part, true).map_err(&io)?;
+        if state.journal.is_none() {
+            part.set_len(0).map_err(&io)?;
+            preallocate(&part, self.entry.size).map_err(&io)?;
+            let journal = self.open(&self.names.journal, true).map_err(&io)?;
+            state.journal = Some(Journal::create(journal, self.identity()).map_err(&io)?);
+        }
+        let part = Arc::new(part);
+        state.part = Some(part.clone());
+        Ok(part)
+    }
+
+    fn identity(&self) -> SourceIdentity {
+        SourceIdentity {
+            size: self.entry.size,
+            mtime: self.entry.mtime,
+        }
+    }
+
+    /// What survives of an earlier attempt, and the state to continue from.
+    fn resume_state(&self) -> Result<(FileStatus, PartState), DestinationError> {
+        if let Ok(meta) = self.dir.symlink_metadata(&self.name) {
+            if meta.is_dir() {
+                return Err(DestinationError::Refused(format!(
+                    "{}: a directory is in the way",
+                    self.rel.display()
+                )));
+            }
+            let mtime = Timestamp {
+                secs: meta.mtime(),
+                nanos: meta.mtime_nsec() as u32,
+            };
+            if meta.is_file() && meta.len() == self.entry.size && mtime == self.entry.mtime {
+                // A journal may outlive its rename when the receiver died in between.
+                self.remove_leftovers()?;
+                return Ok((FileStatus::Complete, PartState::default()));
+            }
+        }
+        let resumed = self.open(&self.names.part, false).ok().and_then(|part| {
+            let journal = self.open(&self.names.journal, false).ok()?;
+            let (journal, verified) = Journal::resume(journal, &part, self.identity())?;
+            Some(PartState {
+                part: Some(Arc::new(part)),
+                journal: Some(journal),
+                verified,
+                sealed: false,
+            })
+        });
+        match resumed {
+            Some(state) if !state.verified.is_empty() => {
+                let ranges = state
+                    .verified
+                    .iter()
+                    .map(|r| (r.start, r.end - r.start))
+                    .collect();
+                Ok((FileStatus::Partial(ranges), state))
+            }
+            Some(state) => Ok((FileStatus::Missing, state)),
+            None => {
+                // Stale or foreign leftovers of another version: start over.
+                self.remove_leftovers()?;
+                Ok((FileStatus::Missing, PartState::default()))
+            }
+        }
+    }
+
+    fn remove_leftovers(&self) -> Result<(), DestinationError> {
+        for stale in [&self.names.part, &self.names.journal] {
+            match self.dir.remove_file(stale) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_at(&self.rel)(e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reserves the file's blocks so that a full disk fails at the first chunk, not halfway.
+fn preallocate(file: &File, size: u64) -> std::io::Result<()> {
+    if size == 0 {
+        return Ok(());
+    }
+    // SAFETY: plain syscall on an fd that `file` keeps open.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size as libc::off_t) };
+    match rc {
+        0 => Ok(()),
+        libc::EOPNOTSUPP | libc::EINVAL => file.set_len(size),
+        err => Err(std::io::Error::from_raw_os_error(err)),
+    }
+}
+
+/// Makes sure directories exist under the root without passing through symbolic links or
+/// non-directories, creating what is missing, and hands out one open handle per directory.
+/// A manifest of many files in few directories costs one check per directory, not per file.
+#[derive(Default)]
+struct DirChecker {
+    handles: HashMap<PathBuf, Arc<Dir>>,
+}
+
+impl DirChecker {
+    fn ensure(&mut self, root: &Dir, rel: &Path) -> Result<Arc<Dir>, DestinationError> {
+        if let Some(handle) = self.handles.get(rel) {
+            return Ok(handle.clone());
+        }
+        let mut path = PathBuf::new();
+        for comp in rel.components() {
+            path.push(comp);
+            if self.handles.contains_key(&path) {
+                continue;
+            }
+            let io = io_at(&path);
+            match root.symlink_metadata(&path) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(DestinationError::Refused(format!(
+                        "path {} is a symbolic link on the receiver; refusing to write through it",
+                        path.display()
+                    )))
+                }
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    return Err(DestinationError::Refused(format!(
+                        "{} exists and is not a directory",
+                        path.display()
+                    )))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    match root.create_dir(&path) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                        Err(e) => return Err(io(e)),
+                    }
+                }
+                Err(e) => return Err(io(e)),
+            }
+        }
+        let handle = if rel.as_os_str().is_empty() {
+            root.try_clone()
+        } else {
+            root.open_dir(rel)
+        };
+        let handle = Arc::new(handle.map_err(io_at(rel))?);
+        self.handles.insert(rel.to_path_buf(), handle.clone());
+        Ok(handle)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::SinkKind;
+
+    #[test]
+    fn a_complete_file_loses_a_journal_left_from_before_its_rename() {
+        let root = tempfile::tempdir().unwrap();
+        let final_path = root.path().join("done.bin");
+        std::fs::write(&final_path, b"abc").unwrap();
+        let mtime = Timestamp::mtime_of(&std::fs::metadata(&final_path).unwrap());
+        let journal = root
+            .path()
+            .join(PartPaths::for_final(Path::new("done.bin")).journal);
+        std::fs::write(&journal, b"stale").unwrap();
+        let entry = FileEntry {
+            path: b"done.bin".to_vec(),
+            size: 3,
+            mode: 0o644,
+            mtime,
+        };
+        let manifest = Manifest {
+            dest: Vec::new(),
+            sink: SinkKind::Files,
+            dirs: Vec::new(),
+            files: vec![entry],
+        };
+        let (_, plan) = FileTree::prepare(root.path(), &manifest, ActivePaths::default()).unwrap();
+        assert_eq!(plan, vec![FileStatus::Complete]);
+        assert!(!journal.exists());
+        assert_eq!(std::fs::read(&final_path).unwrap(), b"abc");
+    }
+}
