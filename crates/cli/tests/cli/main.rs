@@ -3,5 +3,6 @@
 
 mod bad_input;
 mod common;
+mod odd_sizes;
 mod resume;
 mod tree;
