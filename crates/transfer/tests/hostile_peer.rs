@@ -70,6 +70,24 @@ fn ten_byte_session(addr: &str) -> (Conn, Conn) {
     (control, data)
 }
 
+/// Sends the ten bytes of file 0 as one chunk and expects them acknowledged.
+fn send_ten_bytes(
+    reader: &mut FrameReader<BufReader<TcpStream>>,
+    writer: &mut TcpStream,
+) -> [u8; 10] {
+    let data = *b"0123456789";
+    write_chunk(writer, &chunk(&data, 0), &data).unwrap();
+    assert_eq!(
+        reader.read_message().unwrap(),
+        Message::Ack {
+            file: 0,
+            offset: 0,
+            len: 10
+        }
+    );
+    data
+}
+
 /// Seals file 0 on the control connection and returns the receiver's answer.
 fn seal((reader, writer): &mut Conn, blake3: Option<[u8; 32]>) -> Message {
     write_message(writer, &Message::Seal { file: 0, blake3 }).unwrap();
@@ -214,16 +232,7 @@ fn corrupted_chunks_are_nacked_and_early_seals_refused() {
 fn a_wrong_whole_file_hash_keeps_the_file_out_of_place() {
     let root = tempfile::tempdir().unwrap();
     let (mut control, (mut reader, mut writer)) = ten_byte_session(&start(root.path()));
-    let data = *b"0123456789";
-    write_chunk(&mut writer, &chunk(&data, 0), &data).unwrap();
-    assert_eq!(
-        reader.read_message().unwrap(),
-        Message::Ack {
-            file: 0,
-            offset: 0,
-            len: 10
-        }
-    );
+    send_ten_bytes(&mut reader, &mut writer);
     let reply = seal(&mut control, Some([0; 32]));
     assert!(
         matches!(&reply, Message::Finalized { error: Some(e), .. } if e.contains("BLAKE3")),
@@ -248,16 +257,7 @@ fn a_directory_swapped_for_a_symlink_mid_session_cannot_redirect_writes() {
     std::os::unix::fs::symlink(&outside, root.join("sub")).unwrap();
 
     let ((mut reader, mut writer), _) = connect(&addr, Role::Data { session }).unwrap();
-    let data = *b"0123456789";
-    write_chunk(&mut writer, &chunk(&data, 0), &data).unwrap();
-    assert_eq!(
-        reader.read_message().unwrap(),
-        Message::Ack {
-            file: 0,
-            offset: 0,
-            len: 10
-        }
-    );
+    let data = send_ten_bytes(&mut reader, &mut writer);
     assert_eq!(
         seal(&mut control, None),
         Message::Finalized {

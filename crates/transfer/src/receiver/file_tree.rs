@@ -66,6 +66,12 @@ fn refused(e: PathError) -> DestinationError {
     DestinationError::Refused(e.to_string())
 }
 
+/// A peer-supplied relative path, checked, under the destination directory `dest`.
+fn under(dest: &Path, path: &[u8]) -> Result<PathBuf, DestinationError> {
+    let components = split_relative(path, false).map_err(refused)?;
+    Ok(dest.join(components.iter().collect::<PathBuf>()))
+}
+
 fn io_at(path: &Path) -> impl Fn(std::io::Error) -> DestinationError + '_ {
     move |source| DestinationError::Io {
         path: path.display().to_string(),
@@ -88,12 +94,7 @@ impl FileTree {
         let mut rels = Vec::with_capacity(manifest.files.len());
         let mut seen = HashSet::new();
         for entry in &manifest.files {
-            let rel = dest.join(
-                split_relative(&entry.path, false)
-                    .map_err(refused)?
-                    .iter()
-                    .collect::<PathBuf>(),
-            );
+            let rel = under(&dest, &entry.path)?;
             if !seen.insert(rel.clone()) {
                 return Err(DestinationError::Refused(format!(
                     "{} appears twice in the manifest",
@@ -116,12 +117,7 @@ impl FileTree {
         let mut checker = DirChecker::default();
         checker.ensure(&tree.root, &dest)?;
         for dir in &manifest.dirs {
-            let rel = dest.join(
-                split_relative(&dir.path, false)
-                    .map_err(refused)?
-                    .iter()
-                    .collect::<PathBuf>(),
-            );
+            let rel = under(&dest, &dir.path)?;
             checker.ensure(&tree.root, &rel)?;
             tree.dirs.push((rel, dir.clone()));
         }
