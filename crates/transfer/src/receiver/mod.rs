@@ -25,6 +25,76 @@ use crate::wire::{
 /// How long a new connection may take to authenticate and, for control, to send its manifest.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The most a data stream's read waits to accumulate before returning (`SO_RCVLOWAT`).
+const RECV_LOWAT_MAX: usize = 512 << 10;
+/// The longest a batched read waits for its batch before it takes what has arrived. The kernel
+/// wakes a sleeping reader only at the low-water mark; when the window closes below the mark,
+/// nothing more arrives, and this bound turns what would be a deadlock into a short pause.
+const RECV_BATCH_WAIT: Duration = Duration::from_millis(5);
+
+/// A data stream's reader: each read waits until `min(requested, RECV_LOWAT_MAX)` bytes have
+/// arrived (or `RECV_BATCH_WAIT` has passed) instead of waking for every packet.
+struct BatchedReader {
+    socket: TcpStream,
+    lowat: usize,
+    batching: bool,
+}
+
+impl BatchedReader {
+    fn new(socket: TcpStream) -> Self {
+        BatchedReader {
+            socket,
+            lowat: 1,
+            batching: false,
+        }
+    }
+
+    /// Switches to batched reads (after the handshake; a data stream has no idle timeout).
+    fn start_batching(&mut self) -> std::io::Result<()> {
+        self.socket.set_read_timeout(Some(RECV_BATCH_WAIT))?;
+        self.batching = true;
+        Ok(())
+    }
+
+    fn set_lowat(&mut self, want: usize) {
+        if want == self.lowat {
+            return;
+        }
+        let value = want as libc::c_int;
+        // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live local for the call.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        // Best effort: if the kernel refuses, reads simply wake more often.
+        self.lowat = if rc == 0 { want } else { 1 };
+    }
+}
+
+impl std::io::Read for BatchedReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if !self.batching {
+            return self.socket.read(buf);
+        }
+        self.set_lowat(buf.len().clamp(1, RECV_LOWAT_MAX));
+        loop {
+            match self.socket.read(buf) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                other => return other,
+            }
+        }
+    }
+}
+
 /// How a receiver is set up.
 #[derive(Debug, Clone)]
 pub struct ReceiverConfig {
@@ -171,7 +241,7 @@ fn wait_readable(listener: &TcpListener, timeout_ms: i32) {
 }
 
 fn serve_connection(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
-    let setup = || -> std::io::Result<(FrameReader<BufReader<TcpStream>>, TcpStream)> {
+    let setup = || -> std::io::Result<(FrameReader<BufReader<BatchedReader>>, TcpStream)> {
         stream.set_nonblocking(false)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
@@ -181,7 +251,7 @@ fn serve_connection(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
             .with_retries(6);
         socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
         let reader = FrameReader::new(
-            BufReader::with_capacity(256 << 10, stream.try_clone()?),
+            BufReader::with_capacity(64 << 10, BatchedReader::new(stream.try_clone()?)),
             shared.config.limits.max_chunk as usize,
         );
         Ok((reader, stream.try_clone()?))
@@ -207,7 +277,7 @@ fn refuse(writer: &mut TcpStream, peer: SocketAddr, reason: String) {
 
 fn run_control(
     shared: &Shared,
-    reader: &mut FrameReader<BufReader<TcpStream>>,
+    reader: &mut FrameReader<BufReader<BatchedReader>>,
     writer: &mut TcpStream,
     peer: SocketAddr,
 ) {
@@ -284,14 +354,15 @@ fn run_control(
 
 fn serve_control_messages(
     session: &Session,
-    reader: &mut FrameReader<BufReader<TcpStream>>,
+    reader: &mut FrameReader<BufReader<BatchedReader>>,
     writer: &mut TcpStream,
     plan: Vec<wire::FileStatus>,
 ) -> Result<(), String> {
     wire::write_message(writer, &Message::Plan(plan)).map_err(|e| e.to_string())?;
     reader
         .get_mut()
-        .get_ref()
+        .get_mut()
+        .socket
         .set_read_timeout(None)
         .map_err(|e| e.to_string())?;
     loop {
@@ -337,7 +408,7 @@ fn serve_control_messages(
 fn run_data(
     shared: &Shared,
     id: [u8; 16],
-    reader: &mut FrameReader<BufReader<TcpStream>>,
+    reader: &mut FrameReader<BufReader<BatchedReader>>,
     writer: &mut TcpStream,
     peer: SocketAddr,
 ) {
@@ -384,8 +455,8 @@ fn run_data(
     .and_then(|()| {
         reader
             .get_mut()
-            .get_ref()
-            .set_read_timeout(None)
+            .get_mut()
+            .start_batching()
             .map_err(|e| e.to_string())
     })
     .and_then(|()| receive_chunks(&session, reader, writer));
@@ -419,7 +490,7 @@ fn drain_before_close(socket: &mut TcpStream) {
 /// Verifies, writes and acknowledges chunks until the sender ends the stream.
 fn receive_chunks(
     session: &Session,
-    reader: &mut FrameReader<BufReader<TcpStream>>,
+    reader: &mut FrameReader<BufReader<BatchedReader>>,
     writer: &mut TcpStream,
 ) -> Result<(), String> {
     let fail = |writer: &mut TcpStream, message: String| {
