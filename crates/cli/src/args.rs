@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
+use transfer::sender::DEFAULT_UNSENT_LIMIT;
 
 /// Move data fast between sites over parallel TCP streams.
 #[derive(Debug, Parser)]
@@ -63,6 +64,10 @@ pub struct SendArgs {
     /// Largest work unit (chunk) size.
     #[arg(long, default_value = "4MiB", value_parser = parse_unit_size)]
     pub unit_size: u32,
+    /// Most unsent bytes each stream queues in its socket (TCP_NOTSENT_LOWAT; in-flight data
+    /// is not counted, so this does not limit the window).
+    #[arg(long, value_name = "SIZE", default_value_t = DEFAULT_UNSENT_LIMIT, value_parser = parse_unsent_limit)]
+    pub unsent_limit: u32,
     /// Print one JSON object per second and a JSON summary instead of the progress bar.
     #[arg(long, conflicts_with = "quiet")]
     pub json: bool,
@@ -143,6 +148,16 @@ fn parse_unit_size(s: &str) -> Result<u32, String> {
     if !(1..=64 << 20).contains(&size) {
         return Err(format!(
             "unit size must be between 1 byte and 64 MiB, not {size}"
+        ));
+    }
+    Ok(size as u32)
+}
+
+fn parse_unsent_limit(s: &str) -> Result<u32, String> {
+    let size = parse_size_arg(s)?;
+    if !(1..=1 << 30).contains(&size) {
+        return Err(format!(
+            "unsent limit must be between 1 byte and 1 GiB, not {size}"
         ));
     }
     Ok(size as u32)

@@ -108,6 +108,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         unit_size: args.unit_size,
         verify: args.verify,
         stream_rate_cap,
+        unsent_limit: args.unsent_limit,
     };
     let transfer = Transfer::start(config, source)?;
     if !args.quiet {

@@ -16,5 +16,6 @@ pub mod journal;
 pub mod manifest;
 pub mod receiver;
 pub mod sender;
+mod sockopt;
 pub mod tcp_info;
 pub mod wire;

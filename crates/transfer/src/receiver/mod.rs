@@ -60,19 +60,14 @@ impl BatchedReader {
         if want == self.lowat {
             return;
         }
-        let value = want as libc::c_int;
-        // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live local for the call.
-        let rc = unsafe {
-            libc::setsockopt(
-                self.socket.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVLOWAT,
-                (&value as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
+        let rc = crate::sockopt::set(
+            &self.socket,
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            want as libc::c_int,
+        );
         // Best effort: if the kernel refuses, reads simply wake more often.
-        self.lowat = if rc == 0 { want } else { 1 };
+        self.lowat = if rc.is_ok() { want } else { 1 };
     }
 }
 

@@ -63,7 +63,17 @@ pub struct SendConfig {
     /// Cap on each stream's sending rate in bytes per second (`SO_MAX_PACING_RATE`, enforced by
     /// TCP's own pacing), as paper 001 throttles each stream; `None`: no cap.
     pub stream_rate_cap: Option<u64>,
+    /// Most bytes each stream keeps queued in its socket but not yet sent (`TCP_NOTSENT_LOWAT`;
+    /// data already in flight is not counted, so this does not limit the window). A small queue
+    /// keeps the data being sent in the CPU cache and lets a unit handed to a stream go out
+    /// promptly; [`DEFAULT_UNSENT_LIMIT`] suits most links.
+    pub unsent_limit: u32,
 }
+
+/// Default [`SendConfig::unsent_limit`]: 128 KiB. On the development VM it more than doubled
+/// single-stream throughput over a veth pair (21 to 51 Gbit/s) against the kernel's default of no
+/// limit, which lets each socket queue megabytes that fall out of cache before they are sent.
+pub const DEFAULT_UNSENT_LIMIT: u32 = 128 << 10;
 
 /// Why a transfer failed. Every variant's text is a complete one-line explanation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -676,26 +686,6 @@ fn connect(addrs: &[SocketAddr], shown: &str) -> Result<TcpStream, SendError> {
         addr: shown.to_string(),
         reason: last.map(|e| e.to_string()).unwrap_or_default(),
     })
-}
-
-/// Caps a socket's pacing rate (bytes per second).
-fn set_max_pacing_rate(socket: &TcpStream, rate: u64) -> std::io::Result<()> {
-    let rate = rate.min(u32::MAX as u64) as u32;
-    // SAFETY: setsockopt reads `size_of::<u32>()` bytes from a live local for the call.
-    let rc = unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(socket),
-            libc::SOL_SOCKET,
-            libc::SO_MAX_PACING_RATE,
-            (&rate as *const u32).cast(),
-            std::mem::size_of::<u32>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
 }
 
 /// Samples a socket's TCP counters, ignoring a socket that is already closed.

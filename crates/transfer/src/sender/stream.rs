@@ -8,11 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use super::{
-    connect, sample_socket, set_max_pacing_rate, ManagerEvent, SendError, Shared, Unit,
-    MAX_STREAM_FAILURES,
-};
+use super::SendConfig;
+use super::{connect, sample_socket, ManagerEvent, SendError, Shared, Unit, MAX_STREAM_FAILURES};
 use crate::auth;
+use crate::sockopt;
 use crate::tcp_info::TcpInfo;
 use crate::wire::{self, ChunkHeader, FrameReader, Message, Role};
 
@@ -161,13 +160,7 @@ fn run_stream(shared: &Shared, handle: &StreamHandle) -> Result<(), StreamFailur
         StreamFailure::Fatal
     };
     let socket = connect(&shared.addrs, &shared.config.addr).map_err(fatal)?;
-    if let Some(rate) = shared.config.stream_rate_cap {
-        set_max_pacing_rate(&socket, rate).map_err(|e| {
-            fatal(SendError::Connection(format!(
-                "cannot cap the stream rate: {e}"
-            )))
-        })?;
-    }
+    tune_data_socket(&socket, &shared.config).map_err(fatal)?;
     let clone = || {
         socket
             .try_clone()
@@ -212,6 +205,18 @@ fn run_stream(shared: &Shared, handle: &StreamHandle) -> Result<(), StreamFailur
             .fetch_add(info.total_retrans as u64, Ordering::Relaxed);
     }
     result
+}
+
+/// Applies the configured send-queue limit and rate cap to a data stream's socket.
+fn tune_data_socket(socket: &TcpStream, config: &SendConfig) -> Result<(), SendError> {
+    socket2::SockRef::from(socket)
+        .set_tcp_notsent_lowat(config.unsent_limit)
+        .map_err(|e| SendError::Connection(format!("cannot limit the unsent queue: {e}")))?;
+    if let Some(rate) = config.stream_rate_cap {
+        sockopt::set(socket, libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE, rate)
+            .map_err(|e| SendError::Connection(format!("cannot cap the stream rate: {e}")))?;
+    }
+    Ok(())
 }
 
 /// Sends units until the queue says stop, then `EndOfStream`.
@@ -304,5 +309,29 @@ fn read_acks(
                 ))))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::SessionKey;
+
+    #[test]
+    fn data_sockets_get_the_configured_unsent_limit() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let socket = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let config = SendConfig {
+            addr: listener.local_addr().unwrap().to_string(),
+            key: SessionKey::generate().1,
+            streams: 1,
+            unit_size: 1 << 20,
+            verify: false,
+            stream_rate_cap: Some(1_000_000),
+            unsent_limit: 96 << 10,
+        };
+        tune_data_socket(&socket, &config).unwrap();
+        let sock = socket2::SockRef::from(&socket);
+        assert_eq!(sock.tcp_notsent_lowat().unwrap(), 96 << 10);
     }
 }
