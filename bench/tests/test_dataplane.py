@@ -29,9 +29,17 @@ def test_xfer_summary():
 
 
 def test_table_reports_ratios():
-    rows = [dataplane.Row("veth", 4, 10.0, 9.6, 9.1, 18.2)]
+    rows = [dataplane.Row("veth", 4, 10.0, 8.0, 9.6, 7.6, 19.0)]
     table = dataplane.format_table(rows)
-    assert "| veth | 4 | 10.00 | 9.60 | 0.96 | 9.10 | 0.91 | 18.20 | 0.50 |" in table
+    assert "| veth | 4 | 10.00 | 9.60 | 0.96 | 8.00 | 7.60 | 0.95 | 0.76 | 19.00 | 0.40 |" in table
+
+
+def test_iperf3_file_to_file_over_loopback(tmp_path):
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(8 << 20))
+    out = tmp_path / "out.bin"
+    assert dataplane.run_iperf3(netns.LOOPBACK, 2, 1.0, (src, out)) > 0
+    assert out.exists()
 
 
 def test_local_copy_rate(tmp_path):
