@@ -23,6 +23,44 @@ pub enum Command {
     Send(SendArgs),
     /// Receive sessions on one port and write them under a root directory.
     Recv(RecvArgs),
+    /// Run a stream-count optimiser on a simulated network path.
+    Sim(SimArgs),
+}
+
+/// `xfer sim`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  xfer sim --scenario paper-fig2 --optimizer gd\n  xfer sim --scenario my-path.toml --optimizer fixed:8 --duration 60s --json"
+)]
+pub struct SimArgs {
+    /// A shipped scenario by name (paper-fig2, chameleon-uc-tacc, cloudlab-1g, lossy-long-haul,
+    /// background-arrives, shallow-buffer) or a scenario TOML file.
+    #[arg(long)]
+    pub scenario: String,
+    /// The controller: gd or fixed:N.
+    #[arg(long, default_value = "gd")]
+    pub optimizer: optimizer::ControllerSpec,
+    /// Simulated time.
+    #[arg(long, default_value = "200s", value_parser = parse_positive_time)]
+    pub duration: Duration,
+    /// Monitoring interval.
+    #[arg(long, default_value = "1s", value_parser = parse_positive_time)]
+    pub mi: Duration,
+    /// Most streams the controller may use.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub max_streams: u32,
+    /// Seed of the simulated measurement noise.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Utility: cost of each extra stream (U = T/K^n - T*L*B).
+    #[arg(long, default_value_t = optimizer::UtilityParams::default().k)]
+    pub k: f64,
+    /// Utility: loss penalty.
+    #[arg(long, default_value_t = optimizer::UtilityParams::default().b)]
+    pub b: f64,
+    /// Print one JSON object per interval and a JSON summary instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `xfer send`.
@@ -203,6 +241,12 @@ pub fn parse_schedule(s: &str) -> Result<Schedule, String> {
     }
     steps.sort_by_key(|&(t, _)| t);
     Ok(Schedule(steps))
+}
+
+fn parse_positive_time(s: &str) -> Result<Duration, String> {
+    parse_time(s)
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("{s:?} is not a positive time like 200s, 500ms or 2m"))
 }
 
 fn parse_time(s: &str) -> Option<Duration> {

@@ -1,8 +1,10 @@
-//! `xfer`: send files, directory trees or generated data over parallel TCP streams.
+//! `xfer`: send files, directory trees or generated data over parallel TCP streams, and run
+//! the stream-count optimisers on a simulated path.
 
 mod args;
 mod recv;
 mod send;
+mod sim;
 
 use clap::Parser;
 
@@ -10,7 +12,7 @@ fn main() {
     let cli = args::Cli::parse();
     let default_level = match &cli.command {
         args::Command::Recv(_) => "info",
-        args::Command::Send(_) => "warn",
+        args::Command::Send(_) | args::Command::Sim(_) => "warn",
     };
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -23,6 +25,7 @@ fn main() {
     let result = match cli.command {
         args::Command::Send(a) => send::run(a),
         args::Command::Recv(a) => recv::run(a),
+        args::Command::Sim(a) => sim::run(a),
     };
     if let Err(e) = result {
         eprintln!("xfer: error: {e:#}");

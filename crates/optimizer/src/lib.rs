@@ -1,4 +1,21 @@
-//! Decision logic of xfer: monitoring-interval signals, the utility, and stream-count
-//! controllers. It performs no I/O and reads no clock; observations arrive with their
-//! timestamps. Empty until the optimiser issue lands; the data plane already exposes what it
-//! will consume (`transfer::sender::Transfer::sample_streams` and `set_target_streams`).
+//! Decision logic of xfer: monitoring-interval signals, the utility and reward, stream-count
+//! controllers, and a simulator to run them on. It performs no I/O and reads no clock:
+//! observations arrive with their timestamps, decisions leave as stream counts.
+//!
+//! The loop, for a real transfer or the simulator alike: at the end of each monitoring interval
+//! (MI) the caller sums its streams' counters into an [`MiStats`], a [`SignalTracker`] turns it
+//! into an [`Observation`] (throughput, loss, RTT ratio and gradient, utility, reward), and a
+//! [`Controller`] answers with the stream count for the next interval.
+
+#![warn(missing_docs)]
+
+mod controller;
+mod gd;
+mod signals;
+pub mod sim;
+mod utility;
+
+pub use controller::{Controller, ControllerSpec, Fixed, SpecError};
+pub use gd::{GdParams, GradientDescent};
+pub use signals::{MiStats, Observation, SignalTracker};
+pub use utility::{RewardParams, UtilityParams};

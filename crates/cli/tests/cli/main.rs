@@ -5,4 +5,5 @@ mod bad_input;
 mod common;
 mod odd_sizes;
 mod resume;
+mod sim;
 mod tree;

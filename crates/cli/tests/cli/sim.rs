@@ -1,0 +1,117 @@
+//! `xfer sim`: a controller on a simulated path, its JSON trace and its errors.
+
+use crate::common::xfer;
+
+fn json_lines(stdout: &[u8]) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+#[test]
+fn gd_on_the_paper_scenario_prints_a_trace_and_a_summary() {
+    let out = xfer()
+        .args(["sim", "--scenario", "paper-fig2", "--optimizer", "gd"])
+        .args(["--duration", "60s", "--seed", "3", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = json_lines(&out.stdout);
+    assert_eq!(lines.len(), 61, "60 intervals and a summary");
+    for (i, mi) in lines[..60].iter().enumerate() {
+        assert_eq!(mi["type"], "mi");
+        assert_eq!(mi["mi"], i as u64);
+        for key in [
+            "streams",
+            "throughput",
+            "loss",
+            "rtt",
+            "rtt_ratio",
+            "rtt_gradient",
+        ] {
+            assert!(mi[key].is_number(), "{key} in {mi}");
+        }
+        for key in ["utility", "reward", "decision", "best_streams"] {
+            assert!(mi[key].is_number(), "{key} in {mi}");
+        }
+    }
+    let summary = &lines[60];
+    assert_eq!(summary["type"], "summary");
+    assert_eq!(summary["controller"], "gd");
+    let last = summary["final_streams"].as_u64().unwrap();
+    assert!((18..=22).contains(&last), "{summary}");
+    let again = xfer()
+        .args([
+            "sim",
+            "--scenario",
+            "paper-fig2",
+            "--duration",
+            "60s",
+            "--seed",
+            "3",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(again.stdout, out.stdout, "same seed, same run");
+}
+
+#[test]
+fn a_scenario_file_can_be_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("path.toml");
+    std::fs::write(
+        &path,
+        "name = \"mine\"\ncapacity_mbps = 100\nbase_rtt_ms = 10\nbuffer_kib = 256\n",
+    )
+    .unwrap();
+    let out = xfer()
+        .args(["sim", "--scenario"])
+        .arg(&path)
+        .args(["--optimizer", "fixed:2", "--duration", "5s"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("fixed:2 on mine (seed 1)"), "{text}");
+}
+
+#[test]
+fn bad_scenarios_and_optimizers_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "name = \"x\"\ncapacity_mbps = 0\nbase_rtt_ms = 1\nbuffer_kib = 1\n",
+    )
+    .unwrap();
+    for (args, expected) in [
+        (vec!["--scenario", "nowhere"], "neither a shipped scenario"),
+        (
+            vec!["--scenario", path.to_str().unwrap()],
+            "capacity_mbps must be a positive number",
+        ),
+        (
+            vec!["--scenario", "paper-fig2", "--optimizer", "ppo"],
+            "unknown optimizer",
+        ),
+        (
+            vec!["--scenario", "paper-fig2", "--duration", "0s"],
+            "not a positive time",
+        ),
+    ] {
+        let out = xfer().arg("sim").args(&args).output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expected), "{args:?}: {err}");
+    }
+}

@@ -1,0 +1,102 @@
+//! The controller interface and the fixed-count baseline.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::gd::{GdParams, GradientDescent};
+use crate::signals::Observation;
+
+/// Chooses the stream count: the observation of the interval that just ended in, the count for
+/// the next interval out. Implementations are deterministic given their inputs (and seed).
+pub trait Controller: Send {
+    /// The name the MI log shows, e.g. `gd` or `fixed:8`.
+    fn name(&self) -> String;
+
+    /// The stream count for the next interval, at least 1.
+    fn decide(&mut self, observation: &Observation) -> usize;
+}
+
+/// Always the same count: the baseline every transfer tool has.
+#[derive(Debug, Clone)]
+pub struct Fixed(pub usize);
+
+impl Controller for Fixed {
+    fn name(&self) -> String {
+        format!("fixed:{}", self.0)
+    }
+
+    fn decide(&mut self, _observation: &Observation) -> usize {
+        self.0.max(1)
+    }
+}
+
+/// A controller named on a command line: `fixed:N` or `gd`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControllerSpec {
+    /// [`Fixed`] at this count.
+    Fixed(usize),
+    /// [`GradientDescent`] with default parameters.
+    Gd,
+}
+
+/// Why a controller name was not understood.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown optimizer {0:?}: expected gd or fixed:N (N >= 1)")]
+pub struct SpecError(String);
+
+impl FromStr for ControllerSpec {
+    type Err = SpecError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once(':') {
+            None if s == "gd" => Ok(ControllerSpec::Gd),
+            Some(("fixed", n)) => match n.parse::<usize>() {
+                Ok(n) if n >= 1 => Ok(ControllerSpec::Fixed(n)),
+                _ => Err(SpecError(s.into())),
+            },
+            _ => Err(SpecError(s.into())),
+        }
+    }
+}
+
+impl fmt::Display for ControllerSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ControllerSpec::Fixed(n) => write!(f, "fixed:{n}"),
+            ControllerSpec::Gd => f.write_str("gd"),
+        }
+    }
+}
+
+impl ControllerSpec {
+    /// Builds the controller; it never asks for more than `max_streams`.
+    pub fn build(self, max_streams: usize) -> Box<dyn Controller> {
+        match self {
+            ControllerSpec::Fixed(n) => Box::new(Fixed(n.min(max_streams))),
+            ControllerSpec::Gd => Box::new(GradientDescent::new(GdParams {
+                max_streams,
+                ..GdParams::default()
+            })),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_and_print_back() {
+        for text in ["gd", "fixed:1", "fixed:16"] {
+            assert_eq!(text.parse::<ControllerSpec>().unwrap().to_string(), text);
+        }
+        for bad in ["", "fixed", "fixed:0", "fixed:x", "gd:2", "ppo"] {
+            assert!(bad.parse::<ControllerSpec>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn fixed_is_capped_by_the_maximum() {
+        assert_eq!(ControllerSpec::Fixed(300).build(64).name(), "fixed:64");
+    }
+}

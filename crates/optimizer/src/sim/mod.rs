@@ -1,0 +1,311 @@
+//! A deterministic, seeded simulator of a transfer's streams sharing a bottleneck with
+//! background flows (DESIGN.md section 6), and a runner that drives a [`Controller`] on it.
+//!
+//! The model, per monitoring interval: every flow is limited by its rate cap, its window over
+//! the RTT, and the Mathis et al. bound for the random loss rate; when the flows ask for more
+//! than the capacity, the bottleneck is shared max-min fairly, its drop-tail queue fills (more
+//! flows, fuller queue), and the congestion loss is what the Mathis bound needs to hold each
+//! flow at its share. New streams lose their connection round trips and slow start. Measured
+//! throughput, RTT and retransmissions carry noise from a seeded generator.
+
+mod scenario;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Normal, Poisson};
+use serde::Serialize;
+
+pub use scenario::{BackgroundStep, Scenario, ScenarioError, SHIPPED};
+
+use crate::controller::Controller;
+use crate::signals::{MiStats, Observation, SignalTracker};
+use crate::utility::{RewardParams, UtilityParams};
+
+/// The Mathis et al. constant: rate = MSS / RTT * C / sqrt(p).
+const MATHIS_C: f64 = 1.22;
+
+/// What the path does for `n` streams at one moment, without measurement noise.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PathState {
+    /// Goodput of the transfer, bit/s.
+    pub throughput: f64,
+    /// Loss rate the transfer's segments see.
+    pub loss: f64,
+    /// Round-trip time, seconds.
+    pub rtt: f64,
+}
+
+/// The simulated path of a scenario.
+#[derive(Debug, Clone)]
+pub struct Simulator {
+    scenario: Scenario,
+    rng: ChaCha8Rng,
+    time: f64,
+    streams: usize,
+}
+
+impl Simulator {
+    /// A simulator at time 0 with no streams open, its noise drawn from `seed`.
+    pub fn new(scenario: Scenario, seed: u64) -> Self {
+        Simulator {
+            scenario,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            time: 0.0,
+            streams: 0,
+        }
+    }
+
+    /// The scenario being simulated.
+    pub fn scenario(&self) -> &Scenario {
+        &self.scenario
+    }
+
+    /// Seconds simulated so far.
+    pub fn time(&self) -> f64 {
+        self.time
+    }
+
+    /// The path with `n` of the transfer's streams at time `t`, noise-free and in steady state.
+    pub fn steady_state(&self, n: usize, t: f64) -> PathState {
+        let s = &self.scenario;
+        let capacity = s.capacity_mbps * 1e6;
+        let base_rtt = s.base_rtt_ms / 1e3;
+        let background = s.background_at(t) as usize;
+        let limit = |rtt: f64, cap: Option<f64>| -> f64 {
+            let window = s.window_kib * 1024.0 * 8.0 / rtt;
+            let mathis = if s.random_loss > 0.0 {
+                s.mss * 8.0 / rtt * MATHIS_C / s.random_loss.sqrt()
+            } else {
+                f64::INFINITY
+            };
+            window
+                .min(mathis)
+                .min(cap.map_or(f64::INFINITY, |c| c * 1e6))
+        };
+        let ours = limit(base_rtt, s.stream_cap_mbps);
+        let theirs = limit(base_rtt, s.background_cap_mbps);
+        let demand = n as f64 * ours + background as f64 * theirs;
+        if n == 0 || demand <= capacity {
+            return PathState {
+                throughput: n as f64 * ours * (1.0 - s.random_loss),
+                loss: s.random_loss,
+                rtt: base_rtt,
+            };
+        }
+        // Saturated: the queue fills further the more flows share it.
+        let flows = (n + background) as f64;
+        let fill = flows / (flows + 4.0);
+        let rtt = base_rtt + s.buffer_kib * 1024.0 * 8.0 * fill / capacity;
+        let ours = limit(rtt, s.stream_cap_mbps);
+        let theirs = limit(rtt, s.background_cap_mbps);
+        let share = fair_share(capacity, &[(n, ours), (background, theirs)]);
+        let per_stream = ours.min(share);
+        let congestion = (s.mss * 8.0 * MATHIS_C / (rtt * share)).powi(2);
+        let loss = (s.random_loss + congestion).min(0.5);
+        PathState {
+            throughput: n as f64 * per_stream * (1.0 - loss),
+            loss,
+            rtt,
+        }
+    }
+
+    /// Runs one monitoring interval of `duration` seconds with `n` streams and returns what the
+    /// sender would measure.
+    pub fn step(&mut self, n: usize, duration: f64) -> MiStats {
+        let s = self.scenario.clone();
+        let state = self.steady_state(n, self.time);
+        let mut throughput = state.throughput;
+        let opened = n.saturating_sub(self.streams);
+        if opened > 0 && n > 0 {
+            // Connection set-up, then slow start from 10 segments to the stream's rate.
+            let per_stream = state.throughput / n as f64;
+            let target_window = (per_stream * state.rtt / (s.mss * 8.0)).max(10.0);
+            let startup = state.rtt * (s.start_rtts + (target_window / 10.0).log2());
+            let lost = (startup / duration).min(1.0);
+            throughput -= opened as f64 * per_stream * lost;
+        }
+        let noisy = |rng: &mut ChaCha8Rng, value: f64, sd: f64| {
+            let factor = Normal::new(1.0, sd).expect("finite sd").sample(rng);
+            (value * factor).max(0.0)
+        };
+        let throughput = noisy(&mut self.rng, throughput, s.noise);
+        let rtt = state.rtt * (1.0 + s.noise * self.rng.random::<f64>());
+        let bytes = (throughput * duration / 8.0) as u64;
+        let segments = (bytes as f64 / s.mss / (1.0 - state.loss)).ceil();
+        let retrans = if state.loss > 0.0 && segments > 0.0 {
+            Poisson::new(segments * state.loss)
+                .map(|p| p.sample(&mut self.rng) as u64)
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        self.time += duration;
+        self.streams = n;
+        MiStats {
+            end: self.time,
+            duration,
+            bytes_acked: bytes,
+            data_segs_out: segments as u64,
+            retrans_segs: retrans,
+            rtt: (n > 0).then_some(rtt),
+            streams: n,
+        }
+    }
+
+    /// The count in `1..=max_streams` with the best noise-free utility at time `t`, and that
+    /// utility.
+    pub fn best(&self, utility: &UtilityParams, max_streams: usize, t: f64) -> (usize, f64) {
+        (1..=max_streams.max(1))
+            .map(|n| (n, self.true_utility(utility, n, t)))
+            .fold(
+                (1, f64::NEG_INFINITY),
+                |best, x| if x.1 > best.1 { x } else { best },
+            )
+    }
+
+    /// The noise-free steady-state utility of `n` streams at time `t`.
+    pub fn true_utility(&self, utility: &UtilityParams, n: usize, t: f64) -> f64 {
+        let state = self.steady_state(n, t);
+        utility.utility(state.throughput, state.loss, n)
+    }
+}
+
+/// Max-min fair share level of `capacity` among groups of `(count, limit)` flows: the level
+/// `l` with `sum(count * min(limit, l)) = capacity`.
+fn fair_share(capacity: f64, groups: &[(usize, f64)]) -> f64 {
+    let mut groups: Vec<(f64, f64)> = groups
+        .iter()
+        .filter(|(count, _)| *count > 0)
+        .map(|&(count, limit)| (count as f64, limit))
+        .collect();
+    groups.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let mut left = capacity;
+    let mut flows: f64 = groups.iter().map(|g| g.0).sum();
+    for (count, limit) in groups {
+        let level = left / flows;
+        if limit >= level {
+            return level;
+        }
+        left -= count * limit;
+        flows -= count;
+    }
+    f64::INFINITY
+}
+
+/// Settings of a simulated run.
+#[derive(Debug, Clone, Copy)]
+pub struct RunConfig {
+    /// Seconds to simulate.
+    pub duration: f64,
+    /// Monitoring interval, seconds.
+    pub mi: f64,
+    /// Most streams a controller may ask for.
+    pub max_streams: usize,
+    /// Streams during the first interval.
+    pub initial_streams: usize,
+    /// Seed of the measurement noise.
+    pub seed: u64,
+    /// Utility parameters.
+    pub utility: UtilityParams,
+    /// Reward parameters.
+    pub reward: RewardParams,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            duration: 200.0,
+            mi: 1.0,
+            max_streams: 64,
+            initial_streams: 1,
+            seed: 1,
+            utility: UtilityParams::default(),
+            reward: RewardParams::default(),
+        }
+    }
+}
+
+/// One interval of a simulated run.
+#[derive(Debug, Clone, Serialize)]
+pub struct TraceRow {
+    /// What the controller saw.
+    #[serde(flatten)]
+    pub observation: Observation,
+    /// The best count at this moment (noise-free).
+    pub best_streams: usize,
+    /// Noise-free utility of the count in use over the best utility.
+    pub utility_fraction: f64,
+    /// The count the controller chose for the next interval.
+    pub decision: usize,
+}
+
+/// Summary of a simulated run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSummary {
+    /// Scenario name.
+    pub scenario: String,
+    /// Controller name.
+    pub controller: String,
+    /// Noise seed.
+    pub seed: u64,
+    /// Mean goodput, Mbit/s.
+    pub mean_throughput_mbps: f64,
+    /// Mean loss rate.
+    pub mean_loss: f64,
+    /// Seconds until the count in use first reached 95 % of the best utility; `None`: never.
+    pub time_to_95: Option<f64>,
+    /// Share of intervals, after the first time it was reached, spent at 95 % or more.
+    pub time_at_95_after: f64,
+    /// Count at the end.
+    pub final_streams: usize,
+}
+
+/// Runs `controller` on `scenario` and returns the per-interval trace and the summary.
+pub fn run(
+    scenario: &Scenario,
+    controller: &mut dyn Controller,
+    config: &RunConfig,
+) -> (Vec<TraceRow>, RunSummary) {
+    let mut sim = Simulator::new(scenario.clone(), config.seed);
+    let mut tracker = SignalTracker::new(config.utility, config.reward, 8);
+    let mut n = config.initial_streams.clamp(1, config.max_streams.max(1));
+    let mut rows = Vec::new();
+    while sim.time() + config.mi <= config.duration + 1e-9 {
+        let start = sim.time();
+        let stats = sim.step(n, config.mi);
+        let observation = tracker.observe(&stats);
+        let (best_streams, best) = sim.best(&config.utility, config.max_streams, start);
+        let utility_fraction = sim.true_utility(&config.utility, n, start) / best;
+        let decision = controller
+            .decide(&observation)
+            .clamp(1, config.max_streams.max(1));
+        rows.push(TraceRow {
+            observation,
+            best_streams,
+            utility_fraction,
+            decision,
+        });
+        n = decision;
+    }
+    let count = rows.len().max(1) as f64;
+    let first = rows.iter().position(|r| r.utility_fraction >= 0.95);
+    let summary = RunSummary {
+        scenario: scenario.name.clone(),
+        controller: controller.name(),
+        seed: config.seed,
+        mean_throughput_mbps: rows.iter().map(|r| r.observation.throughput).sum::<f64>()
+            / count
+            / 1e6,
+        mean_loss: rows.iter().map(|r| r.observation.loss).sum::<f64>() / count,
+        time_to_95: first.map(|i| rows[i].observation.time - config.mi),
+        time_at_95_after: first.map_or(0.0, |i| {
+            let after = &rows[i..];
+            after.iter().filter(|r| r.utility_fraction >= 0.95).count() as f64 / after.len() as f64
+        }),
+        final_streams: rows.last().map_or(n, |r| r.observation.streams),
+    };
+    (rows, summary)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,119 @@
+use super::*;
+use crate::controller::{ControllerSpec, Fixed};
+
+fn shipped(name: &str) -> Scenario {
+    Scenario::shipped(name).unwrap()
+}
+
+/// The first interval from which the count stays within `band` of the best through `until`,
+/// except for at most one interval in any ten (a controller that keeps probing under 2 % noise
+/// sometimes steps out for an interval and comes back).
+fn settled_at(rows: &[TraceRow], band: usize, from: usize, until: usize) -> Option<usize> {
+    let near: Vec<bool> = rows[..until]
+        .iter()
+        .map(|r| r.observation.streams.abs_diff(r.best_streams) <= band)
+        .collect();
+    (from..until).find(|&start| {
+        near[start]
+            && (start..until).all(|i| {
+                near[i..(i + 10).min(until)]
+                    .iter()
+                    .filter(|ok| !**ok)
+                    .count()
+                    <= 1
+            })
+    })
+}
+
+#[test]
+fn fair_share_is_max_min() {
+    assert_eq!(fair_share(100.0, &[(4, 50.0)]), 25.0);
+    assert_eq!(fair_share(100.0, &[(2, 10.0), (2, 100.0)]), 40.0);
+    assert_eq!(fair_share(100.0, &[(2, 10.0)]), f64::INFINITY);
+}
+
+#[test]
+fn fig2_throughput_saturates_at_20_streams_where_utility_peaks() {
+    let sim = Simulator::new(shipped("paper-fig2"), 1);
+    let t = |n| sim.steady_state(n, 0.0).throughput / 1e6;
+    assert!((t(10) - 500.0).abs() < 1.0, "{}", t(10));
+    assert!((t(20) - 1000.0).abs() < 1.0, "{}", t(20));
+    assert!(t(30) <= 1000.0 && t(30) > 950.0, "{}", t(30));
+    assert!(sim.steady_state(30, 0.0).loss > sim.steady_state(20, 0.0).loss);
+    assert!(sim.steady_state(30, 0.0).rtt > sim.steady_state(20, 0.0).rtt);
+    assert_eq!(sim.best(&UtilityParams::default(), 64, 0.0).0, 20);
+}
+
+#[test]
+fn runs_are_deterministic_per_seed() {
+    let config = RunConfig::default();
+    let trace = |seed| {
+        let mut gd = ControllerSpec::Gd.build(64);
+        let (rows, _) = run(
+            &shipped("cloudlab-1g"),
+            gd.as_mut(),
+            &RunConfig { seed, ..config },
+        );
+        rows.iter()
+            .map(|r| (r.decision, r.observation.throughput))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(trace(7), trace(7));
+    assert_ne!(trace(7), trace(8));
+}
+
+#[test]
+fn fixed_count_reports_its_throughput() {
+    let (rows, summary) = run(
+        &shipped("paper-fig2"),
+        &mut Fixed(10),
+        &RunConfig::default(),
+    );
+    assert_eq!(rows.len(), 200);
+    assert!(
+        (summary.mean_throughput_mbps - 500.0).abs() < 10.0,
+        "{summary:?}"
+    );
+    assert_eq!(
+        summary.time_to_95, None,
+        "10 streams never reach 95% of the best utility"
+    );
+}
+
+#[test]
+fn gd_settles_near_the_best_count_within_40_intervals() {
+    for seed in 1..=5 {
+        let mut gd = ControllerSpec::Gd.build(64);
+        let config = RunConfig {
+            seed,
+            ..RunConfig::default()
+        };
+        let (rows, summary) = run(&shipped("paper-fig2"), gd.as_mut(), &config);
+        let settled = settled_at(&rows, 2, 0, 200);
+        eprintln!("paper-fig2 seed {seed}: gd settled at MI {settled:?}");
+        assert!(
+            settled.is_some_and(|mi| mi <= 40),
+            "seed {seed}: settled at {settled:?}; {summary:?}"
+        );
+    }
+}
+
+#[test]
+fn gd_follows_the_bandwidth_halving_within_30_intervals() {
+    for seed in 1..=5 {
+        let mut gd = ControllerSpec::Gd.build(64);
+        let config = RunConfig {
+            seed,
+            duration: 200.0,
+            ..RunConfig::default()
+        };
+        let (rows, _) = run(&shipped("background-arrives"), gd.as_mut(), &config);
+        assert_eq!(rows[150].best_streams, 10);
+        let settled = settled_at(&rows, 2, 100, 200);
+        eprintln!("background-arrives seed {seed}: gd settled at MI {settled:?}");
+        assert!(
+            settled.is_some_and(|mi| mi <= 130),
+            "seed {seed}: settled at {settled:?}"
+        );
+    }
+}
