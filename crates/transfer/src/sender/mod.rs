@@ -66,7 +66,8 @@ pub struct SendConfig {
     /// Most bytes each stream keeps queued in its socket but not yet sent (`TCP_NOTSENT_LOWAT`;
     /// data already in flight is not counted, so this does not limit the window). A small queue
     /// keeps the data being sent in the CPU cache and lets a unit handed to a stream go out
-    /// promptly; [`DEFAULT_UNSENT_LIMIT`] suits most links.
+    /// promptly; [`DEFAULT_UNSENT_LIMIT`] suits most links; 0 leaves the system default
+    /// (`net.ipv4.tcp_notsent_lowat`, unlimited unless set).
     pub unsent_limit: u32,
 }
 

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use super::SendConfig;
-use super::{connect, sample_socket, ManagerEvent, SendError, Shared, Unit, MAX_STREAM_FAILURES};
+use super::{
+    connect, sample_socket, ManagerEvent, SendConfig, SendError, Shared, Unit, MAX_STREAM_FAILURES,
+};
 use crate::auth;
 use crate::sockopt;
 use crate::tcp_info::TcpInfo;
