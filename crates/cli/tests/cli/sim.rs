@@ -61,15 +61,21 @@ fn gd_on_the_paper_scenario_prints_a_trace_and_a_summary() {
     assert_eq!(again.stdout, out.stdout, "same seed, same run");
 }
 
+/// A scenario file in a fresh directory with this capacity (the directory lives as long as the
+/// returned guard).
+fn scenario_file(name: &str, capacity_mbps: u32) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(format!("{name}.toml"));
+    let text = format!(
+        "name = \"{name}\"\ncapacity_mbps = {capacity_mbps}\nbase_rtt_ms = 10\nbuffer_kib = 256\n"
+    );
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
 #[test]
 fn a_scenario_file_can_be_given() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("path.toml");
-    std::fs::write(
-        &path,
-        "name = \"mine\"\ncapacity_mbps = 100\nbase_rtt_ms = 10\nbuffer_kib = 256\n",
-    )
-    .unwrap();
+    let (_dir, path) = scenario_file("mine", 100);
     let out = xfer()
         .args(["sim", "--scenario"])
         .arg(&path)
@@ -87,13 +93,7 @@ fn a_scenario_file_can_be_given() {
 
 #[test]
 fn bad_scenarios_and_optimizers_are_named() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bad.toml");
-    std::fs::write(
-        &path,
-        "name = \"x\"\ncapacity_mbps = 0\nbase_rtt_ms = 1\nbuffer_kib = 1\n",
-    )
-    .unwrap();
+    let (_dir, path) = scenario_file("bad", 0);
     for (args, expected) in [
         (vec!["--scenario", "nowhere"], "neither a shipped scenario"),
         (
