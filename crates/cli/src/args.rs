@@ -181,24 +181,23 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
         .map_err(|e| format!("{s:?} is not a size ({e}); examples: 10GiB, 512M, 4096"))
 }
 
-fn parse_unit_size(s: &str) -> Result<u32, String> {
+/// A size of 1 byte to `max` bytes (named `max_text` in errors), as a `u32`.
+fn parse_bounded_size(s: &str, what: &str, max: u32, max_text: &str) -> Result<u32, String> {
     let size = parse_size_arg(s)?;
-    if !(1..=64 << 20).contains(&size) {
+    if !(1..=u64::from(max)).contains(&size) {
         return Err(format!(
-            "unit size must be between 1 byte and 64 MiB, not {size}"
+            "{what} must be between 1 byte and {max_text}, not {size}"
         ));
     }
     Ok(size as u32)
 }
 
+fn parse_unit_size(s: &str) -> Result<u32, String> {
+    parse_bounded_size(s, "unit size", 64 << 20, "64 MiB")
+}
+
 fn parse_unsent_limit(s: &str) -> Result<u32, String> {
-    let size = parse_size_arg(s)?;
-    if !(1..=1 << 30).contains(&size) {
-        return Err(format!(
-            "unsent limit must be between 1 byte and 1 GiB, not {size}"
-        ));
-    }
-    Ok(size as u32)
+    parse_bounded_size(s, "unsent limit", 1 << 30, "1 GiB")
 }
 
 /// Stream counts to apply at given times since the start of the transfer.

@@ -2,6 +2,21 @@
 
 use crate::common::xfer;
 
+/// Runs `xfer sim ARGS`, requires success, returns stdout.
+fn sim_ok(args: &[&std::ffi::OsStr]) -> Vec<u8> {
+    let out = xfer().arg("sim").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+fn os(args: &[&'static str]) -> Vec<&'static std::ffi::OsStr> {
+    args.iter().map(|a| std::ffi::OsStr::new(*a)).collect()
+}
+
 fn json_lines(stdout: &[u8]) -> Vec<serde_json::Value> {
     String::from_utf8_lossy(stdout)
         .lines()
@@ -11,17 +26,18 @@ fn json_lines(stdout: &[u8]) -> Vec<serde_json::Value> {
 
 #[test]
 fn gd_on_the_paper_scenario_prints_a_trace_and_a_summary() {
-    let out = xfer()
-        .args(["sim", "--scenario", "paper-fig2", "--optimizer", "gd"])
-        .args(["--duration", "60s", "--seed", "3", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines = json_lines(&out.stdout);
+    let stdout = sim_ok(&os(&[
+        "--scenario",
+        "paper-fig2",
+        "--optimizer",
+        "gd",
+        "--duration",
+        "60s",
+        "--seed",
+        "3",
+        "--json",
+    ]));
+    let lines = json_lines(&stdout);
     assert_eq!(lines.len(), 61, "60 intervals and a summary");
     for (i, mi) in lines[..60].iter().enumerate() {
         assert_eq!(mi["type"], "mi");
@@ -45,20 +61,16 @@ fn gd_on_the_paper_scenario_prints_a_trace_and_a_summary() {
     assert_eq!(summary["controller"], "gd");
     let last = summary["final_streams"].as_u64().unwrap();
     assert!((18..=22).contains(&last), "{summary}");
-    let again = xfer()
-        .args([
-            "sim",
-            "--scenario",
-            "paper-fig2",
-            "--duration",
-            "60s",
-            "--seed",
-            "3",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(again.stdout, out.stdout, "same seed, same run");
+    let again = sim_ok(&os(&[
+        "--scenario",
+        "paper-fig2",
+        "--duration",
+        "60s",
+        "--seed",
+        "3",
+        "--json",
+    ]));
+    assert_eq!(again, stdout, "same seed (and gd, the default), same run");
 }
 
 /// A scenario file in a fresh directory with this capacity (the directory lives as long as the
@@ -76,18 +88,11 @@ fn scenario_file(name: &str, capacity_mbps: u32) -> (tempfile::TempDir, std::pat
 #[test]
 fn a_scenario_file_can_be_given() {
     let (_dir, path) = scenario_file("mine", 100);
-    let out = xfer()
-        .args(["sim", "--scenario"])
-        .arg(&path)
-        .args(["--optimizer", "fixed:2", "--duration", "5s"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let mut args = os(&["--scenario"]);
+    args.push(path.as_os_str());
+    args.extend(os(&["--optimizer", "fixed:2", "--duration", "5s"]));
+    let stdout = sim_ok(&args);
+    let text = String::from_utf8_lossy(&stdout);
     assert!(text.contains("fixed:2 on mine (seed 1)"), "{text}");
 }
 
