@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
+use optimizer::{RewardParams, UtilityParams};
 use transfer::sender::DEFAULT_UNSENT_LIMIT;
 
 /// Move data fast between sites over parallel TCP streams.
@@ -43,24 +44,69 @@ pub struct SimArgs {
     /// Simulated time.
     #[arg(long, default_value = "200s", value_parser = parse_positive_time)]
     pub duration: Duration,
-    /// Monitoring interval.
+    /// Seed of the simulated measurement noise.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub tuning: TuningArgs,
+    /// Print one JSON object per interval and a JSON summary instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How the stream-count optimiser measures and judges, for `send` and `sim` alike.
+#[derive(Debug, Args)]
+pub struct TuningArgs {
+    /// Monitoring interval: how often the controller sees the signals and decides.
     #[arg(long, default_value = "1s", value_parser = parse_positive_time)]
     pub mi: Duration,
     /// Most streams the controller may use.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub max_streams: u32,
-    /// Seed of the simulated measurement noise.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// Utility: cost of each extra stream (U = T/K^n - T*L*B).
-    #[arg(long, default_value_t = optimizer::UtilityParams::default().k)]
+    /// Utility: cost of each extra stream, K in U = T/K^n - T*L*B (at least 1).
+    #[arg(long, default_value_t = UtilityParams::default().k)]
     pub k: f64,
-    /// Utility: loss penalty.
-    #[arg(long, default_value_t = optimizer::UtilityParams::default().b)]
+    /// Utility: loss penalty, B in U = T/K^n - T*L*B (at least 0).
+    #[arg(long, default_value_t = UtilityParams::default().b)]
     pub b: f64,
-    /// Print one JSON object per interval and a JSON summary instead of a table.
-    #[arg(long)]
-    pub json: bool,
+    /// Reward when the utility rose by more than --reward-eps.
+    #[arg(long, default_value_t = RewardParams::default().x, allow_negative_numbers = true)]
+    pub reward_x: f64,
+    /// Reward when the utility fell by more than --reward-eps.
+    #[arg(long, default_value_t = RewardParams::default().y, allow_negative_numbers = true)]
+    pub reward_y: f64,
+    /// Change of utility, relative to the previous interval's, that counts as none.
+    #[arg(long, default_value_t = RewardParams::default().eps)]
+    pub reward_eps: f64,
+}
+
+impl TuningArgs {
+    /// The utility parameters, checked.
+    pub fn utility(&self) -> anyhow::Result<UtilityParams> {
+        if !(self.k.is_finite() && self.k >= 1.0 && self.b.is_finite() && self.b >= 0.0) {
+            bail!("--k must be at least 1 and --b at least 0");
+        }
+        Ok(UtilityParams {
+            k: self.k,
+            b: self.b,
+        })
+    }
+
+    /// The reward parameters, checked.
+    pub fn reward(&self) -> anyhow::Result<RewardParams> {
+        if ![self.reward_x, self.reward_y, self.reward_eps]
+            .iter()
+            .all(|v| v.is_finite())
+            || self.reward_eps < 0.0
+        {
+            bail!("--reward-x and --reward-y must be finite numbers and --reward-eps at least 0");
+        }
+        Ok(RewardParams {
+            x: self.reward_x,
+            y: self.reward_y,
+            eps: self.reward_eps,
+        })
+    }
 }
 
 /// `xfer send`.
@@ -84,12 +130,23 @@ pub struct SendArgs {
     /// Read the session key from this file.
     #[arg(long)]
     pub key_file: Option<PathBuf>,
-    /// Number of parallel TCP streams.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub streams: u32,
+    /// Parallel TCP streams to start with [default: 4]. Without --optimizer, the count stays
+    /// at this for the whole transfer.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub streams: Option<u32>,
     /// Change the stream count over time, e.g. "0s:1,5s:16,10s:4" (times since the start).
-    #[arg(long, value_parser = parse_schedule)]
+    #[arg(long, value_parser = parse_schedule, conflicts_with = "optimizer")]
     pub streams_schedule: Option<Schedule>,
+    /// Who chooses the stream count each monitoring interval: gd (gradient ascent on the
+    /// utility) or fixed:N [default: gd, or none when --streams or --streams-schedule is given].
+    #[arg(long)]
+    pub optimizer: Option<optimizer::ControllerSpec>,
+    /// Write one JSON line per monitoring interval here: the signals, utility, reward, the
+    /// controller's decision and how long it took.
+    #[arg(long, value_name = "FILE")]
+    pub mi_log: Option<PathBuf>,
+    #[command(flatten)]
+    pub tuning: TuningArgs,
     /// Send SIZE bytes of generated data to a discarding sink (memory-to-memory benchmark).
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     pub mem: Option<u64>,

@@ -1,21 +1,28 @@
 //! `xfer send`: run a transfer with a live progress bar, or per-second JSON, and a summary.
 
+use std::fs::File;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
+use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
+use optimizer::ControllerSpec;
 use serde::Serialize;
 use transfer::auth::SessionKey;
-use transfer::sender::{Progress, SendConfig, SendSource, StreamSample, Summary, Transfer};
+use transfer::sender::{
+    MiRecord, OptimizerSettings, Progress, SendConfig, SendSource, StreamSample, Summary, Transfer,
+};
 use transfer::tcp_info::TcpInfo;
 
 use crate::args::{parse_destination, SendArgs};
 
 /// How often the progress bar and the stream schedule are updated.
 const TICK: Duration = Duration::from_millis(100);
+/// Streams at the start when neither --streams nor --streams-schedule says.
+const DEFAULT_STREAMS: u32 = 4;
 /// How often a JSON progress object is printed.
 const REPORT_EVERY: Duration = Duration::from_secs(1);
 
@@ -92,10 +99,31 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         (None, None) => bail!("no session key: pass --key KEY (printed by `xfer recv`), --key-file FILE, or set XFER_KEY"),
     };
     let schedule = args.streams_schedule.clone();
+    let controller = match args.optimizer {
+        Some(spec) => Some(spec),
+        None if args.streams.is_some() || schedule.is_some() => None,
+        None => Some(ControllerSpec::Gd),
+    };
+    let mut mi_log = match (&args.mi_log, controller) {
+        (Some(path), Some(_)) => Some(std::io::BufWriter::new(
+            File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
+        )),
+        (Some(_), None) => {
+            bail!("--mi-log needs an optimizer choosing the count (--optimizer gd or fixed:N)")
+        }
+        (None, _) => None,
+    };
+    let settings = OptimizerSettings {
+        interval: args.tuning.mi,
+        utility: args.tuning.utility()?,
+        reward: args.tuning.reward()?,
+        ..OptimizerSettings::default()
+    };
     let initial = schedule
         .as_ref()
         .and_then(|s| s.at(Duration::ZERO))
-        .unwrap_or(args.streams);
+        .or(args.streams)
+        .unwrap_or(DEFAULT_STREAMS);
     let stream_rate_cap = match args.stream_rate_cap {
         Some(mbit) if mbit.is_finite() && mbit > 0.0 => Some((mbit * 1e6 / 8.0) as u64),
         Some(mbit) => bail!("--stream-rate-cap must be a positive number of Mbit/s, not {mbit}"),
@@ -115,6 +143,11 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         for skipped in transfer.skipped_sources() {
             eprintln!("xfer: warning: {skipped}");
         }
+    }
+    let (log_tx, log_rx) = mpsc::channel();
+    if let Some(spec) = controller {
+        let log = mi_log.is_some().then_some(log_tx);
+        transfer.optimize(spec.build(args.tuning.max_streams as usize), settings, log)?;
     }
     let bar = progress_bar(&args, &transfer.progress());
     let mut stdout = std::io::stdout().lock();
@@ -171,6 +204,9 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
             writeln!(stdout)?;
             stdout.flush()?;
         }
+        if let Some(out) = &mut mi_log {
+            write_mi_records(out, log_rx.try_iter())?;
+        }
         if finished {
             break;
         }
@@ -178,8 +214,25 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
-    let summary = transfer.wait()?;
+    let summary = transfer.wait();
+    if let Some(out) = &mut mi_log {
+        // The controller's threads have ended: these are the last intervals.
+        write_mi_records(out, log_rx.try_iter())?;
+    }
+    let summary = summary?;
     print_summary(&args, &summary, &mut stdout).context("writing the summary")
+}
+
+/// Appends MI records as JSON lines and flushes, so a killed transfer leaves a usable log.
+fn write_mi_records(
+    out: &mut impl Write,
+    records: impl Iterator<Item = MiRecord>,
+) -> anyhow::Result<()> {
+    for record in records {
+        serde_json::to_writer(&mut *out, &record)?;
+        writeln!(out)?;
+    }
+    out.flush().context("writing the MI log")
 }
 
 fn rate_since((t0, b0): (Duration, u64), now: &Progress) -> f64 {

@@ -4,7 +4,6 @@ use std::io::Write;
 
 use anyhow::Context;
 use optimizer::sim::{self, RunConfig, Scenario};
-use optimizer::{RewardParams, UtilityParams};
 
 use crate::args::SimArgs;
 
@@ -26,21 +25,14 @@ fn load(name: &str) -> anyhow::Result<Scenario> {
 /// Runs `xfer sim`.
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let scenario = load(&args.scenario)?;
-    let utility = UtilityParams {
-        k: args.k,
-        b: args.b,
-    };
-    if !(utility.k.is_finite() && utility.k >= 1.0 && utility.b.is_finite() && utility.b >= 0.0) {
-        anyhow::bail!("--k must be at least 1 and --b at least 0");
-    }
     let config = RunConfig {
         duration: args.duration.as_secs_f64(),
-        mi: args.mi.as_secs_f64(),
-        max_streams: args.max_streams as usize,
+        mi: args.tuning.mi.as_secs_f64(),
+        max_streams: args.tuning.max_streams as usize,
         initial_streams: 1,
         seed: args.seed,
-        utility,
-        reward: RewardParams::default(),
+        utility: args.tuning.utility()?,
+        reward: args.tuning.reward()?,
     };
     let mut controller = args.optimizer.build(config.max_streams);
     let (rows, summary) = sim::run(&scenario, controller.as_mut(), &config);

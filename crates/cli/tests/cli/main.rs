@@ -4,6 +4,7 @@
 mod bad_input;
 mod common;
 mod odd_sizes;
+mod optimize;
 mod resume;
 mod sim;
 mod tree;

@@ -8,6 +8,8 @@
 //! a unit it already holds as a duplicate, so no byte is lost or written twice.
 
 mod control;
+mod meter;
+mod optimize;
 mod source;
 mod stream;
 
@@ -22,6 +24,8 @@ use crate::auth::{self, AuthError, SessionKey};
 use crate::manifest::{scan_sources, FileEntry, Manifest, SinkKind, Timestamp};
 use crate::tcp_info::{self, TcpInfo};
 use crate::wire::{self, FileStatus, FrameReader, Message, Role};
+pub use optimize::{MiRecord, OptimizerSettings};
+use optimizer::Controller;
 use source::SourceData;
 use stream::StreamHandle;
 
@@ -353,6 +357,43 @@ impl Shared {
         self.outcome.lock().expect("outcome lock").is_some()
     }
 
+    /// Waits until the transfer is over or `deadline` passes; `true` when it is over.
+    fn wait_over_until(&self, deadline: Instant) -> bool {
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        let outcome = self.outcome.lock().expect("outcome lock");
+        let (outcome, _) = self
+            .outcome_cv
+            .wait_timeout_while(outcome, timeout, |o| o.is_none())
+            .expect("outcome lock");
+        outcome.is_some()
+    }
+
+    fn set_target(&self, streams: usize) {
+        self.target
+            .store(streams.clamp(1, self.max_streams), Ordering::Release);
+        self.notify_manager(ManagerEvent::TargetChanged);
+    }
+
+    fn sample_streams(&self) -> Vec<StreamSample> {
+        let handles: Vec<_> = self
+            .streams
+            .lock()
+            .expect("streams lock")
+            .values()
+            .cloned()
+            .collect();
+        handles
+            .iter()
+            .filter_map(|h| {
+                h.sample().map(|tcp| StreamSample {
+                    stream: h.id,
+                    retiring: h.is_retiring(),
+                    tcp,
+                })
+            })
+            .collect()
+    }
+
     fn file_shown(&self, file: u32) -> String {
         let entry = &self.manifest.files[file as usize];
         String::from_utf8_lossy(&entry.path).into_owned()
@@ -362,7 +403,8 @@ impl Shared {
 /// A running transfer.
 pub struct Transfer {
     shared: Arc<Shared>,
-    threads: Vec<std::thread::JoinHandle<()>>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    optimized: AtomicBool,
     skipped_sources: Vec<String>,
 }
 
@@ -484,17 +526,38 @@ impl Transfer {
         ];
         Ok(Transfer {
             shared,
-            threads,
+            threads: Mutex::new(threads),
+            optimized: AtomicBool::new(false),
             skipped_sources,
         })
     }
 
     /// Sets the number of streams; it takes effect at once (clamped to 1..=the receiver's limit).
     pub fn set_target_streams(&self, streams: usize) {
-        self.shared
-            .target
-            .store(streams.clamp(1, self.shared.max_streams), Ordering::Release);
-        self.shared.notify_manager(ManagerEvent::TargetChanged);
+        self.shared.set_target(streams);
+    }
+
+    /// Hands the stream count to `controller` for the rest of the transfer: every
+    /// `settings.interval` the streams' `TCP_INFO` becomes an observation, and the controller's
+    /// answer becomes the target count. The controller runs on its own thread and the data path
+    /// never waits for it (see [`MiRecord::decision`] for what happens while it is busy). Each
+    /// interval's [`MiRecord`] goes to `log` when given. A transfer takes one controller;
+    /// calling this again is an error.
+    pub fn optimize(
+        &self,
+        controller: Box<dyn Controller>,
+        settings: OptimizerSettings,
+        log: Option<mpsc::Sender<MiRecord>>,
+    ) -> Result<(), SendError> {
+        if self.optimized.swap(true, Ordering::AcqRel) {
+            return Err(SendError::Source(
+                "this transfer already has a controller".into(),
+            ));
+        }
+        let threads = optimize::spawn(&self.shared, controller, settings, log)
+            .map_err(|e| SendError::Source(format!("cannot start a thread: {e}")))?;
+        self.threads.lock().expect("threads lock").extend(threads);
+        Ok(())
     }
 
     /// Sources that were left out of the manifest (links, special files), with why.
@@ -526,42 +589,19 @@ impl Transfer {
 
     /// Reads `TCP_INFO` of every open stream now. Never waits for the data path.
     pub fn sample_streams(&self) -> Vec<StreamSample> {
-        let handles: Vec<_> = self
-            .shared
-            .streams
-            .lock()
-            .expect("streams lock")
-            .values()
-            .cloned()
-            .collect();
-        handles
-            .iter()
-            .filter_map(|h| {
-                h.sample().map(|tcp| StreamSample {
-                    stream: h.id,
-                    retiring: h.is_retiring(),
-                    tcp,
-                })
-            })
-            .collect()
+        self.shared.sample_streams()
     }
 
     /// Waits up to `timeout` for the transfer to end; `true` when it has.
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
-        let outcome = self.shared.outcome.lock().expect("outcome lock");
-        let (outcome, _) = self
-            .shared
-            .outcome_cv
-            .wait_timeout_while(outcome, timeout, |o| o.is_none())
-            .expect("outcome lock");
-        outcome.is_some()
+        self.shared.wait_over_until(Instant::now() + timeout)
     }
 
     /// Waits for the end of the transfer and returns its summary or its error.
     pub fn wait(self) -> Result<Summary, SendError> {
         while !self.wait_timeout(Duration::from_secs(3600)) {}
         let seconds = self.shared.start.elapsed().as_secs_f64();
-        for t in self.threads {
+        for t in self.threads.into_inner().expect("threads lock") {
             let _ = t.join();
         }
         let shared = self.shared;

@@ -1,0 +1,110 @@
+//! `xfer send --optimizer`: a live controller chooses the stream count of a real transfer, the
+//! data arrives exact, and the MI log has one well-formed line per interval.
+
+use crate::common::*;
+
+#[test]
+fn gd_drives_a_real_transfer_that_arrives_byte_identical_with_a_well_formed_mi_log() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let tree = src.path().join("tree");
+    std::fs::create_dir_all(tree.join("small")).unwrap();
+    write_data(&tree.join("big.bin"), 600 << 20, 11);
+    for i in 0..300u64 {
+        write_data(&tree.join(format!("small/f{i}")), i * 101, i);
+    }
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("mi.jsonl");
+    let receiver = Receiver::start(root.path());
+    // Paced streams make throughput grow with the count, so gd has a reason to add streams.
+    ok(send(
+        &receiver,
+        &[
+            tree.to_str().unwrap(),
+            &receiver.dest("in"),
+            "--optimizer",
+            "gd",
+            "--streams",
+            "1",
+            "--stream-rate-cap",
+            "800",
+            "--mi",
+            "200ms",
+            "--max-streams",
+            "16",
+            "--mi-log",
+            log.to_str().unwrap(),
+            "--quiet",
+        ],
+    ));
+    assert_same_tree(src.path(), &root.path().join("in"));
+
+    let records = json_lines(&std::fs::read_to_string(&log).unwrap());
+    assert!(records.len() >= 5, "{records:?}");
+    let mut last_time = 0.0;
+    for (i, r) in records.iter().enumerate() {
+        assert_eq!(r["mi"], i as u64, "{r}");
+        assert_eq!(r["controller"], "gd");
+        for key in [
+            "time",
+            "throughput",
+            "loss",
+            "rtt",
+            "rtt_ratio",
+            "rtt_gradient",
+            "utility",
+            "reward",
+        ] {
+            assert!(r[key].is_number(), "{key} in {r}");
+        }
+        let time = r["time"].as_f64().unwrap();
+        assert!(time > last_time, "time increases: {r}");
+        last_time = time;
+        let streams = r["streams"].as_u64().unwrap();
+        assert!((1..=16).contains(&streams), "{r}");
+        assert!(r["rtt"].as_f64().unwrap() > 0.0 && r["rtt_ratio"].as_f64().unwrap() >= 1.0);
+        let loss = r["loss"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&loss), "{r}");
+        // A decision and its latency come together, or neither (the controller was busy).
+        match (r["decision"].as_u64(), r["decision_latency"].as_f64()) {
+            (Some(n), Some(latency)) => assert!((1..=16).contains(&n) && latency >= 0.0),
+            (None, None) => {}
+            _ => panic!("decision without latency or the reverse: {r}"),
+        }
+    }
+    let most = records.iter().map(|r| r["streams"].as_u64().unwrap()).max();
+    assert!(
+        most >= Some(4),
+        "with 100 MB/s per stream, gd adds streams: {records:?}"
+    );
+}
+
+#[test]
+fn optimizer_flags_that_cannot_work_are_refused_before_anything_is_sent() {
+    let root = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(root.path());
+    let cases: [(&[&str], &str); 6] = [
+        (&["--optimizer", "ppo"], "unknown optimizer \"ppo\""),
+        (
+            &["--optimizer", "gd", "--streams-schedule", "0s:2"],
+            "cannot be used with",
+        ),
+        (
+            &["--streams", "4", "--mi-log", "x.jsonl"],
+            "--mi-log needs an optimizer",
+        ),
+        (
+            &["--mi-log", "/nonexistent/dir/mi.jsonl"],
+            "cannot create /nonexistent/dir/mi.jsonl",
+        ),
+        (&["--k", "0.5"], "--k must be at least 1"),
+        (&["--reward-eps=-1"], "--reward-eps at least 0"),
+    ];
+    for (args, needle) in cases {
+        let mut all = vec!["--mem", "1MiB", receiver.addr.as_str()];
+        all.extend_from_slice(args);
+        let stderr = fails(send(&receiver, &all));
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    assert!(entries(root.path()).is_empty());
+}

@@ -1,0 +1,141 @@
+//! Live control of the stream count: every monitoring interval (MI) a sampler thread reads the
+//! streams' `TCP_INFO`, turns it into an [`Observation`] and hands it to a decider thread that
+//! runs the [`Controller`]. The data path never waits for either: while the controller thinks,
+//! data keeps moving with the last count, and a decision is applied the moment it is made. If
+//! the controller is still busy when several intervals have ended, it decides on the newest and
+//! the ones it passed over are logged without a decision. An interval at whose end no stream is
+//! open (the last units are acknowledged and the files are being sealed) is not observed.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use optimizer::{Controller, Observation, RewardParams, SignalTracker, UtilityParams};
+use serde::Serialize;
+
+use super::meter::IntervalMeter;
+use super::Shared;
+
+/// How the live optimiser measures and judges the transfer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OptimizerSettings {
+    /// Length of a monitoring interval.
+    pub interval: Duration,
+    /// Utility the controller maximises.
+    pub utility: UtilityParams,
+    /// Reward reported for each interval.
+    pub reward: RewardParams,
+    /// Past stream-count changes each observation carries.
+    pub history: usize,
+}
+
+impl Default for OptimizerSettings {
+    fn default() -> Self {
+        OptimizerSettings {
+            interval: Duration::from_secs(1),
+            utility: UtilityParams::default(),
+            reward: RewardParams::default(),
+            history: 8,
+        }
+    }
+}
+
+/// One monitoring interval of a live transfer, as written to the MI log.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MiRecord {
+    /// The signals of the interval.
+    #[serde(flatten)]
+    pub observation: Observation,
+    /// The controller's name.
+    pub controller: String,
+    /// The stream count the controller chose from this interval; `None` when it was still busy
+    /// deciding on an earlier interval and went on to a newer one instead.
+    pub decision: Option<usize>,
+    /// Seconds from the end of the interval until the decision was applied.
+    pub decision_latency: Option<f64>,
+}
+
+/// An observation on its way to the decider, with the instant its interval ended.
+type Pending = (Observation, Instant);
+
+/// Starts the sampler and decider threads of `controller` on a running transfer.
+pub(super) fn spawn(
+    shared: &Arc<Shared>,
+    controller: Box<dyn Controller>,
+    settings: OptimizerSettings,
+    log: Option<mpsc::Sender<MiRecord>>,
+) -> std::io::Result<[std::thread::JoinHandle<()>; 2]> {
+    let (tx, rx) = mpsc::channel();
+    let sampler = std::thread::Builder::new().name("xfer-mi".into()).spawn({
+        let shared = shared.clone();
+        move || sample_intervals(&shared, settings, tx)
+    })?;
+    let decider = std::thread::Builder::new()
+        .name("xfer-decide".into())
+        .spawn({
+            let shared = shared.clone();
+            move || decide(&shared, controller, rx, log)
+        })?;
+    Ok([sampler, decider])
+}
+
+/// Every interval until the transfer ends: measure, observe, pass the observation on.
+fn sample_intervals(shared: &Shared, settings: OptimizerSettings, tx: mpsc::Sender<Pending>) {
+    let mut meter = IntervalMeter::default();
+    let mut tracker = SignalTracker::new(settings.utility, settings.reward, settings.history);
+    let interval = settings.interval.max(Duration::from_millis(1));
+    let mut last = Instant::now();
+    meter.reset(&shared.sample_streams());
+    let mut deadline = last + interval;
+    while !shared.wait_over_until(deadline) {
+        let now = Instant::now();
+        let stats = meter.measure(
+            &shared.sample_streams(),
+            now.duration_since(shared.start).as_secs_f64(),
+            now.duration_since(last).as_secs_f64(),
+        );
+        last = now;
+        // Intervals stay on a fixed grid; one that overran is not made up for.
+        while deadline <= now {
+            deadline += interval;
+        }
+        if stats.streams == 0 {
+            // No stream was open (the transfer is finishing): nothing to observe or decide.
+            continue;
+        }
+        if tx.send((tracker.observe(&stats), now)).is_err() {
+            return;
+        }
+    }
+}
+
+/// Decides on each observation (the newest when several are waiting) and applies the decision.
+fn decide(
+    shared: &Shared,
+    mut controller: Box<dyn Controller>,
+    rx: mpsc::Receiver<Pending>,
+    log: Option<mpsc::Sender<MiRecord>>,
+) {
+    let name = controller.name();
+    let record = |observation, decision, latency: Option<Duration>| {
+        if let Some(log) = &log {
+            let _ = log.send(MiRecord {
+                observation,
+                controller: name.clone(),
+                decision,
+                decision_latency: latency.map(|l| l.as_secs_f64()),
+            });
+        }
+    };
+    while let Ok(mut newest) = rx.recv() {
+        while let Ok(newer) = rx.try_recv() {
+            record(std::mem::replace(&mut newest, newer).0, None, None);
+        }
+        let (observation, ended) = newest;
+        let streams = controller.decide(&observation);
+        if !shared.is_over() {
+            shared.set_target(streams);
+        }
+        record(observation, Some(streams), Some(ended.elapsed()));
+    }
+}

@@ -1,0 +1,144 @@
+//! The live optimiser on real loopback transfers: a controller that takes several intervals to
+//! decide does not hold up the data, and its late decision is applied when it lands.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use optimizer::{Controller, Observation};
+use transfer::auth::SessionKey;
+use transfer::receiver::{Receiver, ReceiverConfig};
+use transfer::sender::{MiRecord, OptimizerSettings, SendConfig, SendSource, Transfer};
+
+const KEY: &str = "live-optimizer-test-key-01234567";
+const INTERVAL: Duration = Duration::from_millis(100);
+
+/// Sleeps through its first decision, then asks for `streams` every time.
+struct Slow {
+    delay: Duration,
+    streams: usize,
+    calls: u32,
+}
+
+impl Controller for Slow {
+    fn name(&self) -> String {
+        "slow".into()
+    }
+
+    fn decide(&mut self, _observation: &Observation) -> usize {
+        self.calls += 1;
+        if self.calls == 1 {
+            std::thread::sleep(self.delay);
+        }
+        self.streams
+    }
+}
+
+fn receiver() -> (String, tempfile::TempDir) {
+    let root = tempfile::tempdir().unwrap();
+    let config = ReceiverConfig::new(
+        root.path().to_path_buf(),
+        SessionKey::from_text(KEY).unwrap(),
+    );
+    let receiver = Receiver::bind("127.0.0.1:0", config).unwrap();
+    let addr = receiver.local_addr().unwrap().to_string();
+    std::thread::spawn(move || receiver.serve(None));
+    (addr, root)
+}
+
+/// Sends `size` bytes of generated data over streams paced to `cap` bytes/s each, starting with
+/// one stream, under `controller`; returns the bytes acknowledged and the MI records.
+fn paced_transfer(size: u64, cap: u64, controller: Box<dyn Controller>) -> (u64, Vec<MiRecord>) {
+    let (addr, _root) = receiver();
+    let config = SendConfig {
+        addr,
+        key: SessionKey::from_text(KEY).unwrap(),
+        streams: 1,
+        unit_size: 1 << 20,
+        verify: false,
+        stream_rate_cap: Some(cap),
+        unsent_limit: transfer::sender::DEFAULT_UNSENT_LIMIT,
+    };
+    let transfer = Transfer::start(config, SendSource::Memory { size }).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let settings = OptimizerSettings {
+        interval: INTERVAL,
+        ..OptimizerSettings::default()
+    };
+    transfer.optimize(controller, settings, Some(tx)).unwrap();
+    assert!(
+        transfer
+            .optimize(Box::new(optimizer::Fixed(2)), settings, None)
+            .is_err(),
+        "a second controller is refused"
+    );
+    let summary = transfer.wait().unwrap();
+    (summary.bytes, rx.try_iter().collect())
+}
+
+#[test]
+fn a_slow_controller_does_not_stop_the_data_and_its_late_decision_lands() {
+    let delay = INTERVAL * 6;
+    let size = 240 << 20;
+    // 50 MB/s per stream: about 1 s on one stream, then three streams for the rest.
+    let controller = Slow {
+        delay,
+        streams: 3,
+        calls: 0,
+    };
+    let (bytes, records) = paced_transfer(size, 50_000_000, Box::new(controller));
+    assert_eq!(bytes, size);
+    let mis: Vec<u64> = records.iter().map(|r| r.observation.mi).collect();
+    assert_eq!(
+        mis,
+        (0..records.len() as u64).collect::<Vec<_>>(),
+        "one record per interval, in order"
+    );
+    let first = &records[0];
+    assert_eq!(first.decision, Some(3));
+    assert!(
+        first.decision_latency.unwrap() >= delay.as_secs_f64(),
+        "{first:?}"
+    );
+    // The intervals that ended while the controller slept: data kept flowing on one stream.
+    let waited = (delay.as_secs_f64() / INTERVAL.as_secs_f64()) as usize - 1;
+    for record in &records[1..waited] {
+        let o = &record.observation;
+        assert_eq!(
+            o.streams, 1,
+            "the count stays until the decision lands: {record:?}"
+        );
+        assert!(
+            o.throughput > 100e6,
+            "bytes keep being acknowledged: {record:?}"
+        );
+    }
+    assert!(
+        records[1..waited]
+            .iter()
+            .filter(|r| r.decision.is_none())
+            .count()
+            >= waited - 2,
+        "intervals that ended during the delay are passed over for the newest: {records:?}"
+    );
+    // After the decision: three streams, and they move more data than one did.
+    let after: Vec<_> = records
+        .iter()
+        .skip(waited + 3)
+        .filter(|r| r.observation.throughput > 0.0)
+        .collect();
+    assert!(after.len() >= 3, "{records:?}");
+    for record in &after[..after.len() - 1] {
+        assert_eq!(record.observation.streams, 3, "{record:?}");
+        assert!(
+            record.decision.is_some() && record.decision_latency.unwrap() < INTERVAL.as_secs_f64()
+        );
+    }
+    let mean = |rs: &[&MiRecord]| {
+        rs.iter().map(|r| r.observation.throughput).sum::<f64>() / rs.len() as f64
+    };
+    let before: Vec<_> = records[1..waited].iter().collect();
+    assert!(
+        mean(&after[..after.len() - 1]) > 2.0 * mean(&before),
+        "{records:?}"
+    );
+}
