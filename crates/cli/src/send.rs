@@ -147,7 +147,8 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     let (log_tx, log_rx) = mpsc::channel();
     if let Some(spec) = controller {
         let log = mi_log.is_some().then_some(log_tx);
-        transfer.optimize(spec.build(args.tuning.max_streams as usize), settings, log)?;
+        let controller = spec.build(args.tuning.max_streams as usize, settings.utility);
+        transfer.optimize(controller, settings, log)?;
     }
     let bar = progress_bar(&args, &transfer.progress());
     let mut stdout = std::io::stdout().lock();

@@ -34,7 +34,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         utility: args.tuning.utility()?,
         reward: args.tuning.reward()?,
     };
-    let mut controller = args.optimizer.build(config.max_streams);
+    let mut controller = args.optimizer.build(config.max_streams, config.utility);
     let (rows, summary) = sim::run(&scenario, controller.as_mut(), &config);
     let mut out = std::io::stdout().lock();
     if args.json {

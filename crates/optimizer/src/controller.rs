@@ -3,8 +3,11 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::bo::{BayesianOptimizer, BoParams};
 use crate::gd::{GdParams, GradientDescent};
+use crate::settle::Settling;
 use crate::signals::Observation;
+use crate::utility::UtilityParams;
 
 /// Chooses the stream count: the observation of the interval that just ended in, the count for
 /// the next interval out. Implementations are deterministic given their inputs (and seed).
@@ -30,18 +33,20 @@ impl Controller for Fixed {
     }
 }
 
-/// A controller named on a command line: `fixed:N` or `gd`.
+/// A controller named on a command line: `fixed:N`, `gd` or `bo`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ControllerSpec {
     /// [`Fixed`] at this count.
     Fixed(usize),
     /// [`GradientDescent`] with default parameters.
     Gd,
+    /// [`BayesianOptimizer`] with default parameters.
+    Bo,
 }
 
 /// Why a controller name was not understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown optimizer {0:?}: expected gd or fixed:N (N >= 1)")]
+#[error("unknown optimizer {0:?}: expected gd, bo or fixed:N (N >= 1)")]
 pub struct SpecError(String);
 
 impl FromStr for ControllerSpec {
@@ -50,6 +55,7 @@ impl FromStr for ControllerSpec {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.split_once(':') {
             None if s == "gd" => Ok(ControllerSpec::Gd),
+            None if s == "bo" => Ok(ControllerSpec::Bo),
             Some(("fixed", n)) => match n.parse::<usize>() {
                 Ok(n) if n >= 1 => Ok(ControllerSpec::Fixed(n)),
                 _ => Err(SpecError(s.into())),
@@ -64,19 +70,27 @@ impl fmt::Display for ControllerSpec {
         match self {
             ControllerSpec::Fixed(n) => write!(f, "fixed:{n}"),
             ControllerSpec::Gd => f.write_str("gd"),
+            ControllerSpec::Bo => f.write_str("bo"),
         }
     }
 }
 
 impl ControllerSpec {
-    /// Builds the controller; it never asks for more than `max_streams`.
-    pub fn build(self, max_streams: usize) -> Box<dyn Controller> {
+    /// Builds the controller; it never asks for more than `max_streams`. The controllers that
+    /// judge counts by their utility judge a raised count only once its streams ramped up
+    /// ([`Settling`]).
+    pub fn build(self, max_streams: usize, utility: UtilityParams) -> Box<dyn Controller> {
         match self {
             ControllerSpec::Fixed(n) => Box::new(Fixed(n.min(max_streams))),
-            ControllerSpec::Gd => Box::new(GradientDescent::new(GdParams {
+            ControllerSpec::Gd => Box::new(Settling::new(GradientDescent::new(GdParams {
                 max_streams,
                 ..GdParams::default()
-            })),
+            }))),
+            ControllerSpec::Bo => Box::new(Settling::new(BayesianOptimizer::new(BoParams {
+                max_streams,
+                utility,
+                ..BoParams::default()
+            }))),
         }
     }
 }
@@ -87,7 +101,7 @@ mod tests {
 
     #[test]
     fn specs_parse_and_print_back() {
-        for text in ["gd", "fixed:1", "fixed:16"] {
+        for text in ["gd", "bo", "fixed:1", "fixed:16"] {
             assert_eq!(text.parse::<ControllerSpec>().unwrap().to_string(), text);
         }
         for bad in ["", "fixed", "fixed:0", "fixed:x", "gd:2", "ppo"] {
@@ -97,6 +111,11 @@ mod tests {
 
     #[test]
     fn fixed_is_capped_by_the_maximum() {
-        assert_eq!(ControllerSpec::Fixed(300).build(64).name(), "fixed:64");
+        assert_eq!(
+            ControllerSpec::Fixed(300)
+                .build(64, UtilityParams::default())
+                .name(),
+            "fixed:64"
+        );
     }
 }

@@ -9,13 +9,17 @@
 
 #![warn(missing_docs)]
 
+mod bo;
 mod controller;
 mod gd;
+mod settle;
 mod signals;
 pub mod sim;
 mod utility;
 
+pub use bo::{BayesianOptimizer, BoParams};
 pub use controller::{Controller, ControllerSpec, Fixed, SpecError};
 pub use gd::{GdParams, GradientDescent};
+pub use settle::{Settling, RAMP_RTTS};
 pub use signals::{MiStats, Observation, SignalTracker};
 pub use utility::{RewardParams, UtilityParams};

@@ -3,9 +3,10 @@
 //!
 //! The model, per monitoring interval: every flow is limited by its rate cap, its window over
 //! the RTT, and the Mathis et al. bound for the random loss rate; when the flows ask for more
-//! than the capacity, the bottleneck is shared max-min fairly, its drop-tail queue fills (more
-//! flows, fuller queue), and the congestion loss is what the Mathis bound needs to hold each
-//! flow at its share. New streams lose their connection round trips and slow start. Measured
+//! than the capacity, the queue grows until the longer RTT slows them to the capacity, or, for
+//! rate-capped flows or when that would overflow the drop-tail buffer (which fills further
+//! the more flows share it), the bottleneck is shared max-min fairly and the congestion loss
+//! is what the Mathis bound needs to hold each flow at its share. New streams lose their connection round trips and slow start. Measured
 //! throughput, RTT and retransmissions carry noise from a seeded generator.
 
 mod scenario;
@@ -92,10 +93,36 @@ impl Simulator {
                 rtt: base_rtt,
             };
         }
-        // Saturated: the queue fills further the more flows share it.
+        // Saturated. Flows that the queueing delay itself slows down (window- or loss-limited)
+        // settle where the queue holds just enough to fill the link: find that delay.
+        let max_queue = s.buffer_kib * 1024.0 * 8.0 / capacity;
         let flows = (n + background) as f64;
         let fill = flows / (flows + 4.0);
-        let rtt = base_rtt + s.buffer_kib * 1024.0 * 8.0 * fill / capacity;
+        let demand_at = |rtt: f64| {
+            n as f64 * limit(rtt, s.stream_cap_mbps)
+                + background as f64 * limit(rtt, s.background_cap_mbps)
+        };
+        if demand_at(base_rtt + max_queue * fill) <= capacity {
+            let (mut low, mut high) = (base_rtt, base_rtt + max_queue * fill);
+            for _ in 0..60 {
+                let mid = 0.5 * (low + high);
+                if demand_at(mid) > capacity {
+                    low = mid;
+                } else {
+                    high = mid;
+                }
+            }
+            let rtt = high;
+            let ours = limit(rtt, s.stream_cap_mbps);
+            return PathState {
+                throughput: n as f64 * ours * (1.0 - s.random_loss),
+                loss: s.random_loss,
+                rtt,
+            };
+        }
+        // Rate-capped or too many flows: the queue fills further the more flows share it, and
+        // drop-tail losses hold each flow at its share.
+        let rtt = base_rtt + max_queue * fill;
         let ours = limit(rtt, s.stream_cap_mbps);
         let theirs = limit(rtt, s.background_cap_mbps);
         let share = fair_share(capacity, &[(n, ours), (background, theirs)]);
