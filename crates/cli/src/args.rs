@@ -31,22 +31,27 @@ pub enum Command {
 /// `xfer sim`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  xfer sim --scenario paper-fig2 --optimizer gd\n  xfer sim --scenario my-path.toml --optimizer fixed:8 --duration 60s --json"
+    after_help = "Examples:\n  xfer sim --scenario paper-fig2 --optimizer gd\n  xfer sim --scenario my-path.toml --optimizer fixed:8 --duration 60s --json\n  xfer sim --scenario all --optimizer gd,bo,fixed:8 --seeds 5"
 )]
 pub struct SimArgs {
-    /// A shipped scenario by name (paper-fig2, chameleon-uc-tacc, cloudlab-1g, lossy-long-haul,
-    /// background-arrives, shallow-buffer) or a scenario TOML file.
-    #[arg(long)]
-    pub scenario: String,
-    /// The controller: gd or fixed:N.
-    #[arg(long, default_value = "gd")]
-    pub optimizer: optimizer::ControllerSpec,
+    /// Shipped scenarios by name (paper-fig2, chameleon-uc-tacc, cloudlab-1g, lossy-long-haul,
+    /// background-arrives, shallow-buffer) or scenario TOML files, separated by commas; `all`
+    /// is every shipped scenario.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub scenario: Vec<String>,
+    /// Controllers, separated by commas: gd, bo or fixed:N.
+    #[arg(long, value_delimiter = ',', default_value = "gd")]
+    pub optimizer: Vec<optimizer::ControllerSpec>,
     /// Simulated time.
     #[arg(long, default_value = "200s", value_parser = parse_positive_time)]
     pub duration: Duration,
-    /// Seed of the simulated measurement noise.
+    /// Seed of the simulated measurement noise (the first, with --seeds).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Runs per scenario and controller, with consecutive seeds. More than one run in all
+    /// prints a table of means instead of a trace (with --json, every run's summary).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub seeds: u64,
     #[command(flatten)]
     pub tuning: TuningArgs,
     /// Print one JSON object per interval and a JSON summary instead of a table.

@@ -3,7 +3,8 @@
 use std::io::Write;
 
 use anyhow::Context;
-use optimizer::sim::{self, RunConfig, Scenario};
+use optimizer::sim::{self, RunConfig, RunSummary, Scenario, TraceRow};
+use serde::Serialize;
 
 use crate::args::SimArgs;
 
@@ -22,10 +23,25 @@ fn load(name: &str) -> anyhow::Result<Scenario> {
     Scenario::from_toml(&text).with_context(|| format!("in {name}"))
 }
 
+/// The scenarios named on the command line (`all`: every shipped one).
+fn scenarios(names: &[String]) -> anyhow::Result<Vec<Scenario>> {
+    let mut out = Vec::new();
+    for name in names {
+        if name == "all" {
+            for (shipped, _) in sim::SHIPPED {
+                out.push(Scenario::shipped(shipped)?);
+            }
+        } else {
+            out.push(load(name)?);
+        }
+    }
+    Ok(out)
+}
+
 /// Runs `xfer sim`.
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
-    let scenario = load(&args.scenario)?;
-    let config = RunConfig {
+    let scenarios = scenarios(&args.scenario)?;
+    let base = RunConfig {
         duration: args.duration.as_secs_f64(),
         mi: args.tuning.mi.as_secs_f64(),
         max_streams: args.tuning.max_streams as usize,
@@ -34,26 +50,105 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         utility: args.tuning.utility()?,
         reward: args.tuning.reward()?,
     };
-    let mut controller = args.optimizer.build(config.max_streams, config.utility);
-    let (rows, summary) = sim::run(&scenario, controller.as_mut(), &config);
+    let runs = scenarios.len() * args.optimizer.len() * args.seeds as usize;
     let mut out = std::io::stdout().lock();
-    if args.json {
-        for row in &rows {
-            let mut value = serde_json::to_value(row)?;
-            value["type"] = "mi".into();
-            writeln!(out, "{value}")?;
+    let mut groups = Vec::new();
+    for scenario in &scenarios {
+        for spec in &args.optimizer {
+            let mut summaries = Vec::new();
+            for seed in args.seed..args.seed + args.seeds {
+                let config = RunConfig { seed, ..base };
+                let mut controller = spec.build(config.max_streams, config.utility);
+                let (rows, summary) = sim::run(scenario, controller.as_mut(), &config);
+                if runs == 1 {
+                    return print_trace(&mut out, &rows, &summary, args.json);
+                }
+                if args.json {
+                    print_json(&mut out, "summary", &summary)?;
+                }
+                summaries.push(summary);
+            }
+            groups.push(summaries);
         }
-        let mut value = serde_json::to_value(&summary)?;
-        value["type"] = "summary".into();
-        writeln!(out, "{value}")?;
-        return Ok(());
+    }
+    if !args.json {
+        print_table(&mut out, &groups)?;
+    }
+    Ok(())
+}
+
+/// Writes `value` as one JSON line with a `type` field.
+fn print_json(out: &mut impl Write, kind: &str, value: &impl Serialize) -> anyhow::Result<()> {
+    let mut value = serde_json::to_value(value)?;
+    value["type"] = kind.into();
+    writeln!(out, "{value}")?;
+    Ok(())
+}
+
+/// The means of several runs per scenario and controller, one line each.
+fn print_table(out: &mut impl Write, groups: &[Vec<RunSummary>]) -> anyhow::Result<()> {
+    writeln!(
+        out,
+        "{:<20} {:<9} {:>4} {:>9} {:>8} {:>10} {:>8} {:>7} {:>7}",
+        "scenario", "optimizer", "runs", "Mbit/s", "loss", "t95(s)", "at95", "U/best", "final"
+    )?;
+    for group in groups {
+        let mean =
+            |f: &dyn Fn(&RunSummary) -> f64| group.iter().map(f).sum::<f64>() / group.len() as f64;
+        let reached: Vec<f64> = group.iter().filter_map(|s| s.time_to_95).collect();
+        let t95 = if reached.is_empty() {
+            "never".to_string()
+        } else {
+            let t = reached.iter().sum::<f64>() / reached.len() as f64;
+            match group.len() - reached.len() {
+                0 => format!("{t:.1}"),
+                never => format!("{t:.1}+{never}x"),
+            }
+        };
+        let mut finals: Vec<usize> = group.iter().map(|s| s.final_streams).collect();
+        finals.sort_unstable();
+        writeln!(
+            out,
+            "{:<20} {:<9} {:>4} {:>9.1} {:>8.5} {:>10} {:>8.2} {:>7.3} {:>7}",
+            group[0].scenario,
+            group[0].controller,
+            group.len(),
+            mean(&|s| s.mean_throughput_mbps),
+            mean(&|s| s.mean_loss),
+            t95,
+            mean(&|s| s.time_at_95_after),
+            mean(&|s| s.mean_utility_fraction),
+            finals[finals.len() / 2]
+        )?;
+    }
+    writeln!(
+        out,
+        "\nMeans over the runs; t95: seconds to 95% of the best utility (+Nx: runs that never \
+         reached it); at95: share of the time at 95% or more after that; U/best: mean utility \
+         over the best; final: median final stream count."
+    )?;
+    Ok(())
+}
+
+/// One run's per-interval trace and summary.
+fn print_trace(
+    out: &mut impl Write,
+    rows: &[TraceRow],
+    summary: &RunSummary,
+    json: bool,
+) -> anyhow::Result<()> {
+    if json {
+        for row in rows {
+            print_json(out, "mi", row)?;
+        }
+        return print_json(out, "summary", summary);
     }
     writeln!(
         out,
         "{:>6} {:>4} {:>4} {:>10} {:>8} {:>8} {:>9} {:>6}",
         "t(s)", "n", "best", "Mbit/s", "loss", "rtt(ms)", "U/best", "next"
     )?;
-    for row in &rows {
+    for row in rows {
         let o = &row.observation;
         writeln!(
             out,

@@ -5,7 +5,9 @@
 //! - [`receiver::Receiver`] serves sessions on one port ([`receiver::ReceiverConfig`]).
 //! - [`sender::Transfer`] runs one transfer ([`sender::SendConfig`], [`sender::SendSource`]);
 //!   [`sender::Transfer::set_target_streams`] changes the stream count live,
-//!   [`sender::Transfer::sample_streams`] reads each stream's TCP counters.
+//!   [`sender::Transfer::sample_streams`] reads each stream's TCP counters, and
+//!   [`sender::Transfer::optimize`] hands the count to an `optimizer::Controller` that decides
+//!   every monitoring interval on its own thread.
 //! - [`wire`] is the protocol, [`auth`] the key handshake, [`manifest`] what is sent,
 //!   [`journal`] the receiver's record of verified chunks.
 

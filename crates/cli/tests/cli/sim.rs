@@ -113,10 +113,68 @@ fn bad_scenarios_and_optimizers_are_named() {
             vec!["--scenario", "paper-fig2", "--duration", "0s"],
             "not a positive time",
         ),
+        (vec!["--scenario", "all,nowhere"], "\"nowhere\" is neither"),
+        (
+            vec!["--scenario", "all", "--optimizer", "gd,"],
+            "unknown optimizer \"\"",
+        ),
     ] {
         let out = xfer().arg("sim").args(&args).output().unwrap();
         assert!(!out.status.success(), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(expected), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn several_scenarios_controllers_and_seeds_give_one_summary_per_run_and_a_table() {
+    let args = [
+        "--scenario",
+        "paper-fig2,cloudlab-1g",
+        "--optimizer",
+        "gd,bo",
+        "--seeds",
+        "2",
+        "--seed",
+        "7",
+        "--duration",
+        "30s",
+    ];
+    let mut json_args = os(&args);
+    json_args.extend(os(&["--json"]));
+    let summaries = json_lines(&sim_ok(&json_args));
+    let runs: Vec<_> = summaries
+        .iter()
+        .map(|s| {
+            assert_eq!(s["type"], "summary");
+            assert!(s["mean_utility_fraction"].as_f64().unwrap() > 0.3, "{s}");
+            (
+                s["scenario"].as_str().unwrap().to_string(),
+                s["controller"].as_str().unwrap().to_string(),
+                s["seed"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let mut expected = Vec::new();
+    for scenario in ["paper-fig2", "cloudlab-1g"] {
+        for controller in ["gd", "bo"] {
+            for seed in [7, 8] {
+                expected.push((scenario.to_string(), controller.to_string(), seed));
+            }
+        }
+    }
+    assert_eq!(runs, expected);
+
+    let table = String::from_utf8(sim_ok(&os(&args))).unwrap();
+    let lines: Vec<_> = table.lines().collect();
+    assert!(lines[0].starts_with("scenario"), "{table}");
+    for (line, (scenario, controller)) in lines[1..5].iter().zip([
+        ("paper-fig2", "gd"),
+        ("paper-fig2", "bo"),
+        ("cloudlab-1g", "gd"),
+        ("cloudlab-1g", "bo"),
+    ]) {
+        let fields: Vec<_> = line.split_whitespace().collect();
+        assert_eq!(&fields[..3], &[scenario, controller, "2"], "{table}");
     }
 }

@@ -283,6 +283,8 @@ pub struct RunSummary {
     pub time_to_95: Option<f64>,
     /// Share of intervals, after the first time it was reached, spent at 95 % or more.
     pub time_at_95_after: f64,
+    /// Mean over the intervals of the noise-free utility of the count in use over the best.
+    pub mean_utility_fraction: f64,
     /// Count at the end.
     pub final_streams: usize,
 }
@@ -329,6 +331,7 @@ pub fn run(
             let after = &rows[i..];
             after.iter().filter(|r| r.utility_fraction >= 0.95).count() as f64 / after.len() as f64
         }),
+        mean_utility_fraction: rows.iter().map(|r| r.utility_fraction).sum::<f64>() / count,
         final_streams: rows.last().map_or(n, |r| r.observation.streams),
     };
     (rows, summary)
