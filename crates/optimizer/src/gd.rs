@@ -53,6 +53,10 @@ pub struct GradientDescent {
     worse_above: Option<(usize, u64)>,
     /// The last count below that proved worse, and the interval it did.
     worse_below: Option<(usize, u64)>,
+    /// Recent utility of each count visited: a moving average and the interval of its latest
+    /// measurement. Near convergence the count moves among a few neighbours, so comparing
+    /// their averages rather than single noisy intervals keeps noise from steering.
+    recent: std::collections::HashMap<usize, (f64, u64)>,
 }
 
 impl GradientDescent {
@@ -67,7 +71,22 @@ impl GradientDescent {
             best: None,
             worse_above: None,
             worse_below: None,
+            recent: std::collections::HashMap::new(),
         }
+    }
+
+    /// Folds this interval's utility into the count's moving average (restarted when the
+    /// count was last measured more than `bracket_life` intervals ago) and returns it.
+    fn smoothed(&mut self, n: usize, utility: f64, mi: u64) -> f64 {
+        let life = self.params.bracket_life;
+        let average = match self.recent.get(&n) {
+            Some(&(avg, seen)) if mi.saturating_sub(seen) < life => 0.5 * (avg + utility),
+            _ => utility,
+        };
+        self.recent.insert(n, (average, mi));
+        self.recent
+            .retain(|_, (_, seen)| mi.saturating_sub(*seen) < life);
+        average
     }
 
     /// Which way the utility says to go after moving from `from` to `to`: +1 up, -1 down.
@@ -92,7 +111,8 @@ impl Controller for GradientDescent {
     }
 
     fn decide(&mut self, observation: &Observation) -> usize {
-        let now = (observation.streams.max(1), observation.utility);
+        let n = observation.streams.max(1);
+        let now = (n, self.smoothed(n, observation.utility, observation.mi));
         // The best point fades, so that after the network changes a new best can replace it.
         self.best = match self.best {
             Some((n, u)) if u * 0.99 >= now.1 => Some((n, u * 0.99)),
