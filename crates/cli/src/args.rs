@@ -143,7 +143,8 @@ pub struct SendArgs {
     #[arg(long, value_parser = parse_schedule, conflicts_with = "optimizer")]
     pub streams_schedule: Option<Schedule>,
     /// Who chooses the stream count each monitoring interval: gd (gradient ascent on the
-    /// utility) or fixed:N [default: gd, or none when --streams or --streams-schedule is given].
+    /// utility), bo (Bayesian optimisation) or fixed:N [default: gd, or none when --streams
+    /// or --streams-schedule is given].
     #[arg(long)]
     pub optimizer: Option<optimizer::ControllerSpec>,
     /// Write one JSON line per monitoring interval here: the signals, utility, reward, the

@@ -109,7 +109,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
             File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
         )),
         (Some(_), None) => {
-            bail!("--mi-log needs an optimizer choosing the count (--optimizer gd or fixed:N)")
+            bail!("--mi-log needs an optimizer choosing the count (--optimizer gd, bo or fixed:N)")
         }
         (None, _) => None,
     };

@@ -194,6 +194,14 @@ impl Controller for BayesianOptimizer {
     }
 
     fn decide(&mut self, observation: &Observation) -> usize {
+        self.choose(observation)
+            .clamp(1, self.params.max_streams.max(1))
+    }
+}
+
+impl BayesianOptimizer {
+    /// The next count, before the maximum is applied.
+    fn choose(&mut self, observation: &Observation) -> usize {
         let current = observation.streams.max(1);
         let earlier: Vec<f64> = self
             .window
@@ -257,7 +265,6 @@ impl Controller for BayesianOptimizer {
         } else {
             top
         }
-        .clamp(1, self.params.max_streams.max(1))
     }
 }
 
@@ -273,5 +280,36 @@ mod tests {
         assert!((expected_improvement(10.0, 0.1, 1.0) - 9.0).abs() < 1e-9);
         assert!(expected_improvement(-10.0, 0.1, 1.0) < 1e-12);
         assert_eq!(expected_improvement(3.0, 0.0, 1.0), 2.0);
+    }
+
+    #[test]
+    fn never_asks_for_more_than_the_maximum() {
+        for max_streams in [1, 2, 5] {
+            let mut bo = BayesianOptimizer::new(BoParams {
+                max_streams,
+                ..BoParams::default()
+            });
+            let mut n = 1;
+            for mi in 0..60 {
+                // Utility that keeps rising with the count: the optimiser presses at the limit.
+                let observation = Observation {
+                    time: mi as f64 + 1.0,
+                    mi,
+                    streams: n,
+                    throughput: n as f64 * 1e8,
+                    loss: 0.0,
+                    rtt: 0.01,
+                    rtt_ratio: 1.0,
+                    rtt_gradient: 0.0,
+                    throughput_ratio: 1.0,
+                    utility: n as f64 * 1e8,
+                    reward: 0.0,
+                    actions: Vec::new(),
+                };
+                n = bo.decide(&observation);
+                assert!((1..=max_streams).contains(&n), "{n} > {max_streams}");
+            }
+            assert_eq!(n, max_streams);
+        }
     }
 }

@@ -111,6 +111,9 @@ pub enum SendError {
     /// The receiver broke the protocol.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The live optimiser could not be started.
+    #[error("optimizer: {0}")]
+    Optimizer(String),
 }
 
 impl From<AuthError> for SendError {
@@ -550,12 +553,12 @@ impl Transfer {
         log: Option<mpsc::Sender<MiRecord>>,
     ) -> Result<(), SendError> {
         if self.optimized.swap(true, Ordering::AcqRel) {
-            return Err(SendError::Source(
+            return Err(SendError::Optimizer(
                 "this transfer already has a controller".into(),
             ));
         }
         let threads = optimize::spawn(&self.shared, controller, settings, log)
-            .map_err(|e| SendError::Source(format!("cannot start a thread: {e}")))?;
+            .map_err(|e| SendError::Optimizer(format!("cannot start a thread: {e}")))?;
         self.threads.lock().expect("threads lock").extend(threads);
         Ok(())
     }
