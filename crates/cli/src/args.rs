@@ -26,6 +26,35 @@ pub enum Command {
     Recv(RecvArgs),
     /// Run a stream-count optimiser on a simulated network path.
     Sim(SimArgs),
+    /// Delay packets between TUN devices: the propagation delay of the emulated WAN in bench/.
+    DelayLine(DelayLineArgs),
+}
+
+/// `xfer delay-line`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Example (the harness in bench/ sets up the namespaces, devices and routes):\n  xfer delay-line --link rcv/dlr=snd/dls --delay 50ms --cpu 0 --realtime"
+)]
+pub struct DelayLineArgs {
+    /// Packets entering the first TUN device come out of the second after the delay, in order:
+    /// NETNS/DEV=NETNS/DEV (namespaces as made by `ip netns add`). Repeat for more links.
+    #[arg(long, required = true, value_name = "NETNS/DEV=NETNS/DEV")]
+    pub link: Vec<String>,
+    /// Delay added to every packet.
+    #[arg(long, default_value = "0ms", value_parser = parse_delay)]
+    pub delay: Duration,
+    /// Delay changing over time instead, e.g. "0s:50ms,60s:100ms" (times since the start).
+    #[arg(long, value_parser = parse_delay_schedule, conflicts_with = "delay")]
+    pub schedule: Option<Schedule<Duration>>,
+    /// Pin the delay line to this CPU.
+    #[arg(long)]
+    pub cpu: Option<usize>,
+    /// Ask for real-time FIFO scheduling (needs root; a warning when refused).
+    #[arg(long)]
+    pub realtime: bool,
+    /// Packets each link can hold at once; more are dropped and counted.
+    #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    pub capacity: u32,
 }
 
 /// `xfer sim`.
@@ -141,7 +170,7 @@ pub struct SendArgs {
     pub streams: Option<u32>,
     /// Change the stream count over time, e.g. "0s:1,5s:16,10s:4" (times since the start).
     #[arg(long, value_parser = parse_schedule, conflicts_with = "optimizer")]
-    pub streams_schedule: Option<Schedule>,
+    pub streams_schedule: Option<Schedule<u32>>,
     /// Who chooses the stream count each monitoring interval: gd (gradient ascent on the
     /// utility), bo (Bayesian optimisation) or fixed:N [default: gd, or none when --streams
     /// or --streams-schedule is given].
@@ -263,39 +292,43 @@ fn parse_unsent_limit(s: &str) -> Result<u32, String> {
     parse_bounded_size(s, "unsent limit", 1 << 30, "1 GiB")
 }
 
-/// Stream counts to apply at given times since the start of the transfer.
+/// Values that change at given times since a start (stream counts, delays).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Schedule(pub Vec<(Duration, u32)>);
+pub struct Schedule<T>(pub Vec<(Duration, T)>);
 
-impl Schedule {
-    /// The count in force at `elapsed`, if the schedule has started.
-    pub fn at(&self, elapsed: Duration) -> Option<u32> {
+impl<T: Copy> Schedule<T> {
+    /// The same value from the start on.
+    pub fn constant(value: T) -> Self {
+        Schedule(vec![(Duration::ZERO, value)])
+    }
+
+    /// The value in force at `elapsed`, if the schedule has started.
+    pub fn at(&self, elapsed: Duration) -> Option<T> {
         self.0
             .iter()
             .rev()
             .find(|(t, _)| *t <= elapsed)
-            .map(|&(_, n)| n)
+            .map(|&(_, v)| v)
     }
 }
 
-/// Parses `"0s:1,5s:16,10s:4"` (times: `500ms`, `5s`, `1.5s`, `2m`, or bare seconds).
-pub fn parse_schedule(s: &str) -> Result<Schedule, String> {
+/// Parses `"0s:1,5s:16,10s:4"` (times: `500ms`, `5s`, `1.5s`, `2m`, or bare seconds), each value
+/// read by `value`, which names what it expected when it fails.
+fn parse_steps<T>(
+    s: &str,
+    value: impl Fn(&str) -> Result<T, String>,
+) -> Result<Schedule<T>, String> {
     let mut steps = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (time, count) = part
+        let (time, v) = part
             .split_once(':')
-            .ok_or_else(|| format!("schedule step {part:?} is not TIME:STREAMS"))?;
-        let count: u32 = count
-            .trim()
-            .parse()
-            .ok()
-            .filter(|n| (1..=256).contains(n))
-            .ok_or_else(|| format!("schedule step {part:?}: streams must be 1 to 256"))?;
+            .ok_or_else(|| format!("schedule step {part:?} is not TIME:VALUE"))?;
+        let v = value(v.trim()).map_err(|e| format!("schedule step {part:?}: {e}"))?;
         steps.push((
             parse_time(time.trim()).ok_or_else(|| {
                 format!("schedule step {part:?}: {time:?} is not a time like 5s or 500ms")
             })?,
-            count,
+            v,
         ));
     }
     if steps.is_empty() {
@@ -303,6 +336,28 @@ pub fn parse_schedule(s: &str) -> Result<Schedule, String> {
     }
     steps.sort_by_key(|&(t, _)| t);
     Ok(Schedule(steps))
+}
+
+/// Parses a stream-count schedule such as `"0s:1,5s:16,10s:4"`.
+pub fn parse_schedule(s: &str) -> Result<Schedule<u32>, String> {
+    parse_steps(s, |count| {
+        count
+            .parse()
+            .ok()
+            .filter(|n| (1..=256).contains(n))
+            .ok_or_else(|| "streams must be 1 to 256".to_string())
+    })
+}
+
+/// Parses a delay schedule such as `"0s:50ms,60s:100ms"`.
+fn parse_delay_schedule(s: &str) -> Result<Schedule<Duration>, String> {
+    parse_steps(s, |delay| {
+        parse_time(delay).ok_or_else(|| format!("{delay:?} is not a delay like 50ms"))
+    })
+}
+
+fn parse_delay(s: &str) -> Result<Duration, String> {
+    parse_time(s).ok_or_else(|| format!("{s:?} is not a delay like 50ms or 0.2s"))
 }
 
 fn parse_positive_time(s: &str) -> Result<Duration, String> {

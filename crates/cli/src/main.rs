@@ -2,6 +2,7 @@
 //! the stream-count optimisers on a simulated path.
 
 mod args;
+mod delay_line;
 mod recv;
 mod send;
 mod sim;
@@ -12,7 +13,7 @@ fn main() {
     let cli = args::Cli::parse();
     let default_level = match &cli.command {
         args::Command::Recv(_) => "info",
-        args::Command::Send(_) | args::Command::Sim(_) => "warn",
+        args::Command::Send(_) | args::Command::Sim(_) | args::Command::DelayLine(_) => "warn",
     };
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -26,6 +27,7 @@ fn main() {
         args::Command::Send(a) => send::run(a),
         args::Command::Recv(a) => recv::run(a),
         args::Command::Sim(a) => sim::run(a),
+        args::Command::DelayLine(a) => delay_line::run(a),
     };
     if let Err(e) = result {
         eprintln!("xfer: error: {e:#}");
