@@ -1,0 +1,108 @@
+import json
+import os
+
+import pytest
+
+from xfer_bench import experiment, metrics, run_experiment
+from xfer_bench.metrics import Sample, TransferResult
+
+SMOKE = """
+name = "smoke"
+description = "two short overlapping transfers"
+duration_s = 8
+mi = "500ms"
+[path]
+rate_mbit = 200
+rtt_ms = 10
+[[transfers]]
+start_s = 0
+stop_s = 7
+streams = 2
+stream_rate_cap_mbit = 40
+[[transfers]]
+start_s = 2
+stop_s = 8
+streams = 2
+[[variants]]
+name = "mixed"
+optimizer = "gd"
+tool = ["xfer", "iperf3"]
+"""
+
+
+def test_every_shipped_experiment_loads():
+    names = sorted(p.stem for p in experiment.EXPERIMENTS.glob("*.toml"))
+    assert {"paper-fig2", "paper-fig4", "paper-fig6", "lossy-long-haul", "capacity-halves"} <= set(
+        names
+    )
+    for name in names:
+        exp = experiment.load(name)
+        assert exp.variants and all(len(v.transfers) == exp.path.senders for v in exp.variants)
+    fig4 = experiment.load("paper-fig4")
+    staggered = fig4.variants[0].transfers
+    assert [t.start_s for t in staggered] == [0, 50, 100]
+    together = next(v for v in fig4.variants if v.name == "one-of-each").transfers
+    assert [(t.start_s, t.optimizer) for t in together] == [(0, "gd"), (0, "bo"), (0, "fixed:8")]
+
+
+def test_variants_override_transfers():
+    exp = experiment.parse(SMOKE)
+    t1, t2 = exp.variants[0].transfers
+    assert (t1.tool, t1.optimizer, t1.stream_rate_cap_mbit) == ("xfer", "gd", 40)
+    assert (t2.tool, t2.optimizer, t2.start_s, t2.stop_s) == ("iperf3", None, 2, 8)
+    assert (t1.label, t2.label) == ("T1 gd", "T2 iperf3 -P 2")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (("duration_s = 8", "duration_s = 0"), "duration_s must be positive"),
+        (('tool = ["xfer", "iperf3"]', 'tool = ["xfer"]'), "lists 1 values for 2 transfers"),
+        (('tool = ["xfer", "iperf3"]', 'tool = "scp"'), "tool 'scp'"),
+        (("stop_s = 8", "stop_s = 9"), "start_s < stop_s <= duration_s"),
+        (("rtt_ms = 10", "rtt_ms = 10\nbandwidth = 3"), "unexpected keyword argument"),
+        (('optimizer = "gd"\n', ""), "need an optimizer"),
+        (("[[transfers]]\nstart_s = 0", "[[transfers]]\nstart = 0"), "unknown keys ['start']"),
+    ],
+)
+def test_mistakes_are_named(change, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        experiment.parse(SMOKE.replace(*change))
+
+
+def test_metrics():
+    assert metrics.jain([5, 5, 5]) == pytest.approx(1)
+    assert metrics.jain([9, 0, 0]) == pytest.approx(1 / 3)
+    a = TransferResult("A", 0, [Sample(t, 100, 2, 0) for t in range(1, 11)])
+    b = TransferResult("B", 4, [Sample(t, 50, 2, 0) for t in range(5, 11)])
+    ws = metrics.windows([a, b])
+    assert [(w.start, w.end, w.labels) for w in ws] == [(0, 4, ("A",)), (4, 10, ("A", "B"))]
+    assert ws[1].means == (100, 50) and ws[1].fairness == pytest.approx(0.9)
+    assert metrics.per_second_totals([a, b])[5] == 150
+    assert metrics.link_utilisation([a, b], 200) == pytest.approx((4 * 100 + 6 * 150) / 10 / 200)
+    ramp = TransferResult("R", 2, [Sample(2 + t, min(10 * t, 100), 1, 0) for t in range(1, 20)])
+    assert ramp.time_to_95() == 10
+    assert TransferResult("short", 0, [Sample(1, 5, 1, 0)]).time_to_95() is None
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+
+
+@needs_root
+def test_an_experiment_runs_end_to_end_with_report_and_plots(tmp_path):
+    source = tmp_path / "smoke.toml"
+    source.write_text(SMOKE)
+    out = tmp_path / "out"
+    assert run_experiment.main([str(source), "--out", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    assert "| mixed | 1 | T1 gd |" in report and "| mixed | 1 | T2 iperf3 -P 2 |" in report
+    assert "## Fairness while transfers overlap" in report
+    assert (out / "mixed-r1.png").stat().st_size > 10_000
+    runs = json.loads((out / "runs.json").read_text())
+    t1, t2 = runs[0]["transfers"]
+    assert t1["error"] is None and t2["error"] is None, runs
+    assert 20 < t1["mean_mbit"] < 200 and 20 < t2["mean_mbit"] < 200, runs
+    overlap = [w for w in runs[0]["windows"] if len(w["labels"]) == 2]
+    assert overlap and 0.5 <= overlap[0]["jain"] <= 1.0
+    mi_log = (out / "mixed-r1" / "T1.mi.jsonl").read_text().splitlines()
+    assert len(mi_log) >= 8 and json.loads(mi_log[0])["controller"] == "gd"

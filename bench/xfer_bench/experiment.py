@@ -1,0 +1,184 @@
+"""Experiments as files: a path, transfers that start and stop at given times, and variants
+(optimisers or tools) to run each of them with, repeated.
+
+    name = "paper-fig4"
+    duration_s = 300
+    repetitions = 3
+    [path]                      # xfer_bench.wan.WanSpec fields (senders: one per transfer)
+    rate_mbit = 1000
+    rtt_ms = 20
+    rate_schedule = [[0, 1000], [100, 500]]   # optional: capacity changing over time
+    [[transfers]]               # each from its own sender namespace
+    start_s = 0
+    stop_s = 200                # default: duration_s
+    streams = 2                 # to start from (xfer with an optimiser) or fixed (iperf3)
+    stream_rate_cap_mbit = 50   # optional, xfer only
+    [[variants]]
+    name = "gd"
+    optimizer = "gd"            # xfer's --optimizer, for every transfer ...
+    [[variants]]
+    name = "one-of-each"
+    optimizer = ["gd", "bo", "fixed:20"]      # ... or one per transfer
+    start_s = 0                 # variants may also move the transfers' start and stop times
+    [[variants]]
+    name = "iperf3"
+    tool = "iperf3"             # xfer (default) or iperf3; also a scalar or a list
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xfer_bench.wan import WanSpec
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+TOOLS = ("xfer", "iperf3")
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One transfer of one run: who sends, with what, when."""
+
+    index: int
+    tool: str
+    start_s: float
+    stop_s: float
+    streams: int
+    optimizer: str | None = None
+    stream_rate_cap_mbit: float | None = None
+
+    @property
+    def label(self) -> str:
+        """How plots and tables name it: `T1 gd`, `T2 iperf3 -P 8`."""
+        what = self.optimizer if self.tool == "xfer" else f"iperf3 -P {self.streams}"
+        return f"T{self.index + 1} {what}"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A way to run the experiment's transfers, and what each transfer becomes under it."""
+
+    name: str
+    transfers: tuple[Transfer, ...]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A loaded experiment file."""
+
+    name: str
+    description: str
+    duration_s: float
+    repetitions: int
+    mi: str
+    path: WanSpec
+    rate_schedule: tuple[tuple[float, float], ...]
+    variants: tuple[Variant, ...]
+    source: Path | None = field(default=None, compare=False)
+
+
+def _pick(value: Any, index: int, count: int, what: str) -> Any:
+    """A variant's value for transfer `index`: the scalar itself, or the list's entry."""
+    if isinstance(value, list):
+        if len(value) != count:
+            raise ValueError(f"{what} lists {len(value)} values for {count} transfers")
+        return value[index]
+    return value
+
+
+def _check_keys(table: dict, allowed: set[str], where: str) -> None:
+    if unknown := sorted(set(table) - allowed):
+        raise ValueError(f"{where}: unknown keys {unknown}; allowed: {sorted(allowed)}")
+
+
+def parse(text: str, source: Path | None = None) -> Experiment:
+    """Reads an experiment from TOML text; every mistake is a ValueError naming it."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"not valid TOML: {e}") from e
+    _check_keys(
+        data,
+        {"name", "description", "duration_s", "repetitions", "mi", "path", "transfers", "variants"},
+        "experiment",
+    )
+    for key in ("name", "duration_s", "path", "transfers", "variants"):
+        if key not in data:
+            raise ValueError(f"experiment: missing {key!r}")
+    duration = float(data["duration_s"])
+    if duration <= 0:
+        raise ValueError("duration_s must be positive")
+    path = dict(data["path"])
+    schedule = tuple((float(t), float(r)) for t, r in path.pop("rate_schedule", []))
+    path["rtt_schedule"] = tuple(tuple(step) for step in path.get("rtt_schedule", ()))
+    path.setdefault("senders", len(data["transfers"]))
+    try:
+        spec = WanSpec(**path)
+    except TypeError as e:
+        raise ValueError(f"path: {e}") from e
+    if spec.senders != len(data["transfers"]):
+        raise ValueError("path.senders must equal the number of transfers (one sender each)")
+    base = data["transfers"]
+    count = len(base)
+    variants = []
+    for v in data["variants"]:
+        _check_keys(v, {"name", "tool", "optimizer", "streams", "start_s", "stop_s"}, "variant")
+        if "name" not in v:
+            raise ValueError("every variant needs a name")
+        transfers = []
+        for i, t in enumerate(base):
+            _check_keys(
+                t, {"start_s", "stop_s", "streams", "stream_rate_cap_mbit"}, f"transfer {i + 1}"
+            )
+            tool = _pick(v.get("tool", "xfer"), i, count, "tool")
+            if tool not in TOOLS:
+                raise ValueError(f"variant {v['name']}: tool {tool!r} is not one of {TOOLS}")
+            start = float(_pick(v.get("start_s", t.get("start_s", 0)), i, count, "start_s"))
+            stop = float(_pick(v.get("stop_s", t.get("stop_s", duration)), i, count, "stop_s"))
+            if not 0 <= start < stop <= duration:
+                raise ValueError(f"transfer {i + 1}: need 0 <= start_s < stop_s <= duration_s")
+            optimizer = _pick(v.get("optimizer"), i, count, "optimizer")
+            if tool == "xfer" and optimizer is None:
+                raise ValueError(f"variant {v['name']}: xfer transfers need an optimizer")
+            transfers.append(
+                Transfer(
+                    index=i,
+                    tool=tool,
+                    start_s=start,
+                    stop_s=stop,
+                    streams=int(_pick(v.get("streams", t.get("streams", 4)), i, count, "streams")),
+                    optimizer=optimizer if tool == "xfer" else None,
+                    stream_rate_cap_mbit=t.get("stream_rate_cap_mbit"),
+                )
+            )
+        variants.append(Variant(str(v["name"]), tuple(transfers)))
+    if not variants:
+        raise ValueError("at least one variant")
+    return Experiment(
+        name=str(data["name"]),
+        description=str(data.get("description", "")),
+        duration_s=duration,
+        repetitions=int(data.get("repetitions", 1)),
+        mi=str(data.get("mi", "1s")),
+        path=spec,
+        rate_schedule=schedule,
+        variants=tuple(variants),
+        source=source,
+    )
+
+
+def load(name_or_path: str) -> Experiment:
+    """An experiment by file path, or by the name of one shipped in bench/experiments/."""
+    path = Path(name_or_path)
+    if not path.exists():
+        path = EXPERIMENTS / f"{name_or_path}.toml"
+    if not path.exists():
+        shipped = sorted(p.stem for p in EXPERIMENTS.glob("*.toml"))
+        raise ValueError(f"{name_or_path!r} is neither a file nor a shipped experiment {shipped}")
+    try:
+        return parse(path.read_text(), path)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e

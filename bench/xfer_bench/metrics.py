@@ -1,0 +1,130 @@
+"""What a run measured: each transfer's throughput over time, and the figures derived from it
+(mean throughput, loss, time to 95 % of the best utility, Jain's fairness index over the windows
+in which transfers overlap, link utilisation)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+#: Utility parameters (U = T/K^n - T*L*B), as xfer's optimisers use by default.
+K, B = 1.02, 10.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One interval of one transfer, ending `t` seconds after the run started."""
+
+    t: float
+    mbit: float
+    streams: int
+    loss: float
+
+
+@dataclass
+class TransferResult:
+    """What one transfer did in a run."""
+
+    label: str
+    start_s: float
+    samples: list[Sample] = field(default_factory=list)
+    #: CPU seconds of the sending process (None when not measured).
+    cpu_s: float | None = None
+    error: str | None = None
+
+    def mean_mbit(self) -> float:
+        """Mean throughput over the transfer's samples."""
+        return sum(s.mbit for s in self.samples) / len(self.samples) if self.samples else 0.0
+
+    def mean_loss(self) -> float:
+        """Mean loss rate over the transfer's samples."""
+        return sum(s.loss for s in self.samples) / len(self.samples) if self.samples else 0.0
+
+    def time_to_95(self, window: int = 5) -> float | None:
+        """Seconds from the transfer's start until its utility first reached 95 % of the best
+        utility it sustained (the best mean over `window` consecutive samples). On a real path
+        the best count is not known, so the best the run itself achieved stands in for it."""
+        u = [s.mbit / K**s.streams - s.mbit * s.loss * B for s in self.samples]
+        if len(u) < window:
+            return None
+        best = max(sum(u[i : i + window]) / window for i in range(len(u) - window + 1))
+        for s, value in zip(self.samples, u, strict=True):
+            if best > 0 and value >= 0.95 * best:
+                return max(s.t - self.start_s, 0.0)
+        return None
+
+
+def jain(values: Sequence[float]) -> float:
+    """Jain's fairness index: 1 when all values are equal, 1/n when one takes everything."""
+    if not values or not any(values):
+        return 1.0
+    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
+
+
+@dataclass(frozen=True)
+class Window:
+    """A stretch of whole seconds during which the same transfers were active."""
+
+    start: int
+    end: int
+    labels: tuple[str, ...]
+    means: tuple[float, ...]
+
+    @property
+    def fairness(self) -> float:
+        """Jain's index over the transfers' mean throughputs in the window."""
+        return jain(self.means)
+
+    def utilisation(self, rate_mbit: float) -> float:
+        """The transfers' summed mean throughput over the link rate."""
+        return sum(self.means) / rate_mbit
+
+
+def _per_second(results: Sequence[TransferResult]) -> dict[int, dict[str, list[float]]]:
+    bins: dict[int, dict[str, list[float]]] = {}
+    for r in results:
+        for s in r.samples:
+            bins.setdefault(math.floor(s.t - 1e-9), {}).setdefault(r.label, []).append(s.mbit)
+    return bins
+
+
+def windows(results: Sequence[TransferResult]) -> list[Window]:
+    """The maximal runs of consecutive seconds with the same set of active transfers."""
+    bins = _per_second(results)
+    out: list[Window] = []
+    current: list[int] = []
+
+    def close() -> None:
+        if not current:
+            return
+        labels = tuple(sorted(bins[current[0]]))
+        means = tuple(
+            sum(sum(bins[sec][label]) / len(bins[sec][label]) for sec in current) / len(current)
+            for label in labels
+        )
+        out.append(Window(current[0], current[-1] + 1, labels, means))
+        current.clear()
+
+    for second in sorted(bins):
+        same = current and second == current[-1] + 1 and set(bins[second]) == set(bins[current[0]])
+        if not same:
+            close()
+        current.append(second)
+    close()
+    return out
+
+
+def per_second_totals(results: Sequence[TransferResult]) -> dict[int, float]:
+    """For each whole second in which anything was sent, the transfers' summed throughput
+    (each transfer's samples within the second averaged first)."""
+    return {
+        sec: sum(sum(v) / len(v) for v in per.values())
+        for sec, per in sorted(_per_second(results).items())
+    }
+
+
+def link_utilisation(results: Sequence[TransferResult], rate_mbit: float) -> float:
+    """Mean over the seconds in which anything was sent of the summed throughput over the rate."""
+    totals = per_second_totals(results)
+    return sum(totals.values()) / len(totals) / rate_mbit if totals else 0.0

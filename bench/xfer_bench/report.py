@@ -1,0 +1,170 @@
+"""The report of an experiment: a markdown file with the tables of every run, the fairness
+windows, and PNG plots (throughput and stream count over time per run, like paper 001's
+Fig. 2/4/5; box plots over repetitions, like its Fig. 3)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from xfer_bench.experiment import Experiment  # noqa: E402
+from xfer_bench.metrics import per_second_totals  # noqa: E402
+from xfer_bench.runner import RunResult  # noqa: E402
+
+
+def plot_run(run: RunResult, rate_mbit: float, png: Path) -> None:
+    """Throughput (with the link rate and the total) and stream count over time."""
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 6), height_ratios=[2, 1])
+    for t in run.transfers:
+        xs = [s.t for s in t.samples]
+        top.plot(xs, [s.mbit for s in t.samples], label=t.label, linewidth=1.2)
+        bottom.step(xs, [s.streams for s in t.samples], where="post", label=t.label)
+    totals = per_second_totals(run.transfers)
+    if len(run.transfers) > 1 and totals:
+        # Plotted at the end of each second, where the samples it averages end.
+        top.plot([s + 1 for s in totals], list(totals.values()), "k--", linewidth=0.8,
+                 label="total")  # fmt: skip
+    top.axhline(rate_mbit, color="grey", linewidth=0.6, linestyle=":")
+    top.set_ylabel("throughput (Mbit/s)")
+    top.set_title(f"{run.variant}, repetition {run.repetition + 1}")
+    top.legend(loc="lower right", fontsize="small")
+    bottom.set_ylabel("streams")
+    bottom.set_xlabel("time (s)")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def plot_boxes(runs: Sequence[RunResult], rate_mbit: float, png: Path) -> None:
+    """Per variant over its repetitions: mean total throughput and mean loss rate."""
+    variants = list(dict.fromkeys(r.variant for r in runs))
+    throughput = [[r.utilisation * rate_mbit for r in runs if r.variant == v] for v in variants]
+    loss = [
+        [sum(t.mean_loss() for t in r.transfers) / len(r.transfers) for r in runs if r.variant == v]
+        for v in variants
+    ]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.boxplot(throughput, tick_labels=variants)
+    left.set_ylabel("mean total throughput (Mbit/s)")
+    right.boxplot(loss, tick_labels=variants)
+    right.set_ylabel("mean loss rate")
+    for ax in (left, right):
+        ax.tick_params(axis="x", labelrotation=20)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def write(exp: Experiment, runs: Sequence[RunResult], out: Path, command: str) -> Path:
+    """Writes report.md, the plots and runs.json under `out`; returns the report's path."""
+    rate = exp.path.rate_mbit
+    lines = [
+        f"# {exp.name}",
+        "",
+        exp.description,
+        "",
+        f"Reproduce: `{command}`",
+        "",
+        f"Path: {rate:g} Mbit/s bottleneck, {exp.path.rtt_ms:g} ms RTT, buffer "
+        f"{exp.path.buffer_bytes()} bytes, random loss {exp.path.loss:g}, "
+        f"{exp.duration_s:g} s, MI {exp.mi}; capacity schedule {list(exp.rate_schedule) or '-'}.",
+        "",
+    ]
+    if busy := [r for r in runs if r.busy_before > 0.10]:
+        lines += [
+            f"**Warning:** the host was busy before {len(busy)} run(s) "
+            f"(up to {max(r.busy_before for r in busy):.0%} of the CPUs): figures may be low.",
+            "",
+        ]
+    lines += [
+        "## Transfers",
+        "",
+        "| variant | rep | transfer | mean Mbit/s | mean loss | t95 s | CPU s | link use |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in runs:
+        for t in r.transfers:
+            if t.error:
+                lines.append(f"| {r.variant} | {r.repetition + 1} | {t.label} | error: "
+                             f"{t.error.replace('|', '/')} | | | | |")  # fmt: skip
+                continue
+            lines.append(
+                f"| {r.variant} | {r.repetition + 1} | {t.label} | {t.mean_mbit():.0f} | "
+                f"{t.mean_loss():.5f} | {_fmt(t.time_to_95(), '.0f')} | {_fmt(t.cpu_s, '.1f')} | "
+                f"{r.utilisation:.2f} |"
+            )
+    lines += [
+        "",
+        "t95: seconds from a transfer's start until its utility first reached 95 % of the best "
+        "it sustained over 5 intervals in that run. Link use: summed throughput over the rate, "
+        "averaged over the seconds in which anything was sent.",
+        "",
+    ]
+    overlaps = [(r, w) for r in runs for w in r.windows if len(w.labels) > 1]
+    if overlaps:
+        lines += [
+            "## Fairness while transfers overlap",
+            "",
+            "| variant | rep | seconds | transfers | mean Mbit/s each | Jain | link use |",
+            "|---|---:|---|---|---|---:|---:|",
+        ]
+        for r, w in overlaps:
+            lines.append(
+                f"| {r.variant} | {r.repetition + 1} | {w.start}-{w.end} | {', '.join(w.labels)} | "
+                f"{', '.join(f'{m:.0f}' for m in w.means)} | {w.fairness:.3f} | "
+                f"{w.utilisation(rate):.2f} |"
+            )
+        lines.append("")
+    lines += ["## Plots", ""]
+    for r in runs:
+        png = out / f"{r.variant}-r{r.repetition + 1}.png"
+        plot_run(r, rate, png)
+        lines.append(f"![{r.variant} repetition {r.repetition + 1}]({png.name})")
+    if len(runs) > 1:
+        plot_boxes(runs, rate, out / "boxplot.png")
+        lines += ["", "![throughput and loss over repetitions](boxplot.png)"]
+    report = out / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    raw = [
+        {
+            "variant": r.variant,
+            "repetition": r.repetition + 1,
+            "utilisation": r.utilisation,
+            "busy_before": r.busy_before,
+            "logs": str(r.log_dir),
+            "transfers": [
+                {
+                    "label": t.label,
+                    "mean_mbit": t.mean_mbit(),
+                    "mean_loss": t.mean_loss(),
+                    "time_to_95": t.time_to_95(),
+                    "cpu_s": t.cpu_s,
+                    "error": t.error,
+                }
+                for t in r.transfers
+            ],
+            "windows": [
+                {
+                    "start": w.start,
+                    "end": w.end,
+                    "labels": w.labels,
+                    "means": w.means,
+                    "jain": w.fairness,
+                }  # fmt: skip
+                for w in r.windows
+            ],
+        }
+        for r in runs
+    ]
+    (out / "runs.json").write_text(json.dumps(raw, indent=2))
+    return report

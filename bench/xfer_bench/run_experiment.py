@@ -1,0 +1,59 @@
+"""`xfer-bench-run EXPERIMENT`: runs an experiment file (or a shipped one by name) on the
+emulated WAN and writes its logs, plots and markdown report.
+
+    xfer-bench-run paper-fig2
+    xfer-bench-run paper-fig4 --repetitions 1 --variants gd,one-of-each --out /tmp/fig4
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from xfer_bench import experiment, report, runner
+from xfer_bench.wan import DEFAULT_XFER
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parses the command line, runs the experiment, prints where the report is."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("experiment", help="a TOML file, or a name from bench/experiments/")
+    p.add_argument("--out", type=Path, help="results directory (default bench/results/NAME-TIME)")
+    p.add_argument("--repetitions", type=int, help="override the file's repetitions")
+    p.add_argument("--variants", help="only these variants, comma-separated")
+    p.add_argument("--xfer", type=Path, default=DEFAULT_XFER, help="the xfer binary")
+    args = p.parse_args(argv)
+    try:
+        exp = experiment.load(args.experiment)
+    except ValueError as e:
+        p.error(str(e))
+    if args.repetitions is not None:
+        exp = experiment.Experiment(**{**exp.__dict__, "repetitions": args.repetitions})
+    if not args.xfer.exists():
+        p.error(f"{args.xfer} does not exist: build it with cargo build --release")
+    out = args.out or RESULTS / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    # SIGTERM tears the path down like Ctrl-C does.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    variants = args.variants.split(",") if args.variants else None
+    try:
+        runs = runner.run(exp, out, args.xfer, variants)
+    except (ValueError, RuntimeError) as e:
+        print(f"xfer-bench-run: {e}", file=sys.stderr)
+        return 1
+    command = "xfer-bench-run " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+    path = report.write(exp, runs, out, command)
+    print(path.read_text())
+    print(f"report: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

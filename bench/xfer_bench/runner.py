@@ -1,0 +1,249 @@
+"""Runs an experiment on the emulated WAN: for every variant and repetition, a fresh path, the
+transfers started and stopped on time (xfer with its optimiser writing its MI log, or iperf3
+reporting every second), capacity changes applied, and each transfer's samples collected."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from xfer_bench.experiment import Experiment, Transfer, Variant
+from xfer_bench.metrics import Sample, TransferResult, Window, link_utilisation, windows
+from xfer_bench.wan import RECEIVER_ADDR, Wan, emulated_wan
+from xfer_bench.wan_commands import cpu_busy, process_cpu_seconds
+
+IPERF3_BASE_PORT = 5320
+MSS = 1448
+
+
+@dataclass
+class RunResult:
+    """One repetition of one variant."""
+
+    variant: str
+    repetition: int
+    transfers: list[TransferResult]
+    windows: list[Window]
+    utilisation: float
+    #: Share of the CPUs busy just before the run (something else running skews the figures).
+    busy_before: float
+    log_dir: Path
+
+
+class _Receiver:
+    """`xfer recv` in the receiver's namespace, for the run's xfer transfers."""
+
+    def __init__(self, wan: Wan, xfer: Path, root: Path, log: Path) -> None:
+        argv = [str(xfer), "recv", "--listen", f"{RECEIVER_ADDR}:0", "--root", str(root)]
+        self.proc = subprocess.Popen(
+            wan.receiver_cmd(argv), stdout=subprocess.PIPE, stderr=log.open("w"), text=True
+        )
+        assert self.proc.stdout is not None
+        first, second = self.proc.stdout.readline(), self.proc.stdout.readline()
+        if not first.startswith("listening on ") or not second.startswith("key "):
+            self.stop()
+            raise RuntimeError(f"xfer recv did not start; see {log}")
+        self.addr = first.removeprefix("listening on ").strip()
+        self.key = second.removeprefix("key ").strip()
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _command(
+    t: Transfer, exp: Experiment, xfer: Path, receiver: _Receiver | None, logs: Path
+) -> list[str]:
+    seconds = t.stop_s - t.start_s
+    if t.tool == "iperf3":
+        port = IPERF3_BASE_PORT + t.index
+        argv = ["iperf3", "-c", RECEIVER_ADDR, "-p", str(port), "-P", str(t.streams)]
+        return argv + ["-t", f"{seconds:g}", "-i", "1", "-J"]
+    assert receiver is not None and t.optimizer is not None
+    # More than the path can carry in the time, so the transfer runs until it is stopped.
+    size = max(int(exp.path.rate_mbit * 1e6 / 8 * seconds * 2), 1 << 30)
+    argv = [str(xfer), "send", "--mem", str(size), receiver.addr, "--key", receiver.key]
+    argv += ["--optimizer", t.optimizer, "--streams", str(t.streams), "--mi", exp.mi]
+    argv += ["--mi-log", str(logs / f"T{t.index + 1}.mi.jsonl"), "--quiet"]
+    if t.stream_rate_cap_mbit:
+        argv += ["--stream-rate-cap", f"{t.stream_rate_cap_mbit:g}"]
+    return argv
+
+
+def _samples(t: Transfer, launched: float, logs: Path) -> list[Sample]:
+    """The transfer's samples, timed from the start of the run."""
+    if t.tool == "iperf3":
+        text = (logs / f"T{t.index + 1}.stdout").read_text()
+        report = json.loads(text or "{}")
+        if "error" in report or "intervals" not in report:
+            raise RuntimeError(f"iperf3: {report.get('error', 'no report')}")
+        out = []
+        for interval in report["intervals"]:
+            s = interval["sum"]
+            segments = max(s["bytes"] / MSS, 1.0)
+            out.append(
+                Sample(
+                    t=launched + s["end"],
+                    mbit=s["bits_per_second"] / 1e6,
+                    streams=t.streams,
+                    loss=s.get("retransmits", 0) / segments,
+                )
+            )
+        return out
+    log = logs / f"T{t.index + 1}.mi.jsonl"
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return [
+        Sample(
+            t=launched + r["time"],
+            mbit=r["throughput"] / 1e6,
+            streams=r["streams"],
+            loss=r["loss"],
+        )
+        for r in records
+    ]
+
+
+def run_variant(
+    exp: Experiment, variant: Variant, repetition: int, out: Path, xfer: Path
+) -> RunResult:
+    """One repetition of `variant` on a fresh emulated path; logs go under `out`."""
+    logs = out / f"{variant.name}-r{repetition + 1}"
+    logs.mkdir(parents=True, exist_ok=True)
+    busy = cpu_busy(0.5)
+    results = {t.index: TransferResult(t.label, t.start_s) for t in variant.transfers}
+    with (
+        tempfile.TemporaryDirectory(prefix="xfer-bench-run-") as root,
+        emulated_wan(exp.path, xfer) as wan,
+    ):
+        receiver = None
+        servers = []
+        try:
+            if any(t.tool == "xfer" for t in variant.transfers):
+                receiver = _Receiver(wan, xfer, Path(root), logs / "receiver.log")
+            for t in variant.transfers:
+                if t.tool == "iperf3":
+                    argv = ["iperf3", "-s", "-1", "-p", str(IPERF3_BASE_PORT + t.index)]
+                    servers.append(
+                        subprocess.Popen(wan.receiver_cmd(argv), stdout=subprocess.DEVNULL)
+                    )
+            time.sleep(0.3)
+            _timeline(exp, variant, repetition, wan, receiver, xfer, logs, results)
+        finally:
+            for proc in servers:
+                proc.kill()
+                proc.wait()
+            if receiver is not None:
+                receiver.stop()
+    transfers = [results[t.index] for t in variant.transfers]
+    return RunResult(
+        variant=variant.name,
+        repetition=repetition,
+        transfers=transfers,
+        windows=windows(transfers),
+        utilisation=link_utilisation(transfers, exp.path.rate_mbit),
+        busy_before=busy,
+        log_dir=logs,
+    )
+
+
+def _timeline(
+    exp: Experiment,
+    variant: Variant,
+    repetition: int,
+    wan: Wan,
+    receiver: _Receiver | None,
+    xfer: Path,
+    logs: Path,
+    results: dict[int, TransferResult],
+) -> None:
+    """Starts and stops the transfers and applies capacity changes on time."""
+    running: dict[int, tuple[subprocess.Popen[bytes], float]] = {}
+    done: set[int] = set()
+    rates = list(exp.rate_schedule)
+    start = time.monotonic()
+    next_progress = 0.0
+    try:
+        while True:
+            now = time.monotonic() - start
+            while rates and rates[0][0] <= now:
+                wan.set_rate(rates.pop(0)[1])
+            for t in variant.transfers:
+                i = t.index
+                if i not in running and i not in done and t.start_s <= now:
+                    argv = wan.sender_cmd(i, _command(t, exp, xfer, receiver, logs))
+                    out = (logs / f"T{i + 1}.stdout").open("w")
+                    err = (logs / f"T{i + 1}.stderr").open("w")
+                    running[i] = (subprocess.Popen(argv, stdout=out, stderr=err), now)
+                elif i in running:
+                    proc, launched = running[i]
+                    # iperf3 stops by itself after -t; give it a moment to print its report.
+                    grace = 3.0 if t.tool == "iperf3" else 0.0
+                    if proc.poll() is not None or now >= t.stop_s + grace:
+                        _finish(t, proc, launched, logs, results[i])
+                        del running[i]
+                        done.add(i)
+            if len(done) == len(variant.transfers) or now > exp.duration_s + 5:
+                break
+            if now >= next_progress:
+                _progress(exp, variant, repetition, now, sorted(running))
+                next_progress += 1.0 if sys.stderr.isatty() else 10.0
+            time.sleep(0.2)
+    finally:
+        for i, (proc, launched) in running.items():
+            _finish(variant.transfers[i], proc, launched, logs, results[i])
+        if sys.stderr.isatty():
+            print(file=sys.stderr)
+
+
+def _progress(
+    exp: Experiment, variant: Variant, repetition: int, now: float, running: list[int]
+) -> None:
+    """One progress line: rewritten in place on a terminal, a line every 10 s otherwise."""
+    label = f"[{exp.name} {variant.name} {repetition + 1}/{exp.repetitions}]"
+    active = " ".join(f"T{i + 1}" for i in running) or "-"
+    text = f"{label} {now:5.0f}/{exp.duration_s:g} s  sending: {active}"
+    if sys.stderr.isatty():
+        print(f"\r{text}   ", end="", file=sys.stderr, flush=True)
+    else:
+        print(text, file=sys.stderr, flush=True)
+
+
+def _finish(
+    t: Transfer, proc: subprocess.Popen[bytes], launched: float, logs: Path, result: TransferResult
+) -> None:
+    """Stops a transfer (if still running), records its CPU time and reads its samples."""
+    if proc.poll() is None:
+        try:
+            result.cpu_s = process_cpu_seconds(proc.pid)
+        except OSError:
+            pass
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    try:
+        result.samples = _samples(t, launched, logs)
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
+        err = (logs / f"T{t.index + 1}.stderr").read_text().strip()
+        result.error = f"{e}; {err[-300:]}" if err else str(e)
+
+
+def run(
+    exp: Experiment, out: Path, xfer: Path, variants: list[str] | None = None
+) -> list[RunResult]:
+    """Every repetition of every (selected) variant, interleaved by repetition."""
+    chosen = [v for v in exp.variants if variants is None or v.name in variants]
+    if variants and (missing := set(variants) - {v.name for v in chosen}):
+        raise ValueError(f"no variants named {sorted(missing)} in {exp.name}")
+    if os.geteuid() != 0:
+        raise RuntimeError("the emulated WAN needs root (network namespaces)")
+    return [run_variant(exp, v, rep, out, xfer) for rep in range(exp.repetitions) for v in chosen]
