@@ -1,0 +1,31 @@
+import pytest
+
+from xfer_bench import calibrate
+
+
+def test_scenarios_map_to_emulated_paths():
+    spec, cap = calibrate.scenario_path("paper-fig2")
+    assert (spec.rate_mbit, spec.rtt_ms, cap) == (1000, 1, 50)
+    spec, cap = calibrate.scenario_path("cloudlab-1g")
+    assert (spec.rate_mbit, spec.rtt_ms, spec.buffer_bytes(), spec.loss, cap) == (
+        1000,
+        20,
+        2048 << 10,
+        1e-5,
+        None,
+    )
+    with pytest.raises(ValueError, match="background flows"):
+        calibrate.scenario_path("background-arrives")
+
+
+def test_steady_mean_leaves_out_the_start():
+    records = [{"time": t, "throughput": 1e6 * t} for t in range(1, 7)]
+    assert calibrate.steady_mean(records, 3.5) == pytest.approx(5)
+    assert calibrate.steady_mean(records, 10) == 0
+    assert calibrate.Point(4, 100, 110).gap == pytest.approx(0.1)
+
+
+def test_the_simulator_side_of_the_sweep():
+    xfer = calibrate.DEFAULT_XFER
+    assert xfer.exists(), "build xfer first (scripts/test runs cargo test --release before pytest)"
+    assert calibrate.simulate(xfer, "paper-fig2", 10, 10, 3) == pytest.approx(500, rel=0.05)

@@ -1,0 +1,142 @@
+"""`xfer-bench-calibrate`: the simulator against the emulated WAN. For each scenario, the same
+path is built on the emulator (rate, RTT, buffer, random loss, per-stream cap), xfer runs with a
+fixed stream count for each count of a sweep, and `xfer sim` runs the same counts on the
+scenario; the table shows both throughput curves and the gap.
+
+    xfer-bench-calibrate --scenarios paper-fig2,cloudlab-1g --streams 1,2,4,8,16,32
+
+Throughput is the mean over the intervals after the first `--settle` seconds (slow start and
+connection set-up excluded), for the emulator and the simulator alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import tempfile
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from xfer_bench import dataplane
+from xfer_bench.wan import DEFAULT_XFER, WanSpec, emulated_wan
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "crates" / "optimizer" / "scenarios"
+#: Largest relative gap between the curves that counts as calibrated.
+TOLERANCE = 0.15
+
+
+@dataclass(frozen=True)
+class Point:
+    """Both measurements at one stream count."""
+
+    streams: int
+    emulated_mbit: float
+    simulated_mbit: float
+
+    @property
+    def gap(self) -> float:
+        """Simulated over emulated, minus one."""
+        return self.simulated_mbit / self.emulated_mbit - 1 if self.emulated_mbit else float("inf")
+
+
+def scenario_path(name: str) -> tuple[WanSpec, float | None]:
+    """The emulated path of a shipped simulator scenario, and its per-stream cap in Mbit/s."""
+    data = tomllib.loads((SCENARIOS / f"{name}.toml").read_text())
+    if any(step.get("flows", 0) for step in data.get("background", [])):
+        raise ValueError(f"{name} has background flows; calibrate on paths without them")
+    spec = WanSpec(
+        rate_mbit=float(data["capacity_mbps"]),
+        rtt_ms=float(data["base_rtt_ms"]),
+        buffer=f"{data['buffer_kib']}KiB",
+        loss=float(data.get("random_loss", 0.0)),
+        delay="auto",
+    )
+    return spec, data.get("stream_cap_mbps")
+
+
+def steady_mean(records: Sequence[dict], settle: float) -> float:
+    """Mean throughput in Mbit/s of the records that end after `settle` seconds."""
+    kept = [r["throughput"] for r in records if r["time"] > settle]
+    return sum(kept) / len(kept) / 1e6 if kept else 0.0
+
+
+def simulate(xfer: Path, name: str, streams: int, seconds: float, settle: float) -> float:
+    """`xfer sim` with a fixed count: steady mean throughput in Mbit/s."""
+    argv = [str(xfer), "sim", "--scenario", name, "--optimizer", f"fixed:{streams}"]
+    argv += ["--duration", f"{seconds:g}s", "--json"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    records = [json.loads(line) for line in out.splitlines()]
+    return steady_mean([r for r in records if r["type"] == "mi"], settle)
+
+
+def emulate(
+    xfer: Path, spec: WanSpec, cap: float | None, counts: Sequence[int], seconds: float,
+    settle: float,
+) -> list[float]:  # fmt: skip
+    """xfer with each fixed count through the emulated path: steady mean throughputs."""
+    out = []
+    with tempfile.TemporaryDirectory() as tmp, emulated_wan(spec, xfer) as wan:
+        topo = wan.topology()
+        with dataplane.xfer_receiver(xfer, topo, Path(tmp)) as rx:
+            for n in counts:
+                log = Path(tmp) / f"mi-{n}.jsonl"
+                size = max(int(spec.rate_mbit * 1e6 / 8 * seconds * 2), 1 << 30)
+                argv = [str(xfer), "send", "--mem", str(size), rx.addr, "--key", rx.key]
+                argv += ["--optimizer", f"fixed:{n}", "--mi-log", str(log), "--quiet"]
+                if cap:
+                    argv += ["--stream-rate-cap", f"{cap:g}"]
+                proc = subprocess.Popen(topo.sender_cmd(argv))
+                try:
+                    proc.wait(timeout=seconds)
+                except subprocess.TimeoutExpired:
+                    proc.terminate()
+                    proc.wait()
+                records = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
+                out.append(steady_mean(records, settle))
+                print(f"  {n} streams: {out[-1]:.0f} Mbit/s", file=sys.stderr, flush=True)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the sweep for each scenario and prints the table; exit 1 when a gap exceeds 15 %."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scenarios", default="paper-fig2,cloudlab-1g", help="shipped scenarios")
+    p.add_argument("--streams", default="1,2,4,8,16,32", help="stream counts")
+    p.add_argument("--seconds", type=float, default=12.0, help="length of each run")
+    p.add_argument("--settle", type=float, default=4.0, help="seconds left out at the start")
+    p.add_argument("--xfer", type=Path, default=DEFAULT_XFER, help="the xfer binary")
+    args = p.parse_args(argv)
+    if not args.xfer.exists():
+        p.error(f"{args.xfer} does not exist: build it with cargo build --release")
+    counts = [int(n) for n in args.streams.split(",")]
+    rows: list[tuple[str, Point]] = []
+    for name in args.scenarios.split(","):
+        try:
+            spec, cap = scenario_path(name)
+        except (OSError, ValueError, KeyError) as e:
+            p.error(f"scenario {name}: {e}")
+        print(f"{name}: {spec}", file=sys.stderr)
+        emulated = emulate(args.xfer, spec, cap, counts, args.seconds, args.settle)
+        for n, e in zip(counts, emulated, strict=True):
+            s = simulate(args.xfer, name, n, args.seconds, args.settle)
+            rows.append((name, Point(n, e, s)))
+    command = "xfer-bench-calibrate " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+    print(f"\nreproduce: {command}\n")
+    print("| scenario | streams | emulated Mbit/s | simulated Mbit/s | gap |")
+    print("|---|---:|---:|---:|---:|")
+    for name, pt in rows:
+        print(f"| {name} | {pt.streams} | {pt.emulated_mbit:.0f} | {pt.simulated_mbit:.0f} | "
+              f"{pt.gap:+.0%} |")  # fmt: skip
+    worst = max(rows, key=lambda r: abs(r[1].gap))
+    print(f"\nlargest gap: {worst[1].gap:+.0%} ({worst[0]}, {worst[1].streams} streams); "
+          f"tolerance {TOLERANCE:.0%}")  # fmt: skip
+    return 0 if abs(worst[1].gap) <= TOLERANCE else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
