@@ -6,7 +6,8 @@ scenario; the table shows both throughput curves and the gap.
     xfer-bench-calibrate --scenarios paper-fig2,cloudlab-1g --streams 1,2,4,8,16,32
 
 Throughput is the mean over the intervals after the first `--settle` seconds (slow start and
-connection set-up excluded), for the emulator and the simulator alike.
+connection set-up excluded), for the emulator and the simulator alike; on the emulator, the
+median over `--repetitions` runs, because loss-limited TCP varies a lot from run to run.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,6 +28,8 @@ from xfer_bench import dataplane
 from xfer_bench.wan import DEFAULT_XFER, WanSpec, emulated_wan
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "crates" / "optimizer" / "scenarios"
+#: Bytes of TCP (with timestamps), IP and Ethernet headers on every full segment.
+HEADERS = 66
 #: Largest relative gap between the curves that counts as calibrated.
 TOLERANCE = 0.15
 
@@ -49,8 +53,10 @@ def scenario_path(name: str) -> tuple[WanSpec, float | None]:
     data = tomllib.loads((SCENARIOS / f"{name}.toml").read_text())
     if any(step.get("flows", 0) for step in data.get("background", [])):
         raise ValueError(f"{name} has background flows; calibrate on paths without them")
+    mss = float(data.get("mss", 1448))
     spec = WanSpec(
-        rate_mbit=float(data["capacity_mbps"]),
+        # The scenario's capacity is goodput; the bottleneck's rate counts headers too.
+        rate_mbit=float(data["capacity_mbps"]) * (mss + HEADERS) / mss,
         rtt_ms=float(data["base_rtt_ms"]),
         buffer=f"{data['buffer_kib']}KiB",
         loss=float(data.get("random_loss", 0.0)),
@@ -76,14 +82,15 @@ def simulate(xfer: Path, name: str, streams: int, seconds: float, settle: float)
 
 def emulate(
     xfer: Path, spec: WanSpec, cap: float | None, counts: Sequence[int], seconds: float,
-    settle: float,
+    settle: float, repetitions: int,
 ) -> list[float]:  # fmt: skip
-    """xfer with each fixed count through the emulated path: steady mean throughputs."""
-    out = []
+    """xfer with each fixed count through the emulated path: the median over `repetitions` of
+    the steady mean throughput (counts interleaved, so drift hits every count alike)."""
+    runs: dict[int, list[float]] = {n: [] for n in counts}
     with tempfile.TemporaryDirectory() as tmp, emulated_wan(spec, xfer) as wan:
         topo = wan.topology()
         with dataplane.xfer_receiver(xfer, topo, Path(tmp)) as rx:
-            for n in counts:
+            for n in [n for _ in range(repetitions) for n in counts]:
                 log = Path(tmp) / f"mi-{n}.jsonl"
                 size = max(int(spec.rate_mbit * 1e6 / 8 * seconds * 2), 1 << 30)
                 argv = [str(xfer), "send", "--mem", str(size), rx.addr, "--key", rx.key]
@@ -97,9 +104,9 @@ def emulate(
                     proc.terminate()
                     proc.wait()
                 records = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
-                out.append(steady_mean(records, settle))
-                print(f"  {n} streams: {out[-1]:.0f} Mbit/s", file=sys.stderr, flush=True)
-    return out
+                runs[n].append(steady_mean(records, settle))
+                print(f"  {n} streams: {runs[n][-1]:.0f} Mbit/s", file=sys.stderr, flush=True)
+    return [statistics.median(runs[n]) for n in counts]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -109,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--streams", default="1,2,4,8,16,32", help="stream counts")
     p.add_argument("--seconds", type=float, default=12.0, help="length of each run")
     p.add_argument("--settle", type=float, default=4.0, help="seconds left out at the start")
+    p.add_argument("--repetitions", type=int, default=3, help="emulated runs per count (median)")
     p.add_argument("--xfer", type=Path, default=DEFAULT_XFER, help="the xfer binary")
     args = p.parse_args(argv)
     if not args.xfer.exists():
@@ -121,7 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError, KeyError) as e:
             p.error(f"scenario {name}: {e}")
         print(f"{name}: {spec}", file=sys.stderr)
-        emulated = emulate(args.xfer, spec, cap, counts, args.seconds, args.settle)
+        emulated = emulate(
+            args.xfer, spec, cap, counts, args.seconds, args.settle, args.repetitions
+        )
         for n, e in zip(counts, emulated, strict=True):
             s = simulate(args.xfer, name, n, args.seconds, args.settle)
             rows.append((name, Point(n, e, s)))

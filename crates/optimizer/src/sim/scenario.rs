@@ -12,7 +12,8 @@ pub struct Scenario {
     /// What the scenario stands for.
     #[serde(default)]
     pub description: String,
-    /// Bottleneck capacity.
+    /// Bottleneck capacity as TCP payload can use it (goodput): a link's line rate times
+    /// MSS / (MSS + 66 bytes of TCP, IP and Ethernet headers).
     pub capacity_mbps: f64,
     /// Round-trip time with empty queues.
     pub base_rtt_ms: f64,
