@@ -125,3 +125,14 @@ fn bo_settles_near_the_best_count_within_25_intervals() {
 fn bo_follows_the_bandwidth_halving_within_30_intervals() {
     assert_settles(ControllerSpec::Bo, "background-arrives", 100, 130);
 }
+
+#[test]
+fn the_loss_response_inverts() {
+    for (window, rtt) in [(100.0, 0.02), (2000.0, 0.15), (40.0, 0.001)] {
+        let p = loss_for_window(window, rtt);
+        assert!(
+            (loss_limited_window(p, rtt) / window - 1.0).abs() < 1e-9,
+            "{window} {rtt}"
+        );
+    }
+}
