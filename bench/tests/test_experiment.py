@@ -23,10 +23,14 @@ stream_rate_cap_mbit = 40
 start_s = 2
 stop_s = 8
 streams = 2
+[[transfers]]
+start_s = 0
+stop_s = 8
+streams = 2
 [[variants]]
 name = "mixed"
 optimizer = "gd"
-tool = ["xfer", "iperf3"]
+tool = ["xfer", "iperf3", "gridftp"]
 """
 
 
@@ -47,18 +51,18 @@ def test_every_shipped_experiment_loads():
 
 def test_variants_override_transfers():
     exp = experiment.parse(SMOKE)
-    t1, t2 = exp.variants[0].transfers
+    t1, t2, t3 = exp.variants[0].transfers
     assert (t1.tool, t1.optimizer, t1.stream_rate_cap_mbit) == ("xfer", "gd", 40)
     assert (t2.tool, t2.optimizer, t2.start_s, t2.stop_s) == ("iperf3", None, 2, 8)
-    assert (t1.label, t2.label) == ("T1 gd", "T2 iperf3 -P 2")
+    assert (t1.label, t2.label, t3.label) == ("T1 gd", "T2 iperf3 -P 2", "T3 gridftp -p 2")
 
 
 @pytest.mark.parametrize(
     "change, message",
     [
         (("duration_s = 8", "duration_s = 0"), "duration_s must be positive"),
-        (('tool = ["xfer", "iperf3"]', 'tool = ["xfer"]'), "lists 1 values for 2 transfers"),
-        (('tool = ["xfer", "iperf3"]', 'tool = "scp"'), "tool 'scp'"),
+        (('tool = ["xfer", "iperf3", "gridftp"]', 'tool = ["xfer"]'), "1 values for 3 transfers"),
+        (('tool = ["xfer", "iperf3", "gridftp"]', 'tool = "scp"'), "tool 'scp'"),
         (("stop_s = 8", "stop_s = 9"), "start_s < stop_s <= duration_s"),
         (("rtt_ms = 10", "rtt_ms = 10\nbandwidth = 3"), "unexpected keyword argument"),
         (('optimizer = "gd"\n', ""), "need an optimizer"),
@@ -95,14 +99,16 @@ def test_an_experiment_runs_end_to_end_with_report_and_plots(tmp_path):
     out = tmp_path / "out"
     assert run_experiment.main([str(source), "--out", str(out)]) == 0
     report = (out / "report.md").read_text()
-    assert "| mixed | 1 | T1 gd |" in report and "| mixed | 1 | T2 iperf3 -P 2 |" in report
+    for label in ("T1 gd", "T2 iperf3 -P 2", "T3 gridftp -p 2"):
+        assert f"| mixed | 1 | {label} |" in report, report
     assert "## Fairness while transfers overlap" in report
     assert (out / "mixed-r1.png").stat().st_size > 10_000
     runs = json.loads((out / "runs.json").read_text())
-    t1, t2 = runs[0]["transfers"]
-    assert t1["error"] is None and t2["error"] is None, runs
-    assert 20 < t1["mean_mbit"] < 200 and 20 < t2["mean_mbit"] < 200, runs
-    overlap = [w for w in runs[0]["windows"] if len(w["labels"]) == 2]
+    transfers = runs[0]["transfers"]
+    assert all(t["error"] is None for t in transfers), runs
+    assert all(10 < t["mean_mbit"] < 200 for t in transfers), runs
+    assert transfers[2]["mean_loss"] is None, "GridFTP reports no loss"
+    overlap = [w for w in runs[0]["windows"] if len(w["labels"]) > 1]
     assert overlap and 0.5 <= overlap[0]["jain"] <= 1.0
     mi_log = (out / "mixed-r1" / "T1.mi.jsonl").read_text().splitlines()
     assert len(mi_log) >= 8 and json.loads(mi_log[0])["controller"] == "gd"

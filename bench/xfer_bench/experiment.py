@@ -11,7 +11,7 @@
     [[transfers]]               # each from its own sender namespace
     start_s = 0
     stop_s = 200                # default: duration_s
-    streams = 2                 # to start from (xfer with an optimiser) or fixed (iperf3)
+    streams = 2                 # to start from (xfer with an optimiser) or fixed (the others)
     stream_rate_cap_mbit = 50   # optional, xfer only
     [[variants]]
     name = "gd"
@@ -22,7 +22,8 @@
     start_s = 0                 # variants may also move the transfers' start and stop times
     [[variants]]
     name = "iperf3"
-    tool = "iperf3"             # xfer (default) or iperf3; also a scalar or a list
+    tool = "iperf3"             # xfer (default), iperf3 or gridftp (globus-url-copy -p N against
+                                # Debian's GridFTP server); also a scalar or a list
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Any
 from xfer_bench.wan import WanSpec
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-TOOLS = ("xfer", "iperf3")
+TOOLS = ("xfer", "iperf3", "gridftp")
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,12 @@ class Transfer:
 
     @property
     def label(self) -> str:
-        """How plots and tables name it: `T1 gd`, `T2 iperf3 -P 8`."""
-        what = self.optimizer if self.tool == "xfer" else f"iperf3 -P {self.streams}"
+        """How plots and tables name it: `T1 gd`, `T2 iperf3 -P 8`, `T3 gridftp -p 8`."""
+        what = {
+            "xfer": self.optimizer,
+            "iperf3": f"iperf3 -P {self.streams}",
+            "gridftp": f"gridftp -p {self.streams}",
+        }[self.tool]
         return f"T{self.index + 1} {what}"
 
 

@@ -19,7 +19,8 @@ class Sample:
     t: float
     mbit: float
     streams: int
-    loss: float
+    #: Retransmitted over sent segments; None when the tool does not report it (GridFTP).
+    loss: float | None
 
 
 @dataclass
@@ -37,15 +38,18 @@ class TransferResult:
         """Mean throughput over the transfer's samples."""
         return sum(s.mbit for s in self.samples) / len(self.samples) if self.samples else 0.0
 
-    def mean_loss(self) -> float:
-        """Mean loss rate over the transfer's samples."""
-        return sum(s.loss for s in self.samples) / len(self.samples) if self.samples else 0.0
+    def mean_loss(self) -> float | None:
+        """Mean loss rate over the transfer's samples; None when it was not measured."""
+        losses = [s.loss for s in self.samples]
+        if not losses or None in losses:
+            return None
+        return sum(losses) / len(losses)  # type: ignore[arg-type]
 
     def time_to_95(self, window: int = 5) -> float | None:
         """Seconds from the transfer's start until its utility first reached 95 % of the best
         utility it sustained (the best mean over `window` consecutive samples). On a real path
         the best count is not known, so the best the run itself achieved stands in for it."""
-        u = [s.mbit / K**s.streams - s.mbit * s.loss * B for s in self.samples]
+        u = [s.mbit / K**s.streams - s.mbit * (s.loss or 0.0) * B for s in self.samples]
         if len(u) < window:
             return None
         best = max(sum(u[i : i + window]) / window for i in range(len(u) - window + 1))

@@ -46,7 +46,11 @@ def plot_boxes(runs: Sequence[RunResult], rate_mbit: float, png: Path) -> None:
     variants = list(dict.fromkeys(r.variant for r in runs))
     throughput = [[r.utilisation * rate_mbit for r in runs if r.variant == v] for v in variants]
     loss = [
-        [sum(t.mean_loss() for t in r.transfers) / len(r.transfers) for r in runs if r.variant == v]
+        [
+            sum(t.mean_loss() or 0.0 for t in r.transfers) / len(r.transfers)
+            for r in runs
+            if r.variant == v
+        ]
         for v in variants
     ]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
@@ -100,14 +104,15 @@ def write(exp: Experiment, runs: Sequence[RunResult], out: Path, command: str) -
                 continue
             lines.append(
                 f"| {r.variant} | {r.repetition + 1} | {t.label} | {t.mean_mbit():.0f} | "
-                f"{t.mean_loss():.5f} | {_fmt(t.time_to_95(), '.0f')} | {_fmt(t.cpu_s, '.1f')} | "
-                f"{r.utilisation:.2f} |"
+                f"{_fmt(t.mean_loss(), '.5f')} | {_fmt(t.time_to_95(), '.0f')} | "
+                f"{_fmt(t.cpu_s, '.1f')} | {r.utilisation:.2f} |"
             )
     lines += [
         "",
         "t95: seconds from a transfer's start until its utility first reached 95 % of the best "
         "it sustained over 5 intervals in that run. Link use: summed throughput over the rate, "
-        "averaged over the seconds in which anything was sent.",
+        "averaged over the seconds in which anything was sent. GridFTP reports no loss, and its "
+        "progress only every few seconds.",
         "",
     ]
     overlaps = [(r, w) for r in runs for w in r.windows if len(w.labels) > 1]

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from xfer_bench.experiment import Experiment, Transfer, Variant
 from xfer_bench.metrics import Sample, TransferResult, Window, link_utilisation, windows
@@ -20,7 +24,10 @@ from xfer_bench.wan import RECEIVER_ADDR, Wan, emulated_wan
 from xfer_bench.wan_commands import cpu_busy, process_cpu_seconds
 
 IPERF3_BASE_PORT = 5320
+GRIDFTP_BASE_PORT = 2820
 MSS = 1448
+#: A `globus-url-copy -vb` progress report: bytes so far (printed every few seconds).
+GRIDFTP_PROGRESS = re.compile(rb"(\d+) bytes\s+[\d.]+ MB/sec avg")
 
 
 @dataclass
@@ -62,13 +69,18 @@ def _command(
     t: Transfer, exp: Experiment, xfer: Path, receiver: _Receiver | None, logs: Path
 ) -> list[str]:
     seconds = t.stop_s - t.start_s
+    # More than the path can carry in the time, so the transfer runs until it is stopped.
+    size = max(int(exp.path.rate_mbit * 1e6 / 8 * seconds * 2), 1 << 30)
     if t.tool == "iperf3":
         port = IPERF3_BASE_PORT + t.index
         argv = ["iperf3", "-c", RECEIVER_ADDR, "-p", str(port), "-P", str(t.streams)]
         return argv + ["-t", f"{seconds:g}", "-i", "1", "-J"]
+    if t.tool == "gridftp":
+        # Memory to memory: /dev/zero read for `size` bytes, written to the server's /dev/null.
+        url = f"ftp://{RECEIVER_ADDR}:{GRIDFTP_BASE_PORT + t.index}/dev/null"
+        return ["globus-url-copy", "-vb", "-fast", "-p", str(t.streams), "-off", "0",
+                "-len", str(size), "file:///dev/zero", url]  # fmt: skip
     assert receiver is not None and t.optimizer is not None
-    # More than the path can carry in the time, so the transfer runs until it is stopped.
-    size = max(int(exp.path.rate_mbit * 1e6 / 8 * seconds * 2), 1 << 30)
     argv = [str(xfer), "send", "--mem", str(size), receiver.addr, "--key", receiver.key]
     argv += ["--optimizer", t.optimizer, "--streams", str(t.streams), "--mi", exp.mi]
     argv += ["--mi-log", str(logs / f"T{t.index + 1}.mi.jsonl"), "--quiet"]
@@ -77,8 +89,51 @@ def _command(
     return argv
 
 
+def _server_command(t: Transfer) -> list[str] | None:
+    """The receiving side a baseline tool needs, if any."""
+    if t.tool == "iperf3":
+        return ["iperf3", "-s", "-1", "-p", str(IPERF3_BASE_PORT + t.index)]
+    if t.tool == "gridftp":
+        return ["globus-gridftp-server", "-aa", "-anonymous-user", "root", "-allow-root",
+                "-p", str(GRIDFTP_BASE_PORT + t.index), "-control-interface", RECEIVER_ADDR,
+                "-data-interface", RECEIVER_ADDR, "-d", "error"]  # fmt: skip
+    return None
+
+
+def _timestamp_progress(stream: IO[bytes], start: float, out: Path) -> None:
+    """Writes each progress report of globus-url-copy with the second it arrived."""
+    with out.open("w") as f:
+        pending = b""
+        while chunk := stream.read1(4096):  # type: ignore[attr-defined]
+            pending += chunk
+            *lines, pending = re.split(rb"[\r\n]", pending)
+            for line in lines:
+                if m := GRIDFTP_PROGRESS.search(line):
+                    f.write(f"{time.monotonic() - start:.3f} {int(m.group(1))}\n")
+                    f.flush()
+
+
 def _samples(t: Transfer, launched: float, logs: Path) -> list[Sample]:
     """The transfer's samples, timed from the start of the run."""
+    if t.tool == "gridftp":
+        # Lines of "seconds-since-run-start bytes" from _timestamp_progress.
+        points = [(launched, 0)]
+        for line in (logs / f"T{t.index + 1}.progress").read_text().splitlines():
+            at, total = line.split()
+            points.append((float(at), int(total)))
+        if len(points) < 2:
+            raise RuntimeError("globus-url-copy reported no progress")
+        # One sample per second at the mean rate of the report interval it falls in, so
+        # that seconds between reports count in totals and fairness windows.
+        out = []
+        for (t0, b0), (t1, b1) in zip(points, points[1:], strict=False):
+            if t1 > t0:
+                mbit = (b1 - b0) * 8 / (t1 - t0) / 1e6
+                ends = [t0 + k for k in range(1, int(t1 - t0) + 1)]
+                if not ends or ends[-1] < t1:
+                    ends.append(t1)
+                out += [Sample(t=e, mbit=mbit, streams=t.streams, loss=None) for e in ends]
+        return out
     if t.tool == "iperf3":
         text = (logs / f"T{t.index + 1}.stdout").read_text()
         report = json.loads(text or "{}")
@@ -128,11 +183,10 @@ def run_variant(
             if any(t.tool == "xfer" for t in variant.transfers):
                 receiver = _Receiver(wan, xfer, Path(root), logs / "receiver.log")
             for t in variant.transfers:
-                if t.tool == "iperf3":
-                    argv = ["iperf3", "-s", "-1", "-p", str(IPERF3_BASE_PORT + t.index)]
-                    servers.append(
-                        subprocess.Popen(wan.receiver_cmd(argv), stdout=subprocess.DEVNULL)
-                    )
+                argv = _server_command(t)
+                if argv:
+                    log = (logs / f"T{t.index + 1}.server.log").open("w")
+                    servers.append(subprocess.Popen(wan.receiver_cmd(argv), stdout=log, stderr=log))
             time.sleep(0.3)
             _timeline(exp, variant, repetition, wan, receiver, xfer, logs, results)
         finally:
@@ -178,9 +232,19 @@ def _timeline(
                 i = t.index
                 if i not in running and i not in done and t.start_s <= now:
                     argv = wan.sender_cmd(i, _command(t, exp, xfer, receiver, logs))
-                    out = (logs / f"T{i + 1}.stdout").open("w")
                     err = (logs / f"T{i + 1}.stderr").open("w")
-                    running[i] = (subprocess.Popen(argv, stdout=out, stderr=err), now)
+                    if t.tool == "gridftp":
+                        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err)
+                        reader = threading.Thread(
+                            target=_timestamp_progress,
+                            args=(proc.stdout, start, logs / f"T{i + 1}.progress"),
+                            daemon=True,
+                        )
+                        reader.start()
+                    else:
+                        out = (logs / f"T{i + 1}.stdout").open("w")
+                        proc = subprocess.Popen(argv, stdout=out, stderr=err)
+                    running[i] = (proc, now)
                 elif i in running:
                     proc, launched = running[i]
                     # iperf3 stops by itself after -t; give it a moment to print its report.
@@ -246,4 +310,11 @@ def run(
         raise ValueError(f"no variants named {sorted(missing)} in {exp.name}")
     if os.geteuid() != 0:
         raise RuntimeError("the emulated WAN needs root (network namespaces)")
+    tools = {t.tool for v in chosen for t in v.transfers}
+    needed = {"iperf3": ["iperf3"], "gridftp": ["globus-url-copy", "globus-gridftp-server"]}
+    if missing := [b for tool in tools for b in needed.get(tool, []) if not shutil.which(b)]:
+        raise RuntimeError(
+            f"missing {', '.join(missing)}: install Debian's iperf3, globus-gass-copy-progs and "
+            "globus-gridftp-server-progs (scripts/test does)"
+        )
     return [run_variant(exp, v, rep, out, xfer) for rep in range(exp.repetitions) for v in chosen]

@@ -24,7 +24,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -37,6 +39,8 @@ from xfer_bench.netns import Topology, namespaces
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_XFER = REPO / "target" / "release" / "xfer"
 RECEIVER_ADDR = "10.212.200.1"
+#: Where `ip netns exec NS` finds files to mount over /etc (here: hosts).
+NETNS_ETC = Path("/etc/netns")
 #: Socket buffer limit in every namespace: enough for one stream to fill 10 Gbit/s at 50 ms.
 SOCKET_BUFFER_MAX = 64 << 20
 
@@ -236,6 +240,17 @@ def emulated_wan(spec: WanSpec, xfer: Path = DEFAULT_XFER, prefix: str = "xw") -
                 net__core__wmem_max=str(SOCKET_BUFFER_MAX),
             )
         _sysctl(router, net__ipv4__ip_forward="1")
+        # Names for the path's addresses, which `ip netns exec` mounts over /etc/hosts in each
+        # namespace, the host's name meaning the namespace's own address: tools that look
+        # their own address up (GridFTP) find it without DNS.
+        hosts = ["127.0.0.1 localhost", f"{RECEIVER_ADDR} receiver"]
+        hosts += [f"{sender_addr(i)} sender{i}" for i in range(spec.senders)]
+        own = {receiver: RECEIVER_ADDR, **{ns: sender_addr(i) for i, ns in enumerate(senders)}}
+        for ns in made:
+            etc = NETNS_ETC / ns
+            etc.mkdir(parents=True, exist_ok=True)
+            mine = [f"{own[ns]} {socket.gethostname()}"] if ns in own else []
+            (etc / "hosts").write_text("\n".join([*hosts, *mine]) + "\n")
         cpu, rps_mask = _cpu_plan()
         devices: list[tuple[str, str]] = []
         for i, ns in enumerate(senders):
@@ -320,8 +335,10 @@ def emulated_wan(spec: WanSpec, xfer: Path = DEFAULT_XFER, prefix: str = "xw") -
                 line.wait()
         for ns in made:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
 
 
 def leftovers(prefix: str = "xw") -> list[str]:
-    """Namespaces that an emulated path with `prefix` left behind."""
-    return [ns for ns in namespaces() if ns.startswith(prefix)]
+    """Namespaces (and their /etc/netns entries) that an emulated path with `prefix` left."""
+    etc = [p.name for p in NETNS_ETC.glob(f"{prefix}*")] if NETNS_ETC.exists() else []
+    return sorted({*(ns for ns in namespaces() if ns.startswith(prefix)), *etc})
