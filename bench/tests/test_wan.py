@@ -117,3 +117,19 @@ def test_nothing_is_left_after_a_run_that_fails():
     assert wan.leftovers("xwt") == []
     lines = subprocess.run(["pgrep", "-af", "delay-line"], capture_output=True, text=True).stdout
     assert "xwt" not in lines, lines
+
+
+@needs_root
+def test_an_rtt_schedule_changes_the_delay_on_time():
+    spec = wan.WanSpec(
+        rate_mbit=100, rtt_ms=10, delay="delay-line", rtt_schedule=((0, 10), (2, 40))
+    )
+    with wan.emulated_wan(spec, prefix="xwt") as w:
+        rtts = []
+        for wait in (0, 2.5):
+            time.sleep(wait)
+            argv = ["ping", "-n", "-c", "3", "-i", "0.1", wan.RECEIVER_ADDR]
+            out = subprocess.run(w.sender_cmd(0, argv), capture_output=True, text=True).stdout
+            rtts.append([float(m) for m in re.findall(r"time=([\d.]+) ms", out)])
+    assert all(10 <= r < 11 for r in rtts[0]), rtts
+    assert all(40 <= r < 41 for r in rtts[1]), rtts
