@@ -55,12 +55,15 @@ def test_idle_rtt_is_within_1ms_of_the_setting(rtt_ms):
 
 
 @needs_root
-def test_bottleneck_rate_holds_within_5_percent():
+def test_bottleneck_rate_holds_within_5_percent_also_after_a_change():
     spec = wan.WanSpec(rate_mbit=100, rtt_ms=10, delay="delay-line")
     with wan.emulated_wan(spec, prefix="xwt") as w:
-        end = _iperf3(w, streams=4, seconds=4, omit=1)
-    wire_mbit = end["sum_received"]["bits_per_second"] * WIRE / MSS / 1e6
-    assert 95 <= wire_mbit <= 105, wire_mbit
+        before = _iperf3(w, streams=4, seconds=4, omit=1)
+        w.set_rate(50)
+        after = _iperf3(w, streams=4, seconds=4, omit=1)
+    for end, rate in ((before, 100), (after, 50)):
+        wire_mbit = end["sum_received"]["bits_per_second"] * WIRE / MSS / 1e6
+        assert 0.95 * rate <= wire_mbit <= 1.05 * rate, (rate, wire_mbit)
 
 
 @needs_root
