@@ -74,6 +74,9 @@ def _command(
     if t.tool == "iperf3":
         port = IPERF3_BASE_PORT + t.index
         argv = ["iperf3", "-c", RECEIVER_ADDR, "-p", str(port), "-P", str(t.streams)]
+        if t.stream_rate_cap_mbit:
+            # SO_MAX_PACING_RATE per stream, as xfer's --stream-rate-cap sets it.
+            argv += ["--fq-rate", f"{t.stream_rate_cap_mbit:g}M"]
         return argv + ["-t", f"{seconds:g}", "-i", "1", "-J"]
     if t.tool == "gridftp":
         # Memory to memory: /dev/zero read for `size` bytes, written to the server's /dev/null.
