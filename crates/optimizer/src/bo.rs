@@ -23,7 +23,7 @@ use egobox_gp::correlation_models::SquaredExponentialCorr;
 use egobox_gp::mean_models::LinearMean;
 use egobox_gp::GaussianProcess;
 use linfa::prelude::{Dataset, Fit};
-use ndarray::{Array1, Array2};
+use ndarray::{Array1, Array2, Axis};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -145,9 +145,7 @@ impl BayesianOptimizer {
         low: usize,
         high: usize,
     ) -> Option<Vec<Prediction>> {
-        let x = Array2::from_shape_fn((means.len(), 1), |(i, _)| {
-            (*means.keys().nth(i).expect("in range") as f64).ln()
-        });
+        let x = Array1::from_iter(means.keys().map(|&n| (n as f64).ln())).insert_axis(Axis(1));
         let k = self.params.utility.k;
         let y = Array1::from_iter(means.iter().map(|(&n, &u)| u * k.powi(n as i32)));
         let gp = GaussianProcess::<f64, LinearMean, SquaredExponentialCorr>::params(
@@ -292,20 +290,7 @@ mod tests {
             let mut n = 1;
             for mi in 0..60 {
                 // Utility that keeps rising with the count: the optimiser presses at the limit.
-                let observation = Observation {
-                    time: mi as f64 + 1.0,
-                    mi,
-                    streams: n,
-                    throughput: n as f64 * 1e8,
-                    loss: 0.0,
-                    rtt: 0.01,
-                    rtt_ratio: 1.0,
-                    rtt_gradient: 0.0,
-                    throughput_ratio: 1.0,
-                    utility: n as f64 * 1e8,
-                    reward: 0.0,
-                    actions: Vec::new(),
-                };
+                let observation = Observation::for_test(mi, n, n as f64 * 1e8, 0.01);
                 n = bo.decide(&observation);
                 assert!((1..=max_streams).contains(&n), "{n} > {max_streams}");
             }

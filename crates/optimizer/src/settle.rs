@@ -92,44 +92,26 @@ mod tests {
         }
     }
 
-    fn observation(mi: u64, streams: usize, rtt: f64) -> Observation {
-        Observation {
-            time: (mi + 1) as f64,
-            mi,
-            streams,
-            throughput: 1.0,
-            loss: 0.0,
-            rtt,
-            rtt_ratio: 1.0,
-            rtt_gradient: 0.0,
-            throughput_ratio: 1.0,
-            utility: 1.0,
-            reward: 0.0,
-            actions: Vec::new(),
+    /// Runs a wrapped [`Climber`] for `intervals` at `rtt` seconds from one stream; returns
+    /// the intervals it was shown and the final count.
+    fn climb(rtt: f64, intervals: u64) -> (Vec<u64>, usize) {
+        let mut c = Settling::new(Climber(Vec::new()));
+        let mut n = 1;
+        for mi in 0..intervals {
+            n = c.decide(&Observation::for_test(mi, n, 1.0, rtt));
         }
+        (c.inner.0, n)
     }
 
     #[test]
     fn a_raised_count_is_held_while_its_streams_ramp_up() {
         // 150 ms RTT: ramp-up of 1.5 s; with 1 s intervals the first interval after a raise is
         // all ramp-up, the second half of it, so the second is judged.
-        let mut c = Settling::new(Climber(Vec::new()));
-        let mut n = 1;
-        for mi in 0..7 {
-            n = c.decide(&observation(mi, n, 0.150));
-        }
-        assert_eq!(c.inner.0, vec![0, 2, 4, 6]);
-        assert_eq!(n, 5);
+        assert_eq!(climb(0.150, 7), (vec![0, 2, 4, 6], 5));
     }
 
     #[test]
     fn on_short_paths_every_interval_is_judged() {
-        let mut c = Settling::new(Climber(Vec::new()));
-        let mut n = 1;
-        for mi in 0..5 {
-            n = c.decide(&observation(mi, n, 0.020));
-        }
-        assert_eq!(c.inner.0, vec![0, 1, 2, 3, 4]);
-        assert_eq!(n, 6);
+        assert_eq!(climb(0.020, 5), (vec![0, 1, 2, 3, 4], 6));
     }
 }

@@ -166,6 +166,28 @@ impl SignalTracker {
 }
 
 #[cfg(test)]
+impl Observation {
+    /// A 1 s interval ending `mi + 1` seconds into the transfer, with `streams` streams, `rtt`
+    /// seconds and no loss, whose throughput and utility are both `utility` (controller tests).
+    pub(crate) fn for_test(mi: u64, streams: usize, utility: f64, rtt: f64) -> Observation {
+        Observation {
+            time: (mi + 1) as f64,
+            mi,
+            streams,
+            throughput: utility,
+            loss: 0.0,
+            rtt,
+            rtt_ratio: 1.0,
+            rtt_gradient: 0.0,
+            throughput_ratio: 1.0,
+            utility,
+            reward: 0.0,
+            actions: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
