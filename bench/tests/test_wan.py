@@ -26,18 +26,7 @@ def test_buffer_sizes():
 
 
 def _iperf3(w: wan.Wan, streams: int, seconds: int, omit: int = 0) -> dict:
-    server = subprocess.Popen(
-        w.receiver_cmd(["iperf3", "-s", "-1", "-p", "5311"]), stdout=subprocess.DEVNULL
-    )
-    try:
-        time.sleep(0.3)
-        argv = ["iperf3", "-c", wan.RECEIVER_ADDR, "-p", "5311", "-J", "-P", str(streams)]
-        argv += ["-t", str(seconds), "-O", str(omit)]
-        out = subprocess.run(w.sender_cmd(0, argv), capture_output=True, text=True, timeout=60)
-        return json.loads(out.stdout)["end"]
-    finally:
-        server.kill()
-        server.wait()
+    return dataplane.iperf3_report(w.topology(), streams, seconds, omit=omit)["end"]
 
 
 @needs_root

@@ -92,19 +92,17 @@ def emulate(
         with dataplane.xfer_receiver(xfer, topo, Path(tmp)) as rx:
             for n in [n for _ in range(repetitions) for n in counts]:
                 log = Path(tmp) / f"mi-{n}.jsonl"
-                size = max(int(spec.rate_mbit * 1e6 / 8 * seconds * 2), 1 << 30)
-                argv = [str(xfer), "send", "--mem", str(size), rx.addr, "--key", rx.key]
-                argv += ["--optimizer", f"fixed:{n}", "--mi-log", str(log), "--quiet"]
-                if cap:
-                    argv += ["--stream-rate-cap", f"{cap:g}"]
+                size = dataplane.unending_size(spec.rate_mbit, seconds)
+                argv = dataplane.optimized_send_command(
+                    xfer, rx, size, f"fixed:{n}", log, stream_rate_cap_mbit=cap
+                )
                 proc = subprocess.Popen(topo.sender_cmd(argv))
                 try:
                     proc.wait(timeout=seconds)
                 except subprocess.TimeoutExpired:
                     proc.terminate()
                     proc.wait()
-                records = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
-                runs[n].append(steady_mean(records, settle))
+                runs[n].append(steady_mean(dataplane.read_mi_log(log), settle))
                 print(f"  {n} streams: {runs[n][-1]:.0f} Mbit/s", file=sys.stderr, flush=True)
     return [statistics.median(runs[n]) for n in counts]
 

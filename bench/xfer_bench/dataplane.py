@@ -72,15 +72,20 @@ def xfer_summary_gbps(stdout: str) -> float:
     raise RuntimeError(f"no summary in xfer output: {stdout[-500:]!r}")
 
 
-def run_iperf3(
-    topo: Topology, streams: int, seconds: float, files: tuple[Path, Path] | None = None
-) -> float:
-    """One `iperf3 -P streams` run; returns Gbit/s. Memory to memory for `seconds`, or with
-    `files` = (source, output) file to file (-F on both sides) for the source's size."""
+def iperf3_report(
+    topo: Topology,
+    streams: int,
+    seconds: float,
+    files: tuple[Path, Path] | None = None,
+    omit: float = 0,
+) -> dict:
+    """One `iperf3 -P streams -J` run; returns its report. Memory to memory for `seconds`
+    (the first `omit` seconds left out), or with `files` = (source, output) file to file (-F on
+    both sides) for the source's size."""
     server_cmd = ["iperf3", "-s", "-1", "-p", str(IPERF3_PORT)]
     cmd = ["iperf3", "-c", topo.receiver_addr, "-p", str(IPERF3_PORT), "-P", str(streams), "-J"]
     if files is None:
-        cmd += ["-t", str(seconds)]
+        cmd += ["-t", f"{seconds:g}", "-O", f"{omit:g}"]
     else:
         cmd += ["-F", str(files[0])]
         server_cmd += ["-F", str(files[1])]
@@ -96,11 +101,20 @@ def run_iperf3(
             if "Connection refused" in report.get("error", ""):
                 time.sleep(0.1)
                 continue
-            return iperf3_gbps(report)
+            if "error" in report:
+                raise RuntimeError(f"iperf3: {report['error']}")
+            return report
         raise RuntimeError("iperf3 server never came up")
     finally:
         server.kill()
         server.wait()
+
+
+def run_iperf3(
+    topo: Topology, streams: int, seconds: float, files: tuple[Path, Path] | None = None
+) -> float:
+    """One `iperf3 -P streams` run (see `iperf3_report`); returns Gbit/s."""
+    return iperf3_gbps(iperf3_report(topo, streams, seconds, files))
 
 
 @dataclass
@@ -114,14 +128,16 @@ class XferReceiver:
 
 
 @contextmanager
-def xfer_receiver(xfer: Path, topo: Topology, root: Path) -> Iterator[XferReceiver]:
-    """Starts `xfer recv` writing under `root`; stops it on exit."""
+def xfer_receiver(
+    xfer: Path, topo: Topology, root: Path, log: Path | None = None
+) -> Iterator[XferReceiver]:
+    """Starts `xfer recv` writing under `root` (its log to `log`, if given); stops it on exit."""
     proc = subprocess.Popen(
         topo.receiver_cmd(
             [str(xfer), "recv", "--listen", f"{topo.receiver_addr}:0", "--root", str(root)]
         ),
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=log.open("w") if log else subprocess.DEVNULL,
         text=True,
     )
     try:
@@ -144,6 +160,37 @@ def run_xfer(topo: Topology, xfer: Path, rx: XferReceiver, streams: int, what: l
     if out.returncode != 0:
         raise RuntimeError(f"xfer send failed: {out.stderr.strip()}")
     return xfer_summary_gbps(out.stdout)
+
+
+def unending_size(rate_mbit: float, seconds: float) -> int:
+    """Bytes of generated data more than a `rate_mbit` path carries in `seconds`: a transfer of
+    this size runs until it is stopped."""
+    return max(int(rate_mbit * 1e6 / 8 * seconds * 2), 1 << 30)
+
+
+def optimized_send_command(
+    xfer: Path,
+    rx: XferReceiver,
+    size: int,
+    optimizer: str,
+    mi_log: Path,
+    streams: int | None = None,
+    stream_rate_cap_mbit: float | None = None,
+    mi: str = "1s",
+) -> list[str]:
+    """`xfer send --mem SIZE` under `optimizer`, writing its MI log, quiet otherwise."""
+    argv = [str(xfer), "send", "--mem", str(size), rx.addr, "--key", rx.key]
+    argv += ["--optimizer", optimizer, "--mi", mi, "--mi-log", str(mi_log), "--quiet"]
+    if streams is not None:
+        argv += ["--streams", str(streams)]
+    if stream_rate_cap_mbit:
+        argv += ["--stream-rate-cap", f"{stream_rate_cap_mbit:g}"]
+    return argv
+
+
+def read_mi_log(path: Path) -> list[dict]:
+    """The records of an `xfer send --mi-log` file."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def local_copy_gbps(source: Path, dest_dir: Path) -> float:

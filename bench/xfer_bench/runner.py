@@ -14,10 +14,18 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from xfer_bench.dataplane import (
+    XferReceiver,
+    optimized_send_command,
+    read_mi_log,
+    unending_size,
+    xfer_receiver,
+)
 from xfer_bench.experiment import Experiment, Transfer, Variant
 from xfer_bench.metrics import Sample, TransferResult, Window, link_utilisation, windows
 from xfer_bench.wan import RECEIVER_ADDR, Wan, emulated_wan
@@ -44,33 +52,12 @@ class RunResult:
     log_dir: Path
 
 
-class _Receiver:
-    """`xfer recv` in the receiver's namespace, for the run's xfer transfers."""
-
-    def __init__(self, wan: Wan, xfer: Path, root: Path, log: Path) -> None:
-        argv = [str(xfer), "recv", "--listen", f"{RECEIVER_ADDR}:0", "--root", str(root)]
-        self.proc = subprocess.Popen(
-            wan.receiver_cmd(argv), stdout=subprocess.PIPE, stderr=log.open("w"), text=True
-        )
-        assert self.proc.stdout is not None
-        first, second = self.proc.stdout.readline(), self.proc.stdout.readline()
-        if not first.startswith("listening on ") or not second.startswith("key "):
-            self.stop()
-            raise RuntimeError(f"xfer recv did not start; see {log}")
-        self.addr = first.removeprefix("listening on ").strip()
-        self.key = second.removeprefix("key ").strip()
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-
 def _command(
-    t: Transfer, exp: Experiment, xfer: Path, receiver: _Receiver | None, logs: Path
+    t: Transfer, exp: Experiment, xfer: Path, receiver: XferReceiver | None, logs: Path
 ) -> list[str]:
     seconds = t.stop_s - t.start_s
     # More than the path can carry in the time, so the transfer runs until it is stopped.
-    size = max(int(exp.path.rate_mbit * 1e6 / 8 * seconds * 2), 1 << 30)
+    size = unending_size(exp.path.rate_mbit, seconds)
     if t.tool == "iperf3":
         port = IPERF3_BASE_PORT + t.index
         argv = ["iperf3", "-c", RECEIVER_ADDR, "-p", str(port), "-P", str(t.streams)]
@@ -84,12 +71,10 @@ def _command(
         return ["globus-url-copy", "-vb", "-fast", "-p", str(t.streams), "-off", "0",
                 "-len", str(size), "file:///dev/zero", url]  # fmt: skip
     assert receiver is not None and t.optimizer is not None
-    argv = [str(xfer), "send", "--mem", str(size), receiver.addr, "--key", receiver.key]
-    argv += ["--optimizer", t.optimizer, "--streams", str(t.streams), "--mi", exp.mi]
-    argv += ["--mi-log", str(logs / f"T{t.index + 1}.mi.jsonl"), "--quiet"]
-    if t.stream_rate_cap_mbit:
-        argv += ["--stream-rate-cap", f"{t.stream_rate_cap_mbit:g}"]
-    return argv
+    log = logs / f"T{t.index + 1}.mi.jsonl"
+    return optimized_send_command(
+        xfer, receiver, size, t.optimizer, log, t.streams, t.stream_rate_cap_mbit, exp.mi
+    )
 
 
 def _server_command(t: Transfer) -> list[str] | None:
@@ -155,8 +140,7 @@ def _samples(t: Transfer, launched: float, logs: Path) -> list[Sample]:
                 )
             )
         return out
-    log = logs / f"T{t.index + 1}.mi.jsonl"
-    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    records = read_mi_log(logs / f"T{t.index + 1}.mi.jsonl")
     return [
         Sample(
             t=launched + r["time"],
@@ -179,12 +163,15 @@ def run_variant(
     with (
         tempfile.TemporaryDirectory(prefix="xfer-bench-run-") as root,
         emulated_wan(exp.path, xfer) as wan,
+        ExitStack() as stack,
     ):
         receiver = None
+        if any(t.tool == "xfer" for t in variant.transfers):
+            receiver = stack.enter_context(
+                xfer_receiver(xfer, wan.topology(), Path(root), logs / "receiver.log")
+            )
         servers = []
         try:
-            if any(t.tool == "xfer" for t in variant.transfers):
-                receiver = _Receiver(wan, xfer, Path(root), logs / "receiver.log")
             for t in variant.transfers:
                 argv = _server_command(t)
                 if argv:
@@ -196,8 +183,6 @@ def run_variant(
             for proc in servers:
                 proc.kill()
                 proc.wait()
-            if receiver is not None:
-                receiver.stop()
     transfers = [results[t.index] for t in variant.transfers]
     return RunResult(
         variant=variant.name,
@@ -215,7 +200,7 @@ def _timeline(
     variant: Variant,
     repetition: int,
     wan: Wan,
-    receiver: _Receiver | None,
+    receiver: XferReceiver | None,
     xfer: Path,
     logs: Path,
     results: dict[int, TransferResult],

@@ -252,7 +252,7 @@ pub fn run(args: DelayLineArgs) -> anyhow::Result<()> {
             to: in_netns(to_ns, || Tun::attach(to_dev))?,
             held: HeldPackets::new(args.capacity as usize),
             stats: LinkStats {
-                from: spec.split('=').next().unwrap_or_default().to_string(),
+                from: from.to_string(),
                 to: to.to_string(),
                 ..LinkStats::default()
             },
