@@ -112,6 +112,7 @@ def test_an_experiment_runs_end_to_end_with_report_and_plots(tmp_path):
     transfers = runs[0]["transfers"]
     assert all(t["error"] is None for t in transfers), runs
     assert all(10 < t["mean_mbit"] < 200 for t in transfers), runs
+    assert all(t["cpu_s"] > 0 for t in transfers), "every sender's CPU time is reported"
     assert transfers[2]["mean_loss"] is None, "GridFTP reports no loss"
     assert transfers[1]["mean_mbit"] < 2 * 30 * 1.05, "iperf3 paces each stream to its cap"
     overlap = [w for w in runs[0]["windows"] if len(w["labels"]) > 1]

@@ -37,7 +37,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
+from xfer_bench import supervise
 from xfer_bench.netns import LOOPBACK, Topology, tmpfs, veth_pair
 
 REPO = Path(__file__).resolve().parents[2]
@@ -127,29 +129,47 @@ class XferReceiver:
     root: Path
 
 
+class Endpoints(Protocol):
+    """Where commands run on the receiving side and how senders reach it: a `Topology` on
+    this machine, or the hosts of a multi-host run."""
+
+    @property
+    def receiver_addr(self) -> str:
+        """The receiver's address on the path under test."""
+        ...
+
+    def receiver_cmd(self, argv: Sequence[str]) -> list[str]:
+        """The local command line that runs `argv` on the receiver's side."""
+        ...
+
+
 @contextmanager
 def xfer_receiver(
-    xfer: Path, topo: Topology, root: Path, log: Path | None = None
+    xfer: Path | str,
+    topo: Endpoints,
+    root: Path | str,
+    log: Path | None = None,
+    port: int = 0,
 ) -> Iterator[XferReceiver]:
-    """Starts `xfer recv` writing under `root` (its log to `log`, if given); stops it on exit."""
-    proc = subprocess.Popen(
+    """Starts `xfer recv` writing under `root` on port `port` (0: any), its log to `log` if
+    given, supervised so that it stops on exit wherever it runs."""
+    listen = f"{topo.receiver_addr}:{port}"
+    proc = supervise.start(
         topo.receiver_cmd(
-            [str(xfer), "recv", "--listen", f"{topo.receiver_addr}:0", "--root", str(root)]
+            supervise.supervised([str(xfer), "recv", "--listen", listen, "--root", str(root)])
         ),
         stdout=subprocess.PIPE,
         stderr=log.open("w") if log else subprocess.DEVNULL,
-        text=True,
     )
     try:
         assert proc.stdout is not None
-        addr = proc.stdout.readline().strip().removeprefix("listening on ")
-        key = proc.stdout.readline().strip().removeprefix("key ")
+        addr = proc.stdout.readline().decode().strip().removeprefix("listening on ")
+        key = proc.stdout.readline().decode().strip().removeprefix("key ")
         if not addr or not key:
             raise RuntimeError(f"xfer recv did not start (exit {proc.poll()})")
-        yield XferReceiver(proc, addr, key, root)
+        yield XferReceiver(proc, addr, key, Path(root))
     finally:
-        proc.kill()
-        proc.wait()
+        supervise.stop(proc)
 
 
 def run_xfer(topo: Topology, xfer: Path, rx: XferReceiver, streams: int, what: list[str]) -> float:
@@ -169,11 +189,11 @@ def unending_size(rate_mbit: float, seconds: float) -> int:
 
 
 def optimized_send_command(
-    xfer: Path,
+    xfer: Path | str,
     rx: XferReceiver,
     size: int,
     optimizer: str,
-    mi_log: Path,
+    mi_log: Path | str,
     streams: int | None = None,
     stream_rate_cap_mbit: float | None = None,
     mi: str = "1s",

@@ -1,8 +1,9 @@
 """`xfer-bench-run EXPERIMENT`: runs an experiment file (or a shipped one by name) on the
-emulated WAN and writes its logs, plots and markdown report.
+emulated WAN, or between real hosts over ssh, and writes its logs, plots and markdown report.
 
     xfer-bench-run paper-fig2
     xfer-bench-run paper-fig4 --repetitions 1 --variants gd,one-of-each --out /tmp/fig4
+    xfer-bench-run paper-fig2 --hosts hosts.toml      # see bench/MULTI_HOST.md
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from xfer_bench import experiment, report, runner
+from xfer_bench import experiment, hosts, report, runner
 from xfer_bench.wan import DEFAULT_XFER
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -23,28 +24,36 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parses the command line, runs the experiment, prints where the report is."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("experiment", help="a TOML file, or a name from bench/experiments/")
     p.add_argument("--out", type=Path, help="results directory (default bench/results/NAME-TIME)")
     p.add_argument("--repetitions", type=int, help="override the file's repetitions")
     p.add_argument("--variants", help="only these variants, comma-separated")
     p.add_argument("--xfer", type=Path, default=DEFAULT_XFER, help="the xfer binary")
+    p.add_argument(
+        "--hosts", type=Path, help="run between the real hosts of this file instead (over ssh)"
+    )
     args = p.parse_args(argv)
     try:
         exp = experiment.load(args.experiment)
+        machines = hosts.load(args.hosts) if args.hosts else None
     except ValueError as e:
         p.error(str(e))
     if args.repetitions is not None:
         exp = experiment.Experiment(**{**exp.__dict__, "repetitions": args.repetitions})
-    if not args.xfer.exists():
+    if machines is None and not args.xfer.exists():
         p.error(f"{args.xfer} does not exist: build it with cargo build --release")
     out = args.out or RESULTS / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-    # SIGTERM tears the path down like Ctrl-C does.
+    # SIGTERM tears the path down like Ctrl-C does; so does SIGINT when a shell started the
+    # run in the background, which would otherwise leave SIGINT ignored.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     variants = args.variants.split(",") if args.variants else None
     try:
-        runs = runner.run(exp, out, args.xfer, variants)
+        runs = runner.run(exp, out, args.xfer, variants, machines)
     except (ValueError, RuntimeError) as e:
         print(f"xfer-bench-run: {e}", file=sys.stderr)
         return 1

@@ -1,6 +1,8 @@
-"""Runs an experiment on the emulated WAN: for every variant and repetition, a fresh path, the
-transfers started and stopped on time (xfer with its optimiser writing its MI log, or iperf3
-reporting every second), capacity changes applied, and each transfer's samples collected."""
+"""Runs an experiment on the emulated WAN or between real hosts: for every variant and
+repetition, a fresh path (or the hosts' scratch directories), the transfers started and stopped
+on time (xfer with its optimiser writing its MI log, iperf3 reporting every second,
+globus-url-copy reporting its progress), capacity changes applied, and each transfer's samples
+and CPU time collected."""
 
 from __future__ import annotations
 
@@ -8,17 +10,18 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
+from xfer_bench import supervise
 from xfer_bench.dataplane import (
     XferReceiver,
     optimized_send_command,
@@ -27,9 +30,10 @@ from xfer_bench.dataplane import (
     xfer_receiver,
 )
 from xfer_bench.experiment import Experiment, Transfer, Variant
+from xfer_bench.hosts import Hosts, check, connected
 from xfer_bench.metrics import Sample, TransferResult, Window, link_utilisation, windows
 from xfer_bench.wan import RECEIVER_ADDR, Wan, emulated_wan
-from xfer_bench.wan_commands import cpu_busy, process_cpu_seconds
+from xfer_bench.wan_commands import cpu_busy
 
 IPERF3_BASE_PORT = 5320
 GRIDFTP_BASE_PORT = 2820
@@ -47,44 +51,142 @@ class RunResult:
     transfers: list[TransferResult]
     windows: list[Window]
     utilisation: float
-    #: Share of the CPUs busy just before the run (something else running skews the figures).
+    #: Largest share of CPUs busy on a machine of the run just before it (something else
+    #: running skews the figures).
     busy_before: float
     log_dir: Path
 
 
+class Network(Protocol):
+    """What a run needs of the path it runs on: the emulated WAN or a set of real hosts."""
+
+    @property
+    def receiver_addr(self) -> str:
+        """Where the senders reach the receiver."""
+        ...
+
+    @property
+    def receiver_root(self) -> str:
+        """The directory `xfer recv` writes under, on the receiver's side."""
+        ...
+
+    #: Whether the receiver's side runs commands as root.
+    receiver_is_root: bool
+    #: `startport,endport` for GridFTP's data connections, or None for any.
+    gridftp_port_range: str | None
+
+    def xfer(self, index: int | None) -> str:
+        """The xfer binary of sender `index`, or of the receiver (None)."""
+        ...
+
+    def sender_cmd(self, index: int, argv: Sequence[str]) -> list[str]:
+        """The local command line that runs `argv` on sender `index`'s side."""
+        ...
+
+    def receiver_cmd(self, argv: Sequence[str]) -> list[str]:
+        """The local command line that runs `argv` on the receiver's side."""
+        ...
+
+    def sender_path(self, index: int, name: str) -> str:
+        """Where sender `index` writes a log called `name`."""
+        ...
+
+    def collect(self, index: int, path: str, local: Path) -> None:
+        """Brings a log that sender `index` wrote at `path` to `local`."""
+        ...
+
+    def set_rate(self, rate_mbit: float) -> None:
+        """Changes the bottleneck's rate now."""
+        ...
+
+    def busy(self) -> float:
+        """The largest share of CPUs busy on any machine of the run, just now (something else
+        running skews the figures)."""
+        ...
+
+
+@dataclass
+class EmulatedNetwork:
+    """The emulated WAN as a `Network`: logs are written straight into the log directory."""
+
+    wan: Wan
+    xfer_path: Path
+    logs: Path
+    receiver_root: str
+    receiver_addr: str = RECEIVER_ADDR
+    receiver_is_root: bool = True
+    gridftp_port_range: str | None = None
+
+    def xfer(self, index: int | None) -> str:
+        """The one xfer binary every namespace runs."""
+        return str(self.xfer_path)
+
+    def sender_cmd(self, index: int, argv: Sequence[str]) -> list[str]:
+        """`argv` in sender `index`'s namespace."""
+        return self.wan.sender_cmd(index, argv)
+
+    def receiver_cmd(self, argv: Sequence[str]) -> list[str]:
+        """`argv` in the receiver's namespace."""
+        return self.wan.receiver_cmd(argv)
+
+    def sender_path(self, index: int, name: str) -> str:
+        """The log directory itself: namespaces share this machine's files."""
+        return str(self.logs / name)
+
+    def collect(self, index: int, path: str, local: Path) -> None:
+        """Nothing to bring: the log was written in place."""
+
+    def set_rate(self, rate_mbit: float) -> None:
+        """The bottleneck's htb rate."""
+        self.wan.set_rate(rate_mbit)
+
+    def busy(self) -> float:
+        """Share of this machine's CPUs busy just now."""
+        return cpu_busy(0.5)
+
+
+def _mi_log_name(t: Transfer) -> str:
+    return f"T{t.index + 1}.mi.jsonl"
+
+
 def _command(
-    t: Transfer, exp: Experiment, xfer: Path, receiver: XferReceiver | None, logs: Path
+    t: Transfer, exp: Experiment, net: Network, receiver: XferReceiver | None, rate_mbit: float
 ) -> list[str]:
     seconds = t.stop_s - t.start_s
     # More than the path can carry in the time, so the transfer runs until it is stopped.
-    size = unending_size(exp.path.rate_mbit, seconds)
+    size = unending_size(rate_mbit, seconds)
     if t.tool == "iperf3":
         port = IPERF3_BASE_PORT + t.index
-        argv = ["iperf3", "-c", RECEIVER_ADDR, "-p", str(port), "-P", str(t.streams)]
+        argv = ["iperf3", "-c", net.receiver_addr, "-p", str(port), "-P", str(t.streams)]
         if t.stream_rate_cap_mbit:
             # SO_MAX_PACING_RATE per stream, as xfer's --stream-rate-cap sets it.
             argv += ["--fq-rate", f"{t.stream_rate_cap_mbit:g}M"]
         return argv + ["-t", f"{seconds:g}", "-i", "1", "-J"]
     if t.tool == "gridftp":
         # Memory to memory: /dev/zero read for `size` bytes, written to the server's /dev/null.
-        url = f"ftp://{RECEIVER_ADDR}:{GRIDFTP_BASE_PORT + t.index}/dev/null"
+        url = f"ftp://{net.receiver_addr}:{GRIDFTP_BASE_PORT + t.index}/dev/null"
         return ["globus-url-copy", "-vb", "-fast", "-p", str(t.streams), "-off", "0",
                 "-len", str(size), "file:///dev/zero", url]  # fmt: skip
     assert receiver is not None and t.optimizer is not None
-    log = logs / f"T{t.index + 1}.mi.jsonl"
+    log = net.sender_path(t.index, _mi_log_name(t))
+    cap = t.stream_rate_cap_mbit
     return optimized_send_command(
-        xfer, receiver, size, t.optimizer, log, t.streams, t.stream_rate_cap_mbit, exp.mi
+        net.xfer(t.index), receiver, size, t.optimizer, log, t.streams, cap, exp.mi
     )
 
 
-def _server_command(t: Transfer) -> list[str] | None:
+def _server_command(t: Transfer, net: Network) -> list[str] | None:
     """The receiving side a baseline tool needs, if any."""
     if t.tool == "iperf3":
         return ["iperf3", "-s", "-1", "-p", str(IPERF3_BASE_PORT + t.index)]
     if t.tool == "gridftp":
-        return ["globus-gridftp-server", "-aa", "-anonymous-user", "root", "-allow-root",
-                "-p", str(GRIDFTP_BASE_PORT + t.index), "-control-interface", RECEIVER_ADDR,
-                "-data-interface", RECEIVER_ADDR, "-d", "error"]  # fmt: skip
+        # Anonymous access; as root the server must be told which user that is.
+        options = ["-anonymous-user", "root", "-allow-root"] if net.receiver_is_root else []
+        if net.gridftp_port_range:
+            options += ["-port-range", net.gridftp_port_range]
+        return ["globus-gridftp-server", "-aa", *options, "-p", str(GRIDFTP_BASE_PORT + t.index),
+                "-control-interface", net.receiver_addr, "-data-interface", net.receiver_addr,
+                "-d", "error"]  # fmt: skip
     return None
 
 
@@ -152,44 +254,57 @@ def _samples(t: Transfer, launched: float, logs: Path) -> list[Sample]:
     ]
 
 
-def run_variant(
-    exp: Experiment, variant: Variant, repetition: int, out: Path, xfer: Path
-) -> RunResult:
-    """One repetition of `variant` on a fresh emulated path; logs go under `out`."""
-    logs = out / f"{variant.name}-r{repetition + 1}"
-    logs.mkdir(parents=True, exist_ok=True)
-    busy = cpu_busy(0.5)
-    results = {t.index: TransferResult(t.label, t.start_s) for t in variant.transfers}
+@contextmanager
+def _network(exp: Experiment, xfer: Path, hosts: Hosts | None, logs: Path) -> Iterator[Network]:
+    """A fresh emulated path, or the hosts with fresh scratch directories."""
+    if hosts is not None:
+        with connected(hosts) as net:
+            yield net
+        return
     with (
         tempfile.TemporaryDirectory(prefix="xfer-bench-run-") as root,
         emulated_wan(exp.path, xfer) as wan,
-        ExitStack() as stack,
     ):
+        yield EmulatedNetwork(wan, xfer, logs, root)
+
+
+def run_variant(
+    exp: Experiment,
+    variant: Variant,
+    repetition: int,
+    out: Path,
+    xfer: Path,
+    hosts: Hosts | None = None,
+) -> RunResult:
+    """One repetition of `variant` on a fresh emulated path, or between `hosts`; logs go
+    under `out`."""
+    logs = out / f"{variant.name}-r{repetition + 1}"
+    logs.mkdir(parents=True, exist_ok=True)
+    rate = hosts.rate_mbit if hosts and hosts.rate_mbit else exp.path.rate_mbit
+    results = {t.index: TransferResult(t.label, t.start_s) for t in variant.transfers}
+    with _network(exp, xfer, hosts, logs) as net, ExitStack() as stack:
+        busy = net.busy()
         receiver = None
         if any(t.tool == "xfer" for t in variant.transfers):
+            port = hosts.receiver_port if hosts else 0
             receiver = stack.enter_context(
-                xfer_receiver(xfer, wan.topology(), Path(root), logs / "receiver.log")
+                xfer_receiver(net.xfer(None), net, net.receiver_root, logs / "receiver.log", port)
             )
-        servers = []
-        try:
-            for t in variant.transfers:
-                argv = _server_command(t)
-                if argv:
-                    log = (logs / f"T{t.index + 1}.server.log").open("w")
-                    servers.append(subprocess.Popen(wan.receiver_cmd(argv), stdout=log, stderr=log))
-            time.sleep(0.3)
-            _timeline(exp, variant, repetition, wan, receiver, xfer, logs, results)
-        finally:
-            for proc in servers:
-                proc.kill()
-                proc.wait()
+        for t in variant.transfers:
+            argv = _server_command(t, net)
+            if argv:
+                log = (logs / f"T{t.index + 1}.server.log").open("w")
+                proc = supervise.start(net.receiver_cmd(supervise.supervised(argv)), log, log)
+                stack.callback(supervise.stop, proc)
+        time.sleep(0.3)
+        _timeline(exp, variant, repetition, net, receiver, rate, logs, results)
     transfers = [results[t.index] for t in variant.transfers]
     return RunResult(
         variant=variant.name,
         repetition=repetition,
         transfers=transfers,
         windows=windows(transfers),
-        utilisation=link_utilisation(transfers, exp.path.rate_mbit),
+        utilisation=link_utilisation(transfers, rate),
         busy_before=busy,
         log_dir=logs,
     )
@@ -199,9 +314,9 @@ def _timeline(
     exp: Experiment,
     variant: Variant,
     repetition: int,
-    wan: Wan,
+    net: Network,
     receiver: XferReceiver | None,
-    xfer: Path,
+    rate_mbit: float,
     logs: Path,
     results: dict[int, TransferResult],
 ) -> None:
@@ -215,14 +330,15 @@ def _timeline(
         while True:
             now = time.monotonic() - start
             while rates and rates[0][0] <= now:
-                wan.set_rate(rates.pop(0)[1])
+                net.set_rate(rates.pop(0)[1])
             for t in variant.transfers:
                 i = t.index
                 if i not in running and i not in done and t.start_s <= now:
-                    argv = wan.sender_cmd(i, _command(t, exp, xfer, receiver, logs))
+                    argv = _command(t, exp, net, receiver, rate_mbit)
+                    argv = net.sender_cmd(i, supervise.supervised(argv))
                     err = (logs / f"T{i + 1}.stderr").open("w")
                     if t.tool == "gridftp":
-                        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err)
+                        proc = supervise.start(argv, subprocess.PIPE, err)
                         reader = threading.Thread(
                             target=_timestamp_progress,
                             args=(proc.stdout, start, logs / f"T{i + 1}.progress"),
@@ -231,14 +347,14 @@ def _timeline(
                         reader.start()
                     else:
                         out = (logs / f"T{i + 1}.stdout").open("w")
-                        proc = subprocess.Popen(argv, stdout=out, stderr=err)
+                        proc = supervise.start(argv, out, err)
                     running[i] = (proc, now)
                 elif i in running:
                     proc, launched = running[i]
                     # iperf3 stops by itself after -t; give it a moment to print its report.
                     grace = 3.0 if t.tool == "iperf3" else 0.0
                     if proc.poll() is not None or now >= t.stop_s + grace:
-                        _finish(t, proc, launched, logs, results[i])
+                        _finish(t, proc, launched, net, logs, results[i])
                         del running[i]
                         done.add(i)
             if len(done) == len(variant.transfers) or now > exp.duration_s + 5:
@@ -249,7 +365,7 @@ def _timeline(
             time.sleep(0.2)
     finally:
         for i, (proc, launched) in running.items():
-            _finish(variant.transfers[i], proc, launched, logs, results[i])
+            _finish(variant.transfers[i], proc, launched, net, logs, results[i])
         if sys.stderr.isatty():
             print(file=sys.stderr)
 
@@ -268,41 +384,61 @@ def _progress(
 
 
 def _finish(
-    t: Transfer, proc: subprocess.Popen[bytes], launched: float, logs: Path, result: TransferResult
+    t: Transfer,
+    proc: subprocess.Popen[bytes],
+    launched: float,
+    net: Network,
+    logs: Path,
+    result: TransferResult,
 ) -> None:
-    """Stops a transfer (if still running), records its CPU time and reads its samples."""
-    if proc.poll() is None:
-        try:
-            result.cpu_s = process_cpu_seconds(proc.pid)
-        except OSError:
-            pass
-        proc.send_signal(signal.SIGTERM)
+    """Stops a transfer (if still running), then records its CPU time and reads its samples."""
+    supervise.stop(proc)
+    stderr = logs / f"T{t.index + 1}.stderr"
     try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    try:
+        result.cpu_s = supervise.cpu_seconds(stderr)
+        if t.tool == "xfer":
+            name = _mi_log_name(t)
+            net.collect(t.index, net.sender_path(t.index, name), logs / name)
         result.samples = _samples(t, launched, logs)
     except (OSError, ValueError, RuntimeError, KeyError) as e:
-        err = (logs / f"T{t.index + 1}.stderr").read_text().strip()
+        err = stderr.read_text().strip()
         result.error = f"{e}; {err[-300:]}" if err else str(e)
 
 
 def run(
-    exp: Experiment, out: Path, xfer: Path, variants: list[str] | None = None
+    exp: Experiment,
+    out: Path,
+    xfer: Path,
+    variants: list[str] | None = None,
+    hosts: Hosts | None = None,
 ) -> list[RunResult]:
-    """Every repetition of every (selected) variant, interleaved by repetition."""
+    """Every repetition of every (selected) variant, interleaved by repetition, on the
+    emulated WAN or between `hosts`."""
     chosen = [v for v in exp.variants if variants is None or v.name in variants]
     if variants and (missing := set(variants) - {v.name for v in chosen}):
         raise ValueError(f"no variants named {sorted(missing)} in {exp.name}")
-    if os.geteuid() != 0:
-        raise RuntimeError("the emulated WAN needs root (network namespaces)")
     tools = {t.tool for v in chosen for t in v.transfers}
-    needed = {"iperf3": ["iperf3"], "gridftp": ["globus-url-copy", "globus-gridftp-server"]}
-    if missing := [b for tool in tools for b in needed.get(tool, []) if not shutil.which(b)]:
-        raise RuntimeError(
-            f"missing {', '.join(missing)}: install Debian's iperf3, globus-gass-copy-progs and "
-            "globus-gridftp-server-progs (scripts/test does)"
+    if hosts is not None:
+        if exp.rate_schedule or exp.path.rtt_schedule:
+            raise ValueError(
+                "a real network cannot follow the experiment's rate or RTT schedule; "
+                "run it on the emulated WAN"
+            )
+        check(hosts, exp.path.senders, tools)
+        print(
+            "xfer-bench-run: between real hosts the network's own RTT, buffer and loss apply; "
+            "the experiment's rtt_ms, buffer and loss are not emulated",
+            file=sys.stderr,
         )
-    return [run_variant(exp, v, rep, out, xfer) for rep in range(exp.repetitions) for v in chosen]
+    else:
+        if os.geteuid() != 0:
+            raise RuntimeError("the emulated WAN needs root (network namespaces)")
+        needed = {"iperf3": ["iperf3"], "gridftp": ["globus-url-copy", "globus-gridftp-server"]}
+        if missing := [b for tool in tools for b in needed.get(tool, []) if not shutil.which(b)]:
+            raise RuntimeError(
+                f"missing {', '.join(missing)}: install Debian's iperf3, globus-gass-copy-progs "
+                "and globus-gridftp-server-progs (scripts/test does)"
+            )
+    return [
+        run_variant(exp, v, rep, out, xfer, hosts) for rep in range(exp.repetitions) for v in chosen
+    ]

@@ -25,18 +25,22 @@ from xfer_bench.wan import DEFAULT_XFER, WanSpec, emulated_wan
 CLOCK_TICKS = 100
 
 
-def cpu_busy(seconds: float = 1.0) -> float:
-    """Share of all CPUs busy over `seconds` (from /proc/stat)."""
+def busy_share(first: str, second: str) -> float:
+    """Share of all CPUs busy between two readings of the `cpu` line of /proc/stat."""
 
-    def sample() -> tuple[int, int]:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-        idle = fields[3] + fields[4]
-        return sum(fields), idle
+    def parse(line: str) -> tuple[int, int]:
+        fields = [int(x) for x in line.split()[1:]]
+        return sum(fields), fields[3] + fields[4]
 
-    total0, idle0 = sample()
-    time.sleep(seconds)
-    total1, idle1 = sample()
+    (total0, idle0), (total1, idle1) = parse(first), parse(second)
     return 1 - (idle1 - idle0) / max(total1 - total0, 1)
+
+
+def cpu_busy(seconds: float = 1.0) -> float:
+    """Share of all CPUs of this machine busy over `seconds`."""
+    first = Path("/proc/stat").read_text().split("\n")[0]
+    time.sleep(seconds)
+    return busy_share(first, Path("/proc/stat").read_text().split("\n")[0])
 
 
 def process_cpu_seconds(pid: int) -> float:
