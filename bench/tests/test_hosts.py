@@ -41,6 +41,12 @@ tool = ["xfer", "iperf3", "gridftp"]
 """
 
 
+def test_the_example_hosts_file_loads():
+    example = hosts.load(Path(__file__).resolve().parents[1] / "hosts.example.toml")
+    assert example.receiver.ssh == "cc@192.5.87.10" and example.senders[0].ssh is None
+    assert example.receiver_port == 50000 and example.rate_mbit == 10000
+
+
 def test_hosts_file_mistakes_are_named():
     good = '[receiver]\nssh = "local"\naddr = "10.0.0.2"\n[[senders]]\nssh = "a@b"\n'
     parsed = hosts.parse(good)

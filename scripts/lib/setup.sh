@@ -12,8 +12,16 @@ apt_install() {
   echo "setup: installing Debian packages: ${missing[*]}" >&2
   local sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  # Packages installed for the tests must not start services (an sshd on port 22, say).
+  local policy=/usr/sbin/policy-rc.d made_policy="" rc=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null && $sudo chmod +x "$policy"
+    made_policy=1
+  fi
+  { $sudo apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null; } || rc=$?
+  [ -z "$made_policy" ] || $sudo rm -f "$policy"
+  return $rc
 }
 
 ensure_rust() {
