@@ -28,6 +28,7 @@ stream_rate_cap_mbit = 30
 start_s = 0
 stop_s = 8
 streams = 2
+stream_rate_cap_mbit = 20
 [[variants]]
 name = "mixed"
 optimizer = "gd"
@@ -67,10 +68,6 @@ def test_variants_override_transfers():
         (("stop_s = 8", "stop_s = 9"), "start_s < stop_s <= duration_s"),
         (("rtt_ms = 10", "rtt_ms = 10\nbandwidth = 3"), "unexpected keyword argument"),
         (('optimizer = "gd"\n', ""), "need an optimizer"),
-        (
-            ("streams = 2\n[[variants]]", "streams = 2\nstream_rate_cap_mbit = 9\n[[variants]]"),
-            "cannot cap",
-        ),
         (("[[transfers]]\nstart_s = 0", "[[transfers]]\nstart = 0"), "unknown keys ['start']"),
     ],
 )
@@ -111,10 +108,11 @@ def test_an_experiment_runs_end_to_end_with_report_and_plots(tmp_path):
     runs = json.loads((out / "runs.json").read_text())
     transfers = runs[0]["transfers"]
     assert all(t["error"] is None for t in transfers), runs
-    assert all(10 < t["mean_mbit"] < 200 for t in transfers), runs
+    assert all(10 < t["mean_mbit"] < 150 for t in transfers), runs
     assert all(t["cpu_s"] > 0 for t in transfers), "every sender's CPU time is reported"
     assert transfers[2]["mean_loss"] is None, "GridFTP reports no loss"
     assert transfers[1]["mean_mbit"] < 2 * 30 * 1.05, "iperf3 paces each stream to its cap"
+    assert transfers[2]["mean_mbit"] < 2 * 20 * 1.05, "so does the preload for GridFTP"
     overlap = [w for w in runs[0]["windows"] if len(w["labels"]) > 1]
     assert overlap and 0.5 <= overlap[0]["jain"] <= 1.0
     mi_log = (out / "mixed-r1" / "T1.mi.jsonl").read_text().splitlines()

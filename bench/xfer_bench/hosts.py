@@ -59,11 +59,11 @@ class Host:
         """The local command line that runs `argv` on this host."""
         return self._ssh(argv) if self.ssh else list(argv)
 
-    def run(self, argv: Sequence[str]) -> str:
-        """Runs a short command on this host and returns its stdout; a failure raises a
-        RuntimeError naming the host."""
+    def run(self, argv: Sequence[str], stdin: str = "") -> str:
+        """Runs a short command on this host with `stdin` as its input and returns its
+        stdout; a failure raises a RuntimeError naming the host."""
         line = self._ssh(argv) if self.ssh else list(argv)
-        out = subprocess.run(line, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        out = subprocess.run(line, capture_output=True, text=True, input=stdin)
         if out.returncode != 0:
             raise RuntimeError(
                 f"{self.name}: `{shlex.join(argv)}` failed (exit {out.returncode}): "
@@ -193,8 +193,12 @@ class HostsNetwork:
         return self.hosts.receiver.command(argv)
 
     def sender_path(self, index: int, name: str) -> str:
-        """Where sender `index` writes a log called `name`."""
+        """A file called `name` in sender `index`'s scratch directory (logs, helpers)."""
         return f"{self.scratch[self.hosts.sender(index)]}/{name}"
+
+    def sender_run(self, index: int, argv: Sequence[str], stdin: str = "") -> str:
+        """Runs a short command on sender `index`'s host and returns its stdout."""
+        return self.hosts.sender(index).run(argv, stdin)
 
     @property
     def gridftp_port_range(self) -> str | None:
@@ -227,8 +231,10 @@ def check(hosts: Hosts, transfers: int, tools: set[str]) -> None:
             f"the hosts file lists {len(hosts.senders)} senders for {transfers} transfers: "
             "give one sender for all, or one per transfer"
         )
-    sender_programs = {"iperf3": "iperf3", "gridftp": "globus-url-copy"}
-    receiver_programs = {"iperf3": "iperf3", "gridftp": "globus-gridftp-server"}
+    # A GridFTP transfer with a per-stream cap builds the pacing library with cc.
+    sender_programs = {"iperf3": "iperf3", "gridftp": "globus-url-copy", "paced-gridftp": "cc"}
+    receiver_programs = {"iperf3": "iperf3", "gridftp": "globus-gridftp-server",
+                         "paced-gridftp": "globus-gridftp-server"}  # fmt: skip
     needs: dict[Host, set[str]] = {}
     for host in hosts.senders:
         needs.setdefault(host, set()).update(

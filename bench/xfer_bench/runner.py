@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
-from xfer_bench import supervise
+from xfer_bench import pacing, supervise
 from xfer_bench.dataplane import (
     XferReceiver,
     optimized_send_command,
@@ -30,7 +30,7 @@ from xfer_bench.dataplane import (
     xfer_receiver,
 )
 from xfer_bench.experiment import Experiment, Transfer, Variant
-from xfer_bench.hosts import Hosts, check, connected
+from xfer_bench.hosts import Host, Hosts, check, connected
 from xfer_bench.metrics import Sample, TransferResult, Window, link_utilisation, windows
 from xfer_bench.wan import RECEIVER_ADDR, Wan, emulated_wan
 from xfer_bench.wan_commands import cpu_busy
@@ -88,7 +88,11 @@ class Network(Protocol):
         ...
 
     def sender_path(self, index: int, name: str) -> str:
-        """Where sender `index` writes a log called `name`."""
+        """A file called `name` in sender `index`'s scratch directory (logs, helpers)."""
+        ...
+
+    def sender_run(self, index: int, argv: Sequence[str], stdin: str = "") -> str:
+        """Runs a short command on sender `index`'s side and returns its stdout."""
         ...
 
     def collect(self, index: int, path: str, local: Path) -> None:
@@ -107,12 +111,12 @@ class Network(Protocol):
 
 @dataclass
 class EmulatedNetwork:
-    """The emulated WAN as a `Network`: logs are written straight into the log directory."""
+    """The emulated WAN as a `Network`: namespaces share this machine's files, so senders
+    and the receiver get directories of one local scratch directory."""
 
     wan: Wan
     xfer_path: Path
-    logs: Path
-    receiver_root: str
+    scratch: Path
     receiver_addr: str = RECEIVER_ADDR
     receiver_is_root: bool = True
     gridftp_port_range: str | None = None
@@ -129,12 +133,22 @@ class EmulatedNetwork:
         """`argv` in the receiver's namespace."""
         return self.wan.receiver_cmd(argv)
 
+    @property
+    def receiver_root(self) -> str:
+        """`recv` in the scratch directory."""
+        return str(self.scratch / "recv")
+
     def sender_path(self, index: int, name: str) -> str:
-        """The log directory itself: namespaces share this machine's files."""
-        return str(self.logs / name)
+        """A file in `send-N` of the scratch directory."""
+        return str(self.scratch / f"send-{index + 1}" / name)
+
+    def sender_run(self, index: int, argv: Sequence[str], stdin: str = "") -> str:
+        """Runs a short command on this machine."""
+        return Host(ssh=None, xfer=str(self.xfer_path)).run(argv, stdin)
 
     def collect(self, index: int, path: str, local: Path) -> None:
-        """Nothing to bring: the log was written in place."""
+        """Copies the file into the log directory."""
+        shutil.copyfile(path, local)
 
     def set_rate(self, rate_mbit: float) -> None:
         """The bottleneck's htb rate."""
@@ -149,8 +163,20 @@ def _mi_log_name(t: Transfer) -> str:
     return f"T{t.index + 1}.mi.jsonl"
 
 
+def _pacing_library(net: Network, index: int) -> str:
+    """Builds the per-stream pacing library on sender `index`'s side; returns its path."""
+    path = net.sender_path(index, pacing.LIBRARY)
+    net.sender_run(index, pacing.build_command(path), pacing.SOURCE.read_text())
+    return path
+
+
 def _command(
-    t: Transfer, exp: Experiment, net: Network, receiver: XferReceiver | None, rate_mbit: float
+    t: Transfer,
+    exp: Experiment,
+    net: Network,
+    receiver: XferReceiver | None,
+    rate_mbit: float,
+    pacing_library: str | None,
 ) -> list[str]:
     seconds = t.stop_s - t.start_s
     # More than the path can carry in the time, so the transfer runs until it is stopped.
@@ -165,8 +191,12 @@ def _command(
     if t.tool == "gridftp":
         # Memory to memory: /dev/zero read for `size` bytes, written to the server's /dev/null.
         url = f"ftp://{net.receiver_addr}:{GRIDFTP_BASE_PORT + t.index}/dev/null"
-        return ["globus-url-copy", "-vb", "-fast", "-p", str(t.streams), "-off", "0",
+        argv = ["globus-url-copy", "-vb", "-fast", "-p", str(t.streams), "-off", "0",
                 "-len", str(size), "file:///dev/zero", url]  # fmt: skip
+        if t.stream_rate_cap_mbit:
+            assert pacing_library is not None
+            argv = pacing.capped(argv, t.stream_rate_cap_mbit, pacing_library)
+        return argv
     assert receiver is not None and t.optimizer is not None
     log = net.sender_path(t.index, _mi_log_name(t))
     cap = t.stream_rate_cap_mbit
@@ -255,7 +285,7 @@ def _samples(t: Transfer, launched: float, logs: Path) -> list[Sample]:
 
 
 @contextmanager
-def _network(exp: Experiment, xfer: Path, hosts: Hosts | None, logs: Path) -> Iterator[Network]:
+def _network(exp: Experiment, xfer: Path, hosts: Hosts | None) -> Iterator[Network]:
     """A fresh emulated path, or the hosts with fresh scratch directories."""
     if hosts is not None:
         with connected(hosts) as net:
@@ -265,7 +295,10 @@ def _network(exp: Experiment, xfer: Path, hosts: Hosts | None, logs: Path) -> It
         tempfile.TemporaryDirectory(prefix="xfer-bench-run-") as root,
         emulated_wan(exp.path, xfer) as wan,
     ):
-        yield EmulatedNetwork(wan, xfer, logs, root)
+        scratch = Path(root)
+        for name in ["recv", *(f"send-{i + 1}" for i in range(exp.path.senders))]:
+            (scratch / name).mkdir()
+        yield EmulatedNetwork(wan, xfer, scratch)
 
 
 def run_variant(
@@ -282,7 +315,7 @@ def run_variant(
     logs.mkdir(parents=True, exist_ok=True)
     rate = hosts.rate_mbit if hosts and hosts.rate_mbit else exp.path.rate_mbit
     results = {t.index: TransferResult(t.label, t.start_s) for t in variant.transfers}
-    with _network(exp, xfer, hosts, logs) as net, ExitStack() as stack:
+    with _network(exp, xfer, hosts) as net, ExitStack() as stack:
         busy = net.busy()
         receiver = None
         if any(t.tool == "xfer" for t in variant.transfers):
@@ -296,8 +329,13 @@ def run_variant(
                 log = (logs / f"T{t.index + 1}.server.log").open("w")
                 proc = supervise.start(net.receiver_cmd(supervise.supervised(argv)), log, log)
                 stack.callback(supervise.stop, proc)
+        libraries = {
+            t.index: _pacing_library(net, t.index)
+            for t in variant.transfers
+            if t.tool == "gridftp" and t.stream_rate_cap_mbit
+        }
         time.sleep(0.3)
-        _timeline(exp, variant, repetition, net, receiver, rate, logs, results)
+        _timeline(exp, variant, repetition, net, receiver, rate, libraries, logs, results)
     transfers = [results[t.index] for t in variant.transfers]
     return RunResult(
         variant=variant.name,
@@ -317,6 +355,7 @@ def _timeline(
     net: Network,
     receiver: XferReceiver | None,
     rate_mbit: float,
+    pacing_libraries: dict[int, str],
     logs: Path,
     results: dict[int, TransferResult],
 ) -> None:
@@ -334,7 +373,8 @@ def _timeline(
             for t in variant.transfers:
                 i = t.index
                 if i not in running and i not in done and t.start_s <= now:
-                    argv = _command(t, exp, net, receiver, rate_mbit)
+                    library = pacing_libraries.get(i)
+                    argv = _command(t, exp, net, receiver, rate_mbit, library)
                     argv = net.sender_cmd(i, supervise.supervised(argv))
                     err = (logs / f"T{i + 1}.stderr").open("w")
                     if t.tool == "gridftp":
@@ -418,6 +458,8 @@ def run(
     if variants and (missing := set(variants) - {v.name for v in chosen}):
         raise ValueError(f"no variants named {sorted(missing)} in {exp.name}")
     tools = {t.tool for v in chosen for t in v.transfers}
+    if any(t.tool == "gridftp" and t.stream_rate_cap_mbit for v in chosen for t in v.transfers):
+        tools.add("paced-gridftp")
     if hosts is not None:
         if exp.rate_schedule or exp.path.rtt_schedule:
             raise ValueError(
@@ -433,11 +475,15 @@ def run(
     else:
         if os.geteuid() != 0:
             raise RuntimeError("the emulated WAN needs root (network namespaces)")
-        needed = {"iperf3": ["iperf3"], "gridftp": ["globus-url-copy", "globus-gridftp-server"]}
+        needed = {
+            "iperf3": ["iperf3"],
+            "gridftp": ["globus-url-copy", "globus-gridftp-server"],
+            "paced-gridftp": ["cc"],
+        }
         if missing := [b for tool in tools for b in needed.get(tool, []) if not shutil.which(b)]:
             raise RuntimeError(
-                f"missing {', '.join(missing)}: install Debian's iperf3, globus-gass-copy-progs "
-                "and globus-gridftp-server-progs (scripts/test does)"
+                f"missing {', '.join(missing)}: install Debian's iperf3, globus-gass-copy-progs, "
+                "globus-gridftp-server-progs and gcc (scripts/test does)"
             )
     return [
         run_variant(exp, v, rep, out, xfer, hosts) for rep in range(exp.repetitions) for v in chosen
