@@ -69,11 +69,23 @@ def test_variants_override_transfers():
         (("rtt_ms = 10", "rtt_ms = 10\nbandwidth = 3"), "unexpected keyword argument"),
         (('optimizer = "gd"\n', ""), "need an optimizer"),
         (("[[transfers]]\nstart_s = 0", "[[transfers]]\nstart = 0"), "unknown keys ['start']"),
+        (('name = "mixed"', 'name = "mixed"\nworkload = "disk"'), "workload 'disk' is not"),
+        (('name = "mixed"', 'name = "mixed"\nworkload = "tree:9xQ"'), "is not mem, file"),
+        (('name = "mixed"', 'name = "mixed"\nworkload = "tree:4x1M"'), "iperf3 cannot move a tree"),
     ],
 )
 def test_mistakes_are_named(change, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         experiment.parse(SMOKE.replace(*change))
+
+
+def test_workloads_parse():
+    assert experiment.Workload.parse("mem") == experiment.Workload()
+    tree = experiment.Workload.parse("tree:1000x4MiB")
+    assert (tree.kind, tree.count, tree.size) == ("tree", 1000, 4 << 20)
+    exp = experiment.parse(SMOKE.replace('name = "mixed"', 'name = "mixed"\nworkload = "file:1M"'))
+    assert exp.variants[0].transfers[0].label == "T1 gd file:1M"
+    assert exp.seed == 0 and experiment.parse("seed = 5\n" + SMOKE).seed == 5
 
 
 def test_metrics():
@@ -117,3 +129,50 @@ def test_an_experiment_runs_end_to_end_with_report_and_plots(tmp_path):
     assert overlap and 0.5 <= overlap[0]["jain"] <= 1.0
     mi_log = (out / "mixed-r1" / "T1.mi.jsonl").read_text().splitlines()
     assert len(mi_log) >= 8 and json.loads(mi_log[0])["controller"] == "gd"
+    assert all(t["completed_s"] is None for t in transfers), "memory to memory never completes"
+
+
+FINITE = """
+name = "finite"
+duration_s = 20
+mi = "500ms"
+seed = 3
+[path]
+rate_mbit = 200
+rtt_ms = 10
+[[transfers]]
+workload = "file:24MiB"
+[[transfers]]
+workload = "tree:60x256KiB"
+[[transfers]]
+workload = "file:24MiB"
+[[transfers]]
+workload = "file:24MiB"
+[[variants]]
+name = "finite"
+optimizer = "bo"
+tool = ["xfer", "xfer", "gridftp", "iperf3"]
+[[variants]]
+name = "typo"
+optimizer = "fixed:0"
+"""
+
+
+@needs_root
+def test_files_and_trees_arrive_and_report_when(tmp_path):
+    source = tmp_path / "finite.toml"
+    source.write_text(FINITE)
+    out = tmp_path / "out"
+    assert run_experiment.main([str(source), "--out", str(out)]) == 0
+    runs = json.loads((out / "runs.json").read_text())
+    transfers = runs[0]["transfers"]
+    assert runs[0]["seed"] == 3
+    # A sender that refuses its arguments is an error in the report, not an empty result.
+    assert all("exited with status 2" in t["error"] for t in runs[1]["transfers"]), runs[1]
+    assert all("fixed:0" in t["error"] for t in runs[1]["transfers"]), runs[1]
+    assert all(t["error"] is None for t in transfers), transfers
+    # 24 MiB at a share of 200 Mbit/s takes a few seconds, well before the 20 s deadline.
+    assert all(
+        t["completed_s"] is not None and 0.5 < t["completed_s"] < 19 for t in transfers
+    ), transfers
+    assert "| done s |" in (out / "report.md").read_text()

@@ -107,6 +107,12 @@ def test_nothing_is_left_after_a_run_that_fails():
         ):
             pass
     assert wan.leftovers("xwt") == []
+    if not wan.netem_available():
+        # Asking for netem where the kernel has none is named, not a tc error.
+        with pytest.raises(ValueError, match="no netem qdisc"):
+            with wan.emulated_wan(wan.WanSpec(rate_mbit=10, rtt_ms=5, delay="netem"), prefix="xwt"):
+                pass
+        assert wan.leftovers("xwt") == []
     lines = subprocess.run(["pgrep", "-af", "delay-line"], capture_output=True, text=True).stdout
     assert "xwt" not in lines, lines
 

@@ -94,7 +94,7 @@ def emulate(
                 log = Path(tmp) / f"mi-{n}.jsonl"
                 size = dataplane.unending_size(spec.rate_mbit, seconds)
                 argv = dataplane.optimized_send_command(
-                    xfer, rx, size, f"fixed:{n}", log, stream_rate_cap_mbit=cap
+                    xfer, rx, ["--mem", str(size)], f"fixed:{n}", log, stream_rate_cap_mbit=cap
                 )
                 proc = subprocess.Popen(topo.sender_cmd(argv))
                 try:

@@ -191,16 +191,19 @@ def unending_size(rate_mbit: float, seconds: float) -> int:
 def optimized_send_command(
     xfer: Path | str,
     rx: XferReceiver,
-    size: int,
+    what: Sequence[str],
     optimizer: str,
     mi_log: Path | str,
     streams: int | None = None,
     stream_rate_cap_mbit: float | None = None,
     mi: str = "1s",
+    seed: int = 0,
 ) -> list[str]:
-    """`xfer send --mem SIZE` under `optimizer`, writing its MI log, quiet otherwise."""
-    argv = [str(xfer), "send", "--mem", str(size), rx.addr, "--key", rx.key]
+    """`xfer send WHAT` (paths, or `--mem SIZE`) under `optimizer` seeded with `seed`,
+    writing its MI log, quiet otherwise."""
+    argv = [str(xfer), "send", *what, rx.addr, "--key", rx.key]
     argv += ["--optimizer", optimizer, "--mi", mi, "--mi-log", str(mi_log), "--quiet"]
+    argv += ["--seed", str(seed)]
     if streams is not None:
         argv += ["--streams", str(streams)]
     if stream_rate_cap_mbit:

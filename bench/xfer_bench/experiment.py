@@ -14,6 +14,10 @@
     streams = 2                 # to start from (xfer with an optimiser) or fixed (the others)
     stream_rate_cap_mbit = 50   # optional: xfer's --stream-rate-cap, iperf3's --fq-rate,
                                 # bench/preload/pace_streams.c for globus-url-copy
+    workload = "mem"            # memory to memory until stopped (default), or data generated
+                                # on the sender before the run: "file:4GiB" (xfer, iperf3 -F,
+                                # globus-url-copy) or "tree:1000x4MiB" (xfer); a finite
+                                # workload ends when it has arrived or at stop_s
     [[variants]]
     name = "gd"
     optimizer = "gd"            # xfer's --optimizer, for every transfer ...
@@ -25,6 +29,8 @@
     name = "iperf3"
     tool = "iperf3"             # xfer (default), iperf3 or gridftp (globus-url-copy -p N against
                                 # Debian's GridFTP server); also a scalar or a list
+    seed = 7                    # top level, optional: xfer's --seed is seed + repetition
+                                # (the controller's random choices); default 0
 """
 
 from __future__ import annotations
@@ -34,10 +40,52 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xfer_bench.dataplane import parse_size
 from xfer_bench.wan import WanSpec
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 TOOLS = ("xfer", "iperf3", "gridftp")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a transfer moves: generated data until stopped (`mem`), one file of `size` bytes,
+    or a tree of `count` files of `size` bytes each."""
+
+    kind: str = "mem"
+    count: int = 0
+    size: int = 0
+    #: As the experiment file wrote it.
+    text: str = field(default="mem", compare=False)
+
+    @staticmethod
+    def parse(text: str) -> Workload:
+        """`mem`, `file:SIZE` or `tree:COUNTxSIZE`; a mistake is a ValueError."""
+        kind, _, rest = text.partition(":")
+        try:
+            if kind == "mem" and not rest:
+                return Workload()
+            if kind == "file":
+                return Workload("file", 1, parse_size(rest), text)
+            if kind == "tree":
+                count, _, size = rest.partition("x")
+                if int(count) > 0:
+                    return Workload("tree", int(count), parse_size(size), text)
+        except ValueError:
+            pass
+        raise ValueError(f"workload {text!r} is not mem, file:SIZE or tree:COUNTxSIZE")
+
+    def __str__(self) -> str:
+        return {
+            "mem": "mem",
+            "file": f"file:{self.size}",
+            "tree": f"tree:{self.count}x{self.size}",
+        }[self.kind]
+
+
+#: The workloads each tool can move.
+TOOL_WORKLOADS = {"xfer": {"mem", "file", "tree"}, "iperf3": {"mem", "file"},
+                  "gridftp": {"mem", "file"}}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -51,16 +99,20 @@ class Transfer:
     streams: int
     optimizer: str | None = None
     stream_rate_cap_mbit: float | None = None
+    workload: Workload = field(default_factory=Workload)
 
     @property
     def label(self) -> str:
-        """How plots and tables name it: `T1 gd`, `T2 iperf3 -P 8`, `T3 gridftp -p 8`."""
+        """How plots and tables name it: `T1 gd`, `T2 iperf3 -P 8`, `T3 gridftp -p 8`, with a
+        finite workload after it (`T1 bo file:4GiB`)."""
         what = {
             "xfer": self.optimizer,
             "iperf3": f"iperf3 -P {self.streams}",
             "gridftp": f"gridftp -p {self.streams}",
         }[self.tool]
-        return f"T{self.index + 1} {what}"
+        return f"T{self.index + 1} {what}" + (
+            f" {self.workload.text}" if self.workload.count else ""
+        )
 
 
 @dataclass(frozen=True)
@@ -80,6 +132,7 @@ class Experiment:
     duration_s: float
     repetitions: int
     mi: str
+    seed: int
     path: WanSpec
     rate_schedule: tuple[tuple[float, float], ...]
     variants: tuple[Variant, ...]
@@ -108,7 +161,17 @@ def parse(text: str, source: Path | None = None) -> Experiment:
         raise ValueError(f"not valid TOML: {e}") from e
     _check_keys(
         data,
-        {"name", "description", "duration_s", "repetitions", "mi", "path", "transfers", "variants"},
+        {
+            "name",
+            "description",
+            "duration_s",
+            "repetitions",
+            "mi",
+            "seed",
+            "path",
+            "transfers",
+            "variants",
+        },
         "experiment",
     )
     for key in ("name", "duration_s", "path", "transfers", "variants"):
@@ -131,13 +194,17 @@ def parse(text: str, source: Path | None = None) -> Experiment:
     count = len(base)
     variants = []
     for v in data["variants"]:
-        _check_keys(v, {"name", "tool", "optimizer", "streams", "start_s", "stop_s"}, "variant")
+        _check_keys(
+            v, {"name", "tool", "optimizer", "streams", "start_s", "stop_s", "workload"}, "variant"
+        )
         if "name" not in v:
             raise ValueError("every variant needs a name")
         transfers = []
         for i, t in enumerate(base):
             _check_keys(
-                t, {"start_s", "stop_s", "streams", "stream_rate_cap_mbit"}, f"transfer {i + 1}"
+                t,
+                {"start_s", "stop_s", "streams", "stream_rate_cap_mbit", "workload"},
+                f"transfer {i + 1}",
             )
             tool = _pick(v.get("tool", "xfer"), i, count, "tool")
             if tool not in TOOLS:
@@ -146,6 +213,13 @@ def parse(text: str, source: Path | None = None) -> Experiment:
             stop = float(_pick(v.get("stop_s", t.get("stop_s", duration)), i, count, "stop_s"))
             if not 0 <= start < stop <= duration:
                 raise ValueError(f"transfer {i + 1}: need 0 <= start_s < stop_s <= duration_s")
+            workload = Workload.parse(
+                str(_pick(v.get("workload", t.get("workload", "mem")), i, count, "workload"))
+            )
+            if workload.kind not in TOOL_WORKLOADS[tool]:
+                raise ValueError(
+                    f"variant {v['name']}: {tool} cannot move a {workload.kind} workload"
+                )
             optimizer = _pick(v.get("optimizer"), i, count, "optimizer")
             if tool == "xfer" and optimizer is None:
                 raise ValueError(f"variant {v['name']}: xfer transfers need an optimizer")
@@ -158,6 +232,7 @@ def parse(text: str, source: Path | None = None) -> Experiment:
                     streams=int(_pick(v.get("streams", t.get("streams", 4)), i, count, "streams")),
                     optimizer=optimizer if tool == "xfer" else None,
                     stream_rate_cap_mbit=t.get("stream_rate_cap_mbit"),
+                    workload=workload,
                 )
             )
         variants.append(Variant(str(v["name"]), tuple(transfers)))
@@ -169,6 +244,7 @@ def parse(text: str, source: Path | None = None) -> Experiment:
         duration_s=duration,
         repetitions=int(data.get("repetitions", 1)),
         mi=str(data.get("mi", "1s")),
+        seed=int(data.get("seed", 0)),
         path=spec,
         rate_schedule=schedule,
         variants=tuple(variants),

@@ -32,6 +32,9 @@ class TransferResult:
     samples: list[Sample] = field(default_factory=list)
     #: CPU seconds of the sending process (None when not measured).
     cpu_s: float | None = None
+    #: Seconds from its start until a finite workload (a file, a tree) had arrived; None when
+    #: it was stopped first or ran memory to memory.
+    completed_s: float | None = None
     error: str | None = None
 
     def mean_mbit(self) -> float:

@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from xfer_bench.experiment import Experiment  # noqa: E402
+from xfer_bench.hosts import Hosts  # noqa: E402
 from xfer_bench.metrics import per_second_totals  # noqa: E402
 from xfer_bench.runner import RunResult  # noqa: E402
 
@@ -69,9 +70,28 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def write(exp: Experiment, runs: Sequence[RunResult], out: Path, command: str) -> Path:
+def _path(exp: Experiment, hosts: Hosts | None) -> tuple[float, str]:
+    """The bottleneck rate and a sentence describing the path."""
+    if hosts is None:
+        rate = exp.path.rate_mbit
+        return rate, (
+            f"Emulated path: {rate:g} Mbit/s bottleneck, {exp.path.rtt_ms:g} ms RTT, buffer "
+            f"{exp.path.buffer_bytes()} bytes, random loss {exp.path.loss:g}; capacity schedule "
+            f"{list(exp.rate_schedule) or '-'}, RTT schedule {list(exp.path.rtt_schedule) or '-'}."
+        )
+    rate = hosts.rate_mbit or exp.path.rate_mbit
+    senders = ", ".join(h.name for h in hosts.senders)
+    return rate, (
+        f"Real hosts: receiver {hosts.receiver.name} ({hosts.receiver_addr}), senders "
+        f"{senders}; bottleneck taken as {rate:g} Mbit/s."
+    )
+
+
+def write(
+    exp: Experiment, runs: Sequence[RunResult], out: Path, command: str, hosts: Hosts | None = None
+) -> Path:
     """Writes report.md, the plots and runs.json under `out`; returns the report's path."""
-    rate = exp.path.rate_mbit
+    rate, path = _path(exp, hosts)
     lines = [
         f"# {exp.name}",
         "",
@@ -79,40 +99,42 @@ def write(exp: Experiment, runs: Sequence[RunResult], out: Path, command: str) -
         "",
         f"Reproduce: `{command}`",
         "",
-        f"Path: {rate:g} Mbit/s bottleneck, {exp.path.rtt_ms:g} ms RTT, buffer "
-        f"{exp.path.buffer_bytes()} bytes, random loss {exp.path.loss:g}, "
-        f"{exp.duration_s:g} s, MI {exp.mi}; capacity schedule {list(exp.rate_schedule) or '-'}.",
+        path,
+        f"Each run {exp.duration_s:g} s, MI {exp.mi}, xfer's --seed {exp.seed} + repetition - 1.",
         "",
     ]
     if busy := [r for r in runs if r.busy_before > 0.10]:
         lines += [
-            f"**Warning:** the host was busy before {len(busy)} run(s) "
+            f"**Warning:** a host was busy before {len(busy)} run(s) "
             f"(up to {max(r.busy_before for r in busy):.0%} of the CPUs): figures may be low.",
             "",
         ]
     lines += [
         "## Transfers",
         "",
-        "| variant | rep | transfer | mean Mbit/s | mean loss | t95 s | CPU s | link use |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
+        "| variant | rep | transfer | mean Mbit/s | mean loss | t95 s | done s | CPU s "
+        "| link use |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
         for t in r.transfers:
             if t.error:
+                error = " ".join(t.error.replace("|", "/").split())
                 lines.append(f"| {r.variant} | {r.repetition + 1} | {t.label} | error: "
-                             f"{t.error.replace('|', '/')} | | | | |")  # fmt: skip
+                             f"{error} | | | | | |")  # fmt: skip
                 continue
             lines.append(
                 f"| {r.variant} | {r.repetition + 1} | {t.label} | {t.mean_mbit():.0f} | "
                 f"{_fmt(t.mean_loss(), '.5f')} | {_fmt(t.time_to_95(), '.0f')} | "
-                f"{_fmt(t.cpu_s, '.1f')} | {r.utilisation:.2f} |"
+                f"{_fmt(t.completed_s, '.1f')} | {_fmt(t.cpu_s, '.1f')} | {r.utilisation:.2f} |"
             )
     lines += [
         "",
         "t95: seconds from a transfer's start until its utility first reached 95 % of the best "
         "it sustained over 5 intervals in that run. Link use: summed throughput over the rate, "
-        "averaged over the seconds in which anything was sent. GridFTP reports no loss, and its "
-        "progress only every few seconds.",
+        "averaged over the seconds in which anything was sent. Done: seconds until a file or "
+        "tree workload had arrived. GridFTP reports no loss, and its progress only every few "
+        "seconds.",
         "",
     ]
     overlaps = [(r, w) for r in runs for w in r.windows if len(w.labels) > 1]
@@ -146,6 +168,7 @@ def write(exp: Experiment, runs: Sequence[RunResult], out: Path, command: str) -
             "repetition": r.repetition + 1,
             "utilisation": r.utilisation,
             "busy_before": r.busy_before,
+            "seed": exp.seed + r.repetition,
             "logs": str(r.log_dir),
             "transfers": [
                 {
@@ -154,6 +177,7 @@ def write(exp: Experiment, runs: Sequence[RunResult], out: Path, command: str) -
                     "mean_loss": t.mean_loss(),
                     "time_to_95": t.time_to_95(),
                     "cpu_s": t.cpu_s,
+                    "completed_s": t.completed_s,
                     "error": t.error,
                 }
                 for t in r.transfers

@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"xfer-bench-run: {e}", file=sys.stderr)
         return 1
     command = "xfer-bench-run " + shlex.join(sys.argv[1:] if argv is None else list(argv))
-    path = report.write(exp, runs, out, command)
+    path = report.write(exp, runs, out, command, machines)
     print(path.read_text())
     print(f"report: {path}")
     return 0

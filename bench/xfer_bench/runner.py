@@ -170,39 +170,75 @@ def _pacing_library(net: Network, index: int) -> str:
     return path
 
 
-def _command(
-    t: Transfer,
-    exp: Experiment,
-    net: Network,
-    receiver: XferReceiver | None,
-    rate_mbit: float,
-    pacing_library: str | None,
-) -> list[str]:
+#: Shell scripts that generate a finite workload on a sender: "$1" path, "$2" bytes per file,
+#: "$3" files (split makes exactly that many files of that size out of one random stream).
+_GENERATE = {
+    "file": 'head -c "$2" /dev/urandom > "$1"',
+    "tree": 'mkdir "$1" && cd "$1" && head -c "$(($2 * $3))" /dev/urandom | split -a 6 -b "$2" - f',
+}
+
+
+def _generate(net: Network, t: Transfer) -> str:
+    """Generates transfer `t`'s file or tree of random data on its sender; returns its path."""
+    w = t.workload
+    path = net.sender_path(t.index, f"T{t.index + 1}-{w.kind}")
+    net.sender_run(t.index, ["sh", "-c", _GENERATE[w.kind], "sh", path, str(w.size), str(w.count)])
+    return path
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What a run prepared before its clock started."""
+
+    net: Network
+    receiver: XferReceiver | None
+    #: The bottleneck's rate in Mbit/s (sizes memory-to-memory transfers, link use).
+    rate_mbit: float
+    #: xfer's --seed for this repetition.
+    seed: int
+    #: Generated data of each transfer with a finite workload, by transfer index.
+    sources: dict[int, str]
+    #: The pacing library of each capped GridFTP transfer, by transfer index.
+    pacing_libraries: dict[int, str]
+
+
+def _command(t: Transfer, exp: Experiment, setup: _Setup) -> list[str]:
+    net = setup.net
     seconds = t.stop_s - t.start_s
+    source = setup.sources.get(t.index)
     # More than the path can carry in the time, so the transfer runs until it is stopped.
-    size = unending_size(rate_mbit, seconds)
+    size = unending_size(setup.rate_mbit, seconds)
     if t.tool == "iperf3":
         port = IPERF3_BASE_PORT + t.index
         argv = ["iperf3", "-c", net.receiver_addr, "-p", str(port), "-P", str(t.streams)]
         if t.stream_rate_cap_mbit:
             # SO_MAX_PACING_RATE per stream, as xfer's --stream-rate-cap sets it.
             argv += ["--fq-rate", f"{t.stream_rate_cap_mbit:g}M"]
-        return argv + ["-t", f"{seconds:g}", "-i", "1", "-J"]
+        # A file is sent once (iperf3 -F ends at its end); memory to memory for the time.
+        argv += ["-F", source] if source else ["-t", f"{seconds:g}"]
+        return argv + ["-i", "1", "-J"]
     if t.tool == "gridftp":
-        # Memory to memory: /dev/zero read for `size` bytes, written to the server's /dev/null.
-        url = f"ftp://{net.receiver_addr}:{GRIDFTP_BASE_PORT + t.index}/dev/null"
-        argv = ["globus-url-copy", "-vb", "-fast", "-p", str(t.streams), "-off", "0",
-                "-len", str(size), "file:///dev/zero", url]  # fmt: skip
+        port = GRIDFTP_BASE_PORT + t.index
+        if source:
+            name = Path(source).name
+            what = [
+                f"file://{source}",
+                f"ftp://{net.receiver_addr}:{port}{net.receiver_root}/{name}",
+            ]
+        else:
+            # /dev/zero read for `size` bytes, written to the server's /dev/null.
+            what = ["-off", "0", "-len", str(size), "file:///dev/zero",
+                    f"ftp://{net.receiver_addr}:{port}/dev/null"]  # fmt: skip
+        argv = ["globus-url-copy", "-vb", "-fast", "-p", str(t.streams), *what]
         if t.stream_rate_cap_mbit:
-            assert pacing_library is not None
-            argv = pacing.capped(argv, t.stream_rate_cap_mbit, pacing_library)
+            argv = pacing.capped(argv, t.stream_rate_cap_mbit, setup.pacing_libraries[t.index])
         return argv
-    assert receiver is not None and t.optimizer is not None
+    assert setup.receiver is not None and t.optimizer is not None
     log = net.sender_path(t.index, _mi_log_name(t))
-    cap = t.stream_rate_cap_mbit
     return optimized_send_command(
-        net.xfer(t.index), receiver, size, t.optimizer, log, t.streams, cap, exp.mi
-    )
+        net.xfer(t.index), setup.receiver, [source] if source else ["--mem", str(size)],
+        t.optimizer, log, t.streams, t.stream_rate_cap_mbit, exp.mi, setup.seed,
+    )  # fmt: skip
 
 
 def _server_command(t: Transfer, net: Network) -> list[str] | None:
@@ -329,13 +365,20 @@ def run_variant(
                 log = (logs / f"T{t.index + 1}.server.log").open("w")
                 proc = supervise.start(net.receiver_cmd(supervise.supervised(argv)), log, log)
                 stack.callback(supervise.stop, proc)
-        libraries = {
-            t.index: _pacing_library(net, t.index)
-            for t in variant.transfers
-            if t.tool == "gridftp" and t.stream_rate_cap_mbit
-        }
+        setup = _Setup(
+            net=net,
+            receiver=receiver,
+            rate_mbit=rate,
+            seed=exp.seed + repetition,
+            sources={t.index: _generate(net, t) for t in variant.transfers if t.workload.count},
+            pacing_libraries={
+                t.index: _pacing_library(net, t.index)
+                for t in variant.transfers
+                if t.tool == "gridftp" and t.stream_rate_cap_mbit
+            },
+        )
         time.sleep(0.3)
-        _timeline(exp, variant, repetition, net, receiver, rate, libraries, logs, results)
+        _timeline(exp, variant, repetition, setup, logs, results)
     transfers = [results[t.index] for t in variant.transfers]
     return RunResult(
         variant=variant.name,
@@ -352,10 +395,7 @@ def _timeline(
     exp: Experiment,
     variant: Variant,
     repetition: int,
-    net: Network,
-    receiver: XferReceiver | None,
-    rate_mbit: float,
-    pacing_libraries: dict[int, str],
+    setup: _Setup,
     logs: Path,
     results: dict[int, TransferResult],
 ) -> None:
@@ -369,13 +409,11 @@ def _timeline(
         while True:
             now = time.monotonic() - start
             while rates and rates[0][0] <= now:
-                net.set_rate(rates.pop(0)[1])
+                setup.net.set_rate(rates.pop(0)[1])
             for t in variant.transfers:
                 i = t.index
                 if i not in running and i not in done and t.start_s <= now:
-                    library = pacing_libraries.get(i)
-                    argv = _command(t, exp, net, receiver, rate_mbit, library)
-                    argv = net.sender_cmd(i, supervise.supervised(argv))
+                    argv = setup.net.sender_cmd(i, supervise.supervised(_command(t, exp, setup)))
                     err = (logs / f"T{i + 1}.stderr").open("w")
                     if t.tool == "gridftp":
                         proc = supervise.start(argv, subprocess.PIPE, err)
@@ -394,7 +432,7 @@ def _timeline(
                     # iperf3 stops by itself after -t; give it a moment to print its report.
                     grace = 3.0 if t.tool == "iperf3" else 0.0
                     if proc.poll() is not None or now >= t.stop_s + grace:
-                        _finish(t, proc, launched, net, logs, results[i])
+                        _finish(t, proc, launched, now, setup.net, logs, results[i])
                         del running[i]
                         done.add(i)
             if len(done) == len(variant.transfers) or now > exp.duration_s + 5:
@@ -404,8 +442,9 @@ def _timeline(
                 next_progress += 1.0 if sys.stderr.isatty() else 10.0
             time.sleep(0.2)
     finally:
+        now = time.monotonic() - start
         for i, (proc, launched) in running.items():
-            _finish(variant.transfers[i], proc, launched, net, logs, results[i])
+            _finish(variant.transfers[i], proc, launched, now, setup.net, logs, results[i])
         if sys.stderr.isatty():
             print(file=sys.stderr)
 
@@ -427,13 +466,21 @@ def _finish(
     t: Transfer,
     proc: subprocess.Popen[bytes],
     launched: float,
+    now: float,
     net: Network,
     logs: Path,
     result: TransferResult,
 ) -> None:
-    """Stops a transfer (if still running), then records its CPU time and reads its samples."""
+    """Stops a transfer (if still running) that started `launched` seconds into the run, at
+    `now`, then records how it ended, its CPU time and its samples."""
+    ended = proc.poll() is not None
     supervise.stop(proc)
     stderr = logs / f"T{t.index + 1}.stderr"
+    problems = []
+    if ended and proc.returncode != 0:
+        problems.append(f"exited with status {proc.returncode}")
+    elif ended and t.workload.count:
+        result.completed_s = now - launched
     try:
         result.cpu_s = supervise.cpu_seconds(stderr)
         if t.tool == "xfer":
@@ -441,8 +488,10 @@ def _finish(
             net.collect(t.index, net.sender_path(t.index, name), logs / name)
         result.samples = _samples(t, launched, logs)
     except (OSError, ValueError, RuntimeError, KeyError) as e:
-        err = stderr.read_text().strip()
-        result.error = f"{e}; {err[-300:]}" if err else str(e)
+        problems.append(str(e))
+    if problems:
+        err = stderr.read_text().split(supervise.CPU_MARKER)[0].strip()
+        result.error = "; ".join(problems) + (f"; {err[-300:]}" if err else "")
 
 
 def run(

@@ -222,6 +222,8 @@ def emulated_wan(spec: WanSpec, xfer: Path = DEFAULT_XFER, prefix: str = "xw") -
     mode = spec.delay
     if mode == "auto":
         mode = "netem" if netem_available() else "delay-line"
+    elif mode == "netem" and not netem_available():
+        raise ValueError("this kernel has no netem qdisc: use delay = 'delay-line' or 'auto'")
     if spec.rtt_schedule and mode != "delay-line":
         raise ValueError("an RTT schedule needs the delay line (delay = 'delay-line')")
     made: list[str] = []

@@ -74,7 +74,8 @@ pub struct SimArgs {
     /// Simulated time.
     #[arg(long, default_value = "200s", value_parser = parse_positive_time)]
     pub duration: Duration,
-    /// Seed of the simulated measurement noise (the first, with --seeds).
+    /// Seed of the simulated measurement noise and of the controller's random choices (the
+    /// first, with --seeds).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Runs per scenario and controller, with consecutive seeds. More than one run in all
@@ -180,6 +181,10 @@ pub struct SendArgs {
     /// controller's decision and how long it took.
     #[arg(long, value_name = "FILE")]
     pub mi_log: Option<PathBuf>,
+    /// Seed of the controller's random choices (bo's first stream counts): runs with one seed
+    /// try the same counts first.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
     #[command(flatten)]
     pub tuning: TuningArgs,
     /// Send SIZE bytes of generated data to a discarding sink (memory-to-memory benchmark).

@@ -147,7 +147,11 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     let (log_tx, log_rx) = mpsc::channel();
     if let Some(spec) = controller {
         let log = mi_log.is_some().then_some(log_tx);
-        let controller = spec.build(args.tuning.max_streams as usize, settings.utility);
+        let controller = spec.build(
+            args.tuning.max_streams as usize,
+            settings.utility,
+            args.seed,
+        );
         transfer.optimize(controller, settings, log)?;
     }
     let bar = progress_bar(&args, &transfer.progress());

@@ -76,10 +76,15 @@ impl fmt::Display for ControllerSpec {
 }
 
 impl ControllerSpec {
-    /// Builds the controller; it never asks for more than `max_streams`. The controllers that
-    /// judge counts by their utility judge a raised count only once its streams ramped up
-    /// ([`Settling`]).
-    pub fn build(self, max_streams: usize, utility: UtilityParams) -> Box<dyn Controller> {
+    /// Builds the controller; it never asks for more than `max_streams`, and `seed` seeds its
+    /// random choices (`bo`'s first counts). The controllers that judge counts by their
+    /// utility judge a raised count only once its streams ramped up ([`Settling`]).
+    pub fn build(
+        self,
+        max_streams: usize,
+        utility: UtilityParams,
+        seed: u64,
+    ) -> Box<dyn Controller> {
         match self {
             ControllerSpec::Fixed(n) => Box::new(Fixed(n.min(max_streams))),
             ControllerSpec::Gd => Box::new(Settling::new(GradientDescent::new(GdParams {
@@ -89,6 +94,7 @@ impl ControllerSpec {
             ControllerSpec::Bo => Box::new(Settling::new(BayesianOptimizer::new(BoParams {
                 max_streams,
                 utility,
+                seed,
                 ..BoParams::default()
             }))),
         }
@@ -113,7 +119,7 @@ mod tests {
     fn fixed_is_capped_by_the_maximum() {
         assert_eq!(
             ControllerSpec::Fixed(300)
-                .build(64, UtilityParams::default())
+                .build(64, UtilityParams::default(), 0)
                 .name(),
             "fixed:64"
         );

@@ -49,7 +49,7 @@ fn fig2_throughput_saturates_at_20_streams_where_utility_peaks() {
 fn runs_are_deterministic_per_seed() {
     let config = RunConfig::default();
     let trace = |seed| {
-        let mut gd = ControllerSpec::Gd.build(64, UtilityParams::default());
+        let mut gd = ControllerSpec::Gd.build(64, UtilityParams::default(), 0);
         let (rows, _) = run(
             &shipped("cloudlab-1g"),
             gd.as_mut(),
@@ -85,7 +85,7 @@ fn fixed_count_reports_its_throughput() {
 /// the best count, looking from interval `from`, by interval `by`.
 fn assert_settles(spec: ControllerSpec, scenario: &str, from: usize, by: usize) {
     for seed in 1..=5 {
-        let mut controller = spec.build(64, UtilityParams::default());
+        let mut controller = spec.build(64, UtilityParams::default(), 0);
         let config = RunConfig {
             seed,
             ..RunConfig::default()
