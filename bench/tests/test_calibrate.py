@@ -1,6 +1,12 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 
-from xfer_bench import calibrate
+from xfer_bench import calibrate, wan
 
 
 def test_scenarios_map_to_emulated_paths():
@@ -24,3 +30,24 @@ def test_the_simulator_side_of_the_sweep():
     xfer = calibrate.DEFAULT_XFER
     assert xfer.exists(), "build xfer first (scripts/test runs cargo test --release before pytest)"
     assert calibrate.simulate(xfer, "paper-fig2", 10, 10, 3) == pytest.approx(500, rel=0.05)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_a_stopped_calibration_leaves_nothing():
+    cmd = [sys.executable, "-m", "xfer_bench.calibrate", "--scenarios", "paper-fig2",
+           "--streams", "2", "--seconds", "60", "--repetitions", "1"]  # fmt: skip
+    run = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while not _senders_running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _senders_running(), "the sweep never started"
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=20) == 143
+    assert wan.leftovers() == []
+    assert "delay-line" not in subprocess.run(["pgrep", "-af", "xfer"], capture_output=True,
+                                              text=True).stdout  # fmt: skip
+
+
+def _senders_running() -> bool:
+    out = subprocess.run(["pgrep", "-f", "xfer send --mem"], capture_output=True, text=True)
+    return bool(out.stdout.strip())

@@ -106,12 +106,18 @@ def test_metrics():
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
 
-@needs_root
-def test_an_experiment_runs_end_to_end_with_report_and_plots(tmp_path):
-    source = tmp_path / "smoke.toml"
-    source.write_text(SMOKE)
+def _run(tmp_path, text: str):
+    """Runs an experiment file's text through the command; returns the results directory."""
+    source = tmp_path / "experiment.toml"
+    source.write_text(text)
     out = tmp_path / "out"
     assert run_experiment.main([str(source), "--out", str(out)]) == 0
+    return out
+
+
+@needs_root
+def test_an_experiment_runs_end_to_end_with_report_and_plots(tmp_path):
+    out = _run(tmp_path, SMOKE)
     report = (out / "report.md").read_text()
     for label in ("T1 gd", "T2 iperf3 -P 2", "T3 gridftp -p 2"):
         assert f"| mixed | 1 | {label} |" in report, report
@@ -160,10 +166,7 @@ optimizer = "fixed:0"
 
 @needs_root
 def test_files_and_trees_arrive_and_report_when(tmp_path):
-    source = tmp_path / "finite.toml"
-    source.write_text(FINITE)
-    out = tmp_path / "out"
-    assert run_experiment.main([str(source), "--out", str(out)]) == 0
+    out = _run(tmp_path, FINITE)
     runs = json.loads((out / "runs.json").read_text())
     transfers = runs[0]["transfers"]
     assert runs[0]["seed"] == 3

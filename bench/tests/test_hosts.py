@@ -59,6 +59,10 @@ def test_hosts_file_mistakes_are_named():
         ("[[senders]]\nssh = 'x'\n", "missing \\[receiver\\]"),
         (good.replace('addr = "10.0.0.2"\n', ""), "missing addr"),
         (good.replace('ssh = "a@b"', 'host = "a@b"'), "unknown keys \\['host'\\]"),
+        (
+            good.replace('ssh = "a@b"', 'ssh = "a@b"\nport = 9'),
+            "sender 1: unknown keys \\['port'\\]",
+        ),
         (good + "[extra]\n", "unknown keys \\['extra'\\]"),
         ('[receiver]\nssh = "local"\naddr = "x"\n', "at least one"),
     ]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xfer_bench import dataplane
+from xfer_bench.netns import tear_down_on_signals
 from xfer_bench.wan import DEFAULT_XFER, WanSpec, emulated_wan
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "crates" / "optimizer" / "scenarios"
@@ -119,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.xfer.exists():
         p.error(f"{args.xfer} does not exist: build it with cargo build --release")
+    tear_down_on_signals()
     counts = [int(n) for n in args.streams.split(",")]
     rows: list[tuple[str, Point]] = []
     for name in args.scenarios.split(","):

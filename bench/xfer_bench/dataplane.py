@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Protocol
 
 from xfer_bench import supervise
-from xfer_bench.netns import LOOPBACK, Topology, tmpfs, veth_pair
+from xfer_bench.netns import LOOPBACK, Topology, tear_down_on_signals, tmpfs, veth_pair
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_XFER = REPO / "target" / "release" / "xfer"
@@ -367,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         p.error("needs root (tmpfs mounts and network namespaces)")
+    tear_down_on_signals()
     if not args.xfer.exists():
         p.error(f"{args.xfer} does not exist: build it with cargo build --release")
     streams = [int(s) for s in args.streams.split(",")]

@@ -62,8 +62,7 @@ class Host:
     def run(self, argv: Sequence[str], stdin: str = "") -> str:
         """Runs a short command on this host with `stdin` as its input and returns its
         stdout; a failure raises a RuntimeError naming the host."""
-        line = self._ssh(argv) if self.ssh else list(argv)
-        out = subprocess.run(line, capture_output=True, text=True, input=stdin)
+        out = subprocess.run(self.command(argv), capture_output=True, text=True, input=stdin)
         if out.returncode != 0:
             raise RuntimeError(
                 f"{self.name}: `{shlex.join(argv)}` failed (exit {out.returncode}): "
@@ -120,9 +119,13 @@ class Hosts:
         return self.senders[index] if len(self.senders) > 1 else self.senders[0]
 
 
-def _host(table: dict, options: tuple[str, ...], where: str) -> Host:
-    if unknown := sorted(set(table) - {"ssh", "xfer", "addr", "port", "gridftp_port_range"}):
-        raise ValueError(f"{where}: unknown keys {unknown}")
+SENDER_KEYS = {"ssh", "xfer"}
+RECEIVER_KEYS = SENDER_KEYS | {"addr", "port", "gridftp_port_range"}
+
+
+def _host(table: dict, options: tuple[str, ...], allowed: set[str], where: str) -> Host:
+    if unknown := sorted(set(table) - allowed):
+        raise ValueError(f"{where}: unknown keys {unknown}; allowed: {sorted(allowed)}")
     if "ssh" not in table:
         raise ValueError(f'{where}: missing "ssh" (a destination, or "local")')
     ssh = str(table["ssh"])
@@ -149,11 +152,13 @@ def parse(text: str) -> Hosts:
         raise ValueError("hosts: at least one [[senders]]")
     rate = data.get("path", {}).get("rate_mbit")
     return Hosts(
-        receiver=_host(receiver, options, "receiver"),
+        receiver=_host(receiver, options, RECEIVER_KEYS, "receiver"),
         receiver_addr=str(receiver["addr"]),
         receiver_port=int(receiver.get("port", 0)),
         gridftp_port_range=receiver.get("gridftp_port_range"),
-        senders=tuple(_host(s, options, f"sender {i + 1}") for i, s in enumerate(senders)),
+        senders=tuple(
+            _host(s, options, SENDER_KEYS, f"sender {i + 1}") for i, s in enumerate(senders)
+        ),
         rate_mbit=float(rate) if rate is not None else None,
     )
 

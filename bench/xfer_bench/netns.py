@@ -7,7 +7,9 @@ private addresses inside the namespaces, and are deleted when the context exits,
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,6 +67,14 @@ def veth_pair(prefix: str = "xb") -> Iterator[Topology]:
     finally:
         for ns in made:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def tear_down_on_signals() -> None:
+    """Makes SIGTERM unwind the stack like Ctrl-C does, and Ctrl-C work even where a shell
+    started the command in the background (which leaves SIGINT ignored), so that a stopped
+    command still removes every namespace, mount and process it made."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def namespaces() -> list[str]:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from xfer_bench import experiment, hosts, report, runner
+from xfer_bench.netns import tear_down_on_signals
 from xfer_bench.wan import DEFAULT_XFER
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -47,10 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"{args.xfer} does not exist: build it with cargo build --release")
     out = args.out or RESULTS / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-    # SIGTERM tears the path down like Ctrl-C does; so does SIGINT when a shell started the
-    # run in the background, which would otherwise leave SIGINT ignored.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    tear_down_on_signals()
     variants = args.variants.split(",") if args.variants else None
     try:
         runs = runner.run(exp, out, args.xfer, variants, machines)

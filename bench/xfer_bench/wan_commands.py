@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from xfer_bench import dataplane
+from xfer_bench.netns import tear_down_on_signals
 from xfer_bench.wan import DEFAULT_XFER, WanSpec, emulated_wan
 
 CLOCK_TICKS = 100
@@ -138,8 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.xfer.exists():
         p.error(f"{args.xfer} does not exist: build it with cargo build --release")
-    # SIGTERM tears the path down like Ctrl-C does.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    tear_down_on_signals()
     return up(args) if args.command == "up" else ceiling(args)
 
 
