@@ -27,6 +27,7 @@ from pathlib import Path
 from xfer_bench import dataplane
 from xfer_bench.netns import tear_down_on_signals
 from xfer_bench.wan import DEFAULT_XFER, WanSpec, emulated_wan
+from xfer_bench.wan_commands import cpu_busy
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "crates" / "optimizer" / "scenarios"
 #: Bytes of TCP (with timestamps), IP and Ethernet headers on every full segment.
@@ -123,12 +124,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     tear_down_on_signals()
     counts = [int(n) for n in args.streams.split(",")]
     rows: list[tuple[str, Point]] = []
+    busy = 0.0
     for name in args.scenarios.split(","):
         try:
             spec, cap = scenario_path(name)
         except (OSError, ValueError, KeyError) as e:
             p.error(f"scenario {name}: {e}")
         print(f"{name}: {spec}", file=sys.stderr)
+        busy = max(busy, cpu_busy(0.5))
         emulated = emulate(
             args.xfer, spec, cap, counts, args.seconds, args.settle, args.repetitions
         )
@@ -137,6 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append((name, Point(n, e, s)))
     command = "xfer-bench-calibrate " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     print(f"\nreproduce: {command}\n")
+    if busy > 0.10:
+        print(f"**Warning:** the host was busy before a sweep ({busy:.0%} of the CPUs): the "
+              "emulated figures may be low.\n")  # fmt: skip
     print("| scenario | streams | emulated Mbit/s | simulated Mbit/s | gap |")
     print("|---|---:|---:|---:|---:|")
     for name, pt in rows:

@@ -476,22 +476,23 @@ def _finish(
     ended = proc.poll() is not None
     supervise.stop(proc)
     stderr = logs / f"T{t.index + 1}.stderr"
-    problems = []
+    result.cpu_s = supervise.cpu_seconds(stderr)
+    problem = None
     if ended and proc.returncode != 0:
-        problems.append(f"exited with status {proc.returncode}")
-    elif ended and t.workload.count:
-        result.completed_s = now - launched
-    try:
-        result.cpu_s = supervise.cpu_seconds(stderr)
-        if t.tool == "xfer":
-            name = _mi_log_name(t)
-            net.collect(t.index, net.sender_path(t.index, name), logs / name)
-        result.samples = _samples(t, launched, logs)
-    except (OSError, ValueError, RuntimeError, KeyError) as e:
-        problems.append(str(e))
-    if problems:
+        problem = f"exited with status {proc.returncode}"
+    else:
+        if ended and t.workload.count:
+            result.completed_s = now - launched
+        try:
+            if t.tool == "xfer":
+                name = _mi_log_name(t)
+                net.collect(t.index, net.sender_path(t.index, name), logs / name)
+            result.samples = _samples(t, launched, logs)
+        except (OSError, ValueError, RuntimeError, KeyError) as e:
+            problem = str(e)
+    if problem:
         err = stderr.read_text().split(supervise.CPU_MARKER)[0].strip()
-        result.error = "; ".join(problems) + (f"; {err[-300:]}" if err else "")
+        result.error = f"{problem}; {err[-300:]}" if err else problem
 
 
 def run(
