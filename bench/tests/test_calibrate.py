@@ -29,7 +29,11 @@ def test_steady_mean_leaves_out_the_start():
 def test_the_simulator_side_of_the_sweep():
     xfer = calibrate.DEFAULT_XFER
     assert xfer.exists(), "build xfer first (scripts/test runs cargo test --release before pytest)"
-    assert calibrate.simulate(xfer, "paper-fig2", 10, 10, 3) == pytest.approx(500, rel=0.05)
+    mbit, loss = calibrate.simulate(xfer, "paper-fig2", 10, 10, 3)
+    assert mbit == pytest.approx(500, rel=0.05) and loss < 1e-4
+    # One stream at 280 Mbit/s and 1e-5 loss loses a segment every 4 s: 10 take 41 s.
+    assert calibrate.seconds_for_losses(280, 1e-5, 1) == pytest.approx(41.4, rel=0.01)
+    assert calibrate.seconds_for_losses(500, 0.0, 10) == 0
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")

@@ -73,13 +73,29 @@ def steady_mean(records: Sequence[dict], settle: float) -> float:
     return sum(kept) / len(kept) / 1e6 if kept else 0.0
 
 
-def simulate(xfer: Path, name: str, streams: int, seconds: float, settle: float) -> float:
-    """`xfer sim` with a fixed count: steady mean throughput in Mbit/s."""
+def simulate(
+    xfer: Path, name: str, streams: int, seconds: float, settle: float
+) -> tuple[float, float]:
+    """`xfer sim` with a fixed count: steady mean throughput in Mbit/s and loss rate."""
     argv = [str(xfer), "sim", "--scenario", name, "--optimizer", f"fixed:{streams}"]
     argv += ["--duration", f"{seconds:g}s", "--json"]
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     records = [json.loads(line) for line in out.splitlines()]
-    return steady_mean([r for r in records if r["type"] == "mi"], settle)
+    kept = [r for r in records if r["type"] == "mi"]
+    steady = [r["loss"] for r in kept if r["time"] > settle]
+    return steady_mean(kept, settle), sum(steady) / len(steady) if steady else 0.0
+
+
+#: Fewest losses each stream should see while measured: CUBIC's mean over fewer loss cycles
+#: varies too much from run to run (at 20 ms and 1e-5 loss, 8 s runs gave twice the mean).
+MIN_LOSS_EVENTS = 10
+
+
+def seconds_for_losses(mbit: float, loss: float, streams: int) -> float:
+    """Seconds of measurement in which each of `streams` streams carrying `mbit` in all at
+    loss rate `loss` sees MIN_LOSS_EVENTS losses (0 without loss)."""
+    segments_per_s = mbit * 1e6 / streams / (1448 * 8)
+    return MIN_LOSS_EVENTS / (loss * segments_per_s) if loss > 0 and mbit > 0 else 0.0
 
 
 def emulate(
@@ -124,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tear_down_on_signals()
     counts = [int(n) for n in args.streams.split(",")]
     rows: list[tuple[str, Point]] = []
+    short: list[str] = []
     busy = 0.0
     for name in args.scenarios.split(","):
         try:
@@ -136,8 +153,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.xfer, spec, cap, counts, args.seconds, args.settle, args.repetitions
         )
         for n, e in zip(counts, emulated, strict=True):
-            s = simulate(args.xfer, name, n, args.seconds, args.settle)
+            s, loss = simulate(args.xfer, name, n, args.seconds, args.settle)
             rows.append((name, Point(n, e, s)))
+            needed = seconds_for_losses(s, loss, n)
+            if needed > args.seconds - args.settle:
+                short.append(f"{name} at {n} streams needs {args.settle + needed:.0f} s")
     command = "xfer-bench-calibrate " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     print(f"\nreproduce: {command}\n")
     if busy > 0.10:
@@ -148,6 +168,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, pt in rows:
         print(f"| {name} | {pt.streams} | {pt.emulated_mbit:.0f} | {pt.simulated_mbit:.0f} | "
               f"{pt.gap:+.0%} |")  # fmt: skip
+    if short:
+        print(
+            f"\n**Too short:** fewer than {MIN_LOSS_EVENTS} random losses per stream while "
+            f"measured, so the emulated mean is unstable: {'; '.join(short)} (--seconds)."
+        )
     worst = max(rows, key=lambda r: abs(r[1].gap))
     print(f"\nlargest gap: {worst[1].gap:+.0%} ({worst[0]}, {worst[1].streams} streams); "
           f"tolerance {TOLERANCE:.0%}")  # fmt: skip
