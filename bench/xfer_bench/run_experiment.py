@@ -31,7 +31,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="results directory (default bench/results/NAME-TIME)")
     p.add_argument("--repetitions", type=int, help="override the file's repetitions")
     p.add_argument("--variants", help="only these variants, comma-separated")
-    p.add_argument("--xfer", type=Path, default=DEFAULT_XFER, help="the xfer binary")
+    p.add_argument(
+        "--xfer", type=Path, default=DEFAULT_XFER,
+        help="the xfer binary on the emulated WAN (with --hosts, the hosts file names each one)",
+    )  # fmt: skip
     p.add_argument(
         "--hosts", type=Path, help="run between the real hosts of this file instead (over ssh)"
     )
