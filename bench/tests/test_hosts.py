@@ -177,17 +177,20 @@ def test_an_interrupted_run_leaves_nothing_on_any_host(two_hosts, tmp_path):
         running = " | ".join(_left_in(topo))
         return all(s in running for s in senders)
 
-    deadline = time.monotonic() + 30
-    while not all_sending() and run.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert all_sending(), f"not all senders started; {run.poll()=}"
-    # GridFTP's data connections arrive on the ports the hosts file opened for them.
-    ss = ["ip", "netns", "exec", topo.receiver_ns, "ss", "-Htn", "state", "established"]
-    connections = subprocess.run(ss, capture_output=True, text=True).stdout.splitlines()
-    local_ports = {int(line.split()[2].rsplit(":", 1)[1]) for line in connections}
-    assert any(50100 <= p <= 50199 for p in local_ports), local_ports
-    run.send_signal(signal.SIGINT)
-    run.wait(timeout=30)
+    try:
+        deadline = time.monotonic() + 30
+        while not all_sending() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert all_sending(), f"not all senders started; {run.poll()=}"
+        # GridFTP's data connections arrive on the ports the hosts file opened for them.
+        ss = ["ip", "netns", "exec", topo.receiver_ns, "ss", "-Htn", "state", "established"]
+        connections = subprocess.run(ss, capture_output=True, text=True).stdout.splitlines()
+        local_ports = {int(line.split()[2].rsplit(":", 1)[1]) for line in connections}
+        assert any(50100 <= p <= 50199 for p in local_ports), local_ports
+    finally:
+        # Interrupted like Ctrl-C, also when an assertion above failed.
+        run.send_signal(signal.SIGINT)
+        run.wait(timeout=30)
     deadline = time.monotonic() + 10
     while _left_in(topo) and time.monotonic() < deadline:
         time.sleep(0.2)
