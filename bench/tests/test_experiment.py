@@ -71,6 +71,7 @@ def test_variants_override_transfers():
         (("[[transfers]]\nstart_s = 0", "[[transfers]]\nstart = 0"), "unknown keys ['start']"),
         (('name = "mixed"', 'name = "mixed"\nworkload = "disk"'), "workload 'disk' is not"),
         (('name = "mixed"', 'name = "mixed"\nworkload = "tree:9xQ"'), "is not mem, file"),
+        (('name = "mixed"', 'name = "mixed"\nworkload = "tree:9x0"'), "is not mem, file"),
         (('name = "mixed"', 'name = "mixed"\nworkload = "tree:4x1M"'), "iperf3 cannot move a tree"),
     ],
 )

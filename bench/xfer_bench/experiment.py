@@ -60,7 +60,8 @@ class Workload:
 
     @staticmethod
     def parse(text: str) -> Workload:
-        """`mem`, `file:SIZE` or `tree:COUNTxSIZE`; a mistake is a ValueError."""
+        """`mem`, `file:SIZE` or `tree:COUNTxSIZE` (files of at least one byte); a mistake is a
+        ValueError."""
         kind, _, rest = text.partition(":")
         try:
             if kind == "mem" and not rest:
@@ -69,18 +70,11 @@ class Workload:
                 return Workload("file", 1, parse_size(rest), text)
             if kind == "tree":
                 count, _, size = rest.partition("x")
-                if int(count) > 0:
+                if int(count) > 0 and parse_size(size) > 0:
                     return Workload("tree", int(count), parse_size(size), text)
         except ValueError:
             pass
         raise ValueError(f"workload {text!r} is not mem, file:SIZE or tree:COUNTxSIZE")
-
-    def __str__(self) -> str:
-        return {
-            "mem": "mem",
-            "file": f"file:{self.size}",
-            "tree": f"tree:{self.count}x{self.size}",
-        }[self.kind]
 
 
 #: The workloads each tool can move.
