@@ -40,6 +40,7 @@ def test_the_simulator_side_of_the_sweep():
 def test_a_stopped_calibration_leaves_nothing():
     cmd = [sys.executable, "-m", "xfer_bench.calibrate", "--scenarios", "paper-fig2",
            "--streams", "2", "--seconds", "60", "--repetitions", "1"]  # fmt: skip
+    assert not _senders_running(), "a sender of an earlier run is still running"
     run = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 20
     while not _senders_running() and time.monotonic() < deadline:
@@ -47,7 +48,7 @@ def test_a_stopped_calibration_leaves_nothing():
     assert _senders_running(), "the sweep never started"
     run.send_signal(signal.SIGTERM)
     assert run.wait(timeout=20) == 143
-    assert wan.leftovers() == []
+    assert wan.leftovers() == [] and not _senders_running()
     assert "delay-line" not in subprocess.run(["pgrep", "-af", "xfer"], capture_output=True,
                                               text=True).stdout  # fmt: skip
 

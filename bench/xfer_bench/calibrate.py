@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from xfer_bench import dataplane
+from xfer_bench import dataplane, supervise
 from xfer_bench.netns import tear_down_on_signals
 from xfer_bench.wan import DEFAULT_XFER, WanSpec, emulated_wan
 from xfer_bench.wan_commands import cpu_busy
@@ -114,13 +114,23 @@ def emulate(
                 argv = dataplane.optimized_send_command(
                     xfer, rx, ["--mem", str(size)], f"fixed:{n}", log, stream_rate_cap_mbit=cap
                 )
-                proc = subprocess.Popen(topo.sender_cmd(argv))
+                err = Path(tmp) / f"send-{n}.stderr"
+                with err.open("w") as stderr:
+                    proc = supervise.start(
+                        topo.sender_cmd(supervise.supervised(argv)), None, stderr
+                    )
+                    try:
+                        proc.wait(timeout=seconds)
+                    except subprocess.TimeoutExpired:
+                        pass
+                    finally:
+                        # Also when the sweep is interrupted: no sender outlives it.
+                        supervise.stop(proc)
                 try:
-                    proc.wait(timeout=seconds)
-                except subprocess.TimeoutExpired:
-                    proc.terminate()
-                    proc.wait()
-                runs[n].append(steady_mean(dataplane.read_mi_log(log), settle))
+                    runs[n].append(steady_mean(dataplane.read_mi_log(log), settle))
+                except OSError as e:
+                    said = err.read_text().split(supervise.CPU_MARKER)[0].strip()
+                    raise RuntimeError(f"xfer send with {n} streams: {e}; {said}") from e
                 print(f"  {n} streams: {runs[n][-1]:.0f} Mbit/s", file=sys.stderr, flush=True)
     return [statistics.median(runs[n]) for n in counts]
 
