@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from xfer_bench.experiment import Experiment  # noqa: E402
 from xfer_bench.hosts import Hosts  # noqa: E402
 from xfer_bench.metrics import per_second_totals  # noqa: E402
-from xfer_bench.runner import RunResult  # noqa: E402
+from xfer_bench.runner import RunResult, bottleneck_mbit  # noqa: E402
 
 
 def plot_run(run: RunResult, rate_mbit: float, png: Path) -> None:
@@ -72,14 +72,13 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def _path(exp: Experiment, hosts: Hosts | None) -> tuple[float, str]:
     """The bottleneck rate and a sentence describing the path."""
+    rate = bottleneck_mbit(exp, hosts)
     if hosts is None:
-        rate = exp.path.rate_mbit
         return rate, (
             f"Emulated path: {rate:g} Mbit/s bottleneck, {exp.path.rtt_ms:g} ms RTT, buffer "
             f"{exp.path.buffer_bytes()} bytes, random loss {exp.path.loss:g}; capacity schedule "
             f"{list(exp.rate_schedule) or '-'}, RTT schedule {list(exp.path.rtt_schedule) or '-'}."
         )
-    rate = hosts.rate_mbit or exp.path.rate_mbit
     senders = ", ".join(h.name for h in hosts.senders)
     return rate, (
         f"Real hosts: receiver {hosts.receiver.name} ({hosts.receiver_addr}), senders "

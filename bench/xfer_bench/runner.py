@@ -320,6 +320,12 @@ def _samples(t: Transfer, launched: float, logs: Path) -> list[Sample]:
     ]
 
 
+def bottleneck_mbit(exp: Experiment, hosts: Hosts | None) -> float:
+    """The bottleneck's rate: the hosts file's for real hosts, when it gives one; else the
+    experiment's path's."""
+    return hosts.rate_mbit if hosts and hosts.rate_mbit else exp.path.rate_mbit
+
+
 @contextmanager
 def _network(exp: Experiment, xfer: Path, hosts: Hosts | None) -> Iterator[Network]:
     """A fresh emulated path, or the hosts with fresh scratch directories."""
@@ -349,7 +355,7 @@ def run_variant(
     under `out`."""
     logs = out / f"{variant.name}-r{repetition + 1}"
     logs.mkdir(parents=True, exist_ok=True)
-    rate = hosts.rate_mbit if hosts and hosts.rate_mbit else exp.path.rate_mbit
+    rate = bottleneck_mbit(exp, hosts)
     results = {t.index: TransferResult(t.label, t.start_s) for t in variant.transfers}
     with _network(exp, xfer, hosts) as net, ExitStack() as stack:
         busy = net.busy()
