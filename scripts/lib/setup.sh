@@ -39,13 +39,29 @@ ensure_python_env() {
   if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv" 2>/dev/null || { apt_install python3-venv && python3 -m venv "$venv"; }
   fi
-  if ! "$venv/bin/python" -c "import xfer_bench, pytest, ruff" 2>/dev/null || [ "$repo_root/bench/pyproject.toml" -nt "$venv/.installed" ]; then
+  local stale=""
+  for f in bench/pyproject.toml training/pyproject.toml training/requirements.txt; do
+    [ "$repo_root/$f" -nt "$venv/.installed" ] && stale=1
+  done
+  if [ -n "$stale" ] || ! "$venv/bin/python" -c "import xfer_bench, xfer_training, pytest, ruff" 2>/dev/null; then
+    # training/requirements.txt pins every package of both (PyTorch's CUDA wheels included:
+    # PyPI has no CPU-only build; they are not used without a GPU).
     if ! { "$venv/bin/python" -m pip install -q --upgrade pip &&
-           "$venv/bin/python" -m pip install -q -e "$repo_root/bench[dev]"; } > "$venv/pip.log" 2>&1; then
+           "$venv/bin/python" -m pip install -q -r "$repo_root/training/requirements.txt" &&
+           "$venv/bin/python" -m pip install -q --no-deps -e "$repo_root/bench" -e "$repo_root/training"; } > "$venv/pip.log" 2>&1; then
       cat "$venv/pip.log" >&2
       echo "setup: installing the Python environment failed (log above)" >&2
       exit 1
     fi
     touch "$venv/.installed"
   fi
+}
+
+# Exports what building xfer with the tch feature needs: torch-sys finds the libtorch of the
+# environment's PyTorch through `python`, and the binary loads it from there.
+use_pytorch_libtorch() {
+  export PATH="$repo_root/.venv/bin:$PATH" LIBTORCH_USE_PYTORCH=1
+  local lib
+  lib="$("$repo_root/.venv/bin/python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
+  export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }

@@ -3,8 +3,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::controllers::OptimizerSpec;
+use crate::policy::PolicyRuntime;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
+use optimizer::env::RewardKind;
+use optimizer::policy::ObservationLayout;
 use optimizer::{RewardParams, UtilityParams};
 use transfer::sender::DEFAULT_UNSENT_LIMIT;
 
@@ -26,6 +30,12 @@ pub enum Command {
     Recv(RecvArgs),
     /// Run a stream-count optimiser on a simulated network path.
     Sim(SimArgs),
+    /// Serve the environment protocol (reset/step as JSON lines on stdin and stdout) over the
+    /// simulator, for training a policy (training/).
+    Env(EnvArgs),
+    /// Show a learned policy's metadata, check it against its golden vectors and time its
+    /// decisions.
+    Model(ModelArgs),
     /// Delay packets between TUN devices: the propagation delay of the emulated WAN in bench/.
     DelayLine(DelayLineArgs),
 }
@@ -64,13 +74,15 @@ pub struct DelayLineArgs {
 )]
 pub struct SimArgs {
     /// Shipped scenarios by name (paper-fig2, chameleon-uc-tacc, cloudlab-1g, lossy-long-haul,
-    /// background-arrives, shallow-buffer) or scenario TOML files, separated by commas; `all`
-    /// is every shipped scenario.
+    /// background-arrives, shallow-buffer), scenario TOML files, or random:FAMILY:SEED (a
+    /// random path; families mixed, capped, lossy, shallow, background, fast), separated by
+    /// commas; `all` is every shipped scenario.
     #[arg(long, value_delimiter = ',', required = true)]
     pub scenario: Vec<String>,
-    /// Controllers, separated by commas: gd, bo or fixed:N.
+    /// Controllers, separated by commas: gd, bo, fixed:N, ppo (the built-in policy) or
+    /// ppo:PATH (an export of training/).
     #[arg(long, value_delimiter = ',', default_value = "gd")]
-    pub optimizer: Vec<optimizer::ControllerSpec>,
+    pub optimizer: Vec<OptimizerSpec>,
     /// Simulated time.
     #[arg(long, default_value = "200s", value_parser = parse_positive_time)]
     pub duration: Duration,
@@ -85,6 +97,69 @@ pub struct SimArgs {
     #[command(flatten)]
     pub tuning: TuningArgs,
     /// Print one JSON object per interval and a JSON summary instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `xfer env`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Requests, one JSON object per line on stdin, each answered by one line on stdout:\n  {\"op\":\"describe\"}            input layout, actions, utility, reward\n  {\"op\":\"reset\",\"seed\":7}      start an episode; its first observation\n  {\"op\":\"step\",\"action\":0}     apply action 0..4 (+5, +1, 0, -1, -5 streams), run one interval\n  {\"op\":\"close\"}\n\nExamples:\n  xfer env --randomize 1\n  xfer env --scenario paper-fig2 --duration 60s"
+)]
+pub struct EnvArgs {
+    /// Every episode on this scenario: a shipped name, a TOML file, or random:FAMILY:SEED.
+    #[arg(
+        long,
+        conflicts_with = "randomize",
+        required_unless_present = "randomize"
+    )]
+    pub scenario: Option<String>,
+    /// Every episode on a new random scenario; SEED draws the seeds of resets that bring none.
+    #[arg(long, value_name = "SEED")]
+    pub randomize: Option<u64>,
+    /// Family of the random scenarios (mixed, capped, lossy, shallow, background, fast).
+    #[arg(long, default_value = "mixed", requires = "randomize")]
+    pub family: optimizer::sim::Family,
+    /// Simulated time per episode.
+    #[arg(long, default_value = "100s", value_parser = parse_positive_time)]
+    pub duration: Duration,
+    /// Signal vectors in each observation.
+    #[arg(long, default_value_t = ObservationLayout::default().history as u32, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub history: u32,
+    /// Past changes of the stream count in each observation.
+    #[arg(long, default_value_t = ObservationLayout::default().action_history as u32, value_parser = clap::value_parser!(u32).range(0..=64))]
+    pub action_history: u32,
+    /// Reward of each step: utility (the interval's utility over the best reachable) or
+    /// change (paper 001: --reward-x, --reward-y or 0 by the change of utility).
+    #[arg(long, default_value = "utility", value_parser = parse_reward_kind)]
+    pub reward: RewardKind,
+    #[command(flatten)]
+    pub tuning: TuningArgs,
+}
+
+fn parse_reward_kind(s: &str) -> Result<RewardKind, String> {
+    match s {
+        "utility" => Ok(RewardKind::Utility),
+        "change" => Ok(RewardKind::Change),
+        _ => Err(format!("{s:?} is not a reward: utility or change")),
+    }
+}
+
+/// `xfer model`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  xfer model\n  xfer model models/default --policy-runtime torchscript"
+)]
+pub struct ModelArgs {
+    /// An export directory of training/ (or its metadata.json) [default: the built-in policy].
+    pub path: Option<PathBuf>,
+    /// What runs the policy: onnx or torchscript (builds with the tch feature).
+    #[arg(long, default_value = "onnx")]
+    pub policy_runtime: PolicyRuntime,
+    /// Decisions to time.
+    #[arg(long, default_value_t = 20_000)]
+    pub decisions: u32,
+    /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
 }
@@ -113,6 +188,10 @@ pub struct TuningArgs {
     /// Change of utility, relative to the previous interval's, that counts as none.
     #[arg(long, default_value_t = RewardParams::default().eps)]
     pub reward_eps: f64,
+    /// What runs a learned policy (ppo): onnx (pure Rust, every build) or torchscript
+    /// (libtorch; builds with the tch feature).
+    #[arg(long, default_value = "onnx")]
+    pub policy_runtime: PolicyRuntime,
 }
 
 impl TuningArgs {
@@ -173,10 +252,11 @@ pub struct SendArgs {
     #[arg(long, value_parser = parse_schedule, conflicts_with = "optimizer")]
     pub streams_schedule: Option<Schedule<u32>>,
     /// Who chooses the stream count each monitoring interval: gd (gradient ascent on the
-    /// utility), bo (Bayesian optimisation) or fixed:N [default: gd, or none when --streams
-    /// or --streams-schedule is given].
+    /// utility), bo (Bayesian optimisation), ppo (the built-in learned policy), ppo:PATH (an
+    /// export of training/) or fixed:N [default: gd, or none when --streams or
+    /// --streams-schedule is given].
     #[arg(long)]
-    pub optimizer: Option<optimizer::ControllerSpec>,
+    pub optimizer: Option<OptimizerSpec>,
     /// Write one JSON line per monitoring interval here: the signals, utility, reward, the
     /// controller's decision and how long it took.
     #[arg(long, value_name = "FILE")]

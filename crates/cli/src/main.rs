@@ -2,7 +2,11 @@
 //! the stream-count optimisers on a simulated path.
 
 mod args;
+mod controllers;
 mod delay_line;
+mod env;
+mod model;
+mod policy;
 mod recv;
 mod send;
 mod sim;
@@ -13,7 +17,7 @@ fn main() {
     let cli = args::Cli::parse();
     let default_level = match &cli.command {
         args::Command::Recv(_) => "info",
-        args::Command::Send(_) | args::Command::Sim(_) | args::Command::DelayLine(_) => "warn",
+        _ => "warn",
     };
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -27,6 +31,8 @@ fn main() {
         args::Command::Send(a) => send::run(a),
         args::Command::Recv(a) => recv::run(a),
         args::Command::Sim(a) => sim::run(a),
+        args::Command::Env(a) => env::run(a),
+        args::Command::Model(a) => model::run(a),
         args::Command::DelayLine(a) => delay_line::run(a),
     };
     if let Err(e) = result {

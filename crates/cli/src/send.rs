@@ -10,6 +10,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use optimizer::ControllerSpec;
+
+use crate::controllers::OptimizerSpec;
 use serde::Serialize;
 use transfer::auth::SessionKey;
 use transfer::sender::{
@@ -99,17 +101,17 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         (None, None) => bail!("no session key: pass --key KEY (printed by `xfer recv`), --key-file FILE, or set XFER_KEY"),
     };
     let schedule = args.streams_schedule.clone();
-    let controller = match args.optimizer {
+    let controller = match args.optimizer.clone() {
         Some(spec) => Some(spec),
         None if args.streams.is_some() || schedule.is_some() => None,
-        None => Some(ControllerSpec::Gd),
+        None => Some(OptimizerSpec::Builtin(ControllerSpec::Gd)),
     };
-    let mut mi_log = match (&args.mi_log, controller) {
+    let mut mi_log = match (&args.mi_log, &controller) {
         (Some(path), Some(_)) => Some(std::io::BufWriter::new(
             File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
         )),
         (Some(_), None) => {
-            bail!("--mi-log needs an optimizer choosing the count (--optimizer gd, bo or fixed:N)")
+            bail!("--mi-log needs an optimizer choosing the count (--optimizer gd, bo, ppo or fixed:N)")
         }
         (None, _) => None,
     };
@@ -119,6 +121,17 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         reward: args.tuning.reward()?,
         ..OptimizerSettings::default()
     };
+    // Built before the transfer starts, so that a policy that cannot run stops nothing.
+    let controller = controller
+        .map(|spec| {
+            spec.build(
+                args.tuning.max_streams as usize,
+                settings.utility,
+                args.seed,
+                args.tuning.policy_runtime,
+            )
+        })
+        .transpose()?;
     let initial = schedule
         .as_ref()
         .and_then(|s| s.at(Duration::ZERO))
@@ -145,13 +158,8 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         }
     }
     let (log_tx, log_rx) = mpsc::channel();
-    if let Some(spec) = controller {
+    if let Some(controller) = controller {
         let log = mi_log.is_some().then_some(log_tx);
-        let controller = spec.build(
-            args.tuning.max_streams as usize,
-            settings.utility,
-            args.seed,
-        );
         transfer.optimize(controller, settings, log)?;
     }
     let bar = progress_bar(&args, &transfer.progress());

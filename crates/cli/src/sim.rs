@@ -8,8 +8,19 @@ use serde::Serialize;
 
 use crate::args::SimArgs;
 
-/// Loads a scenario by shipped name, or from a file when the name is not a shipped one.
-fn load(name: &str) -> anyhow::Result<Scenario> {
+/// Loads a scenario by shipped name, as `random:FAMILY:SEED` (background changes within
+/// `horizon` seconds), or from a file when the name is neither.
+pub fn load(name: &str, horizon: f64) -> anyhow::Result<Scenario> {
+    if let Some(random) = name.strip_prefix("random:") {
+        let (family, seed) = random
+            .split_once(':')
+            .with_context(|| format!("{name:?} is not random:FAMILY:SEED"))?;
+        let family = family.parse::<sim::Family>().map_err(anyhow::Error::msg)?;
+        let seed = seed
+            .parse()
+            .with_context(|| format!("{name:?}: {seed:?} is not a seed"))?;
+        return Ok(sim::random_scenario(family, seed, horizon));
+    }
     if sim::SHIPPED.iter().any(|(n, _)| *n == name) {
         return Ok(Scenario::shipped(name)?);
     }
@@ -24,7 +35,7 @@ fn load(name: &str) -> anyhow::Result<Scenario> {
 }
 
 /// The scenarios named on the command line (`all`: every shipped one).
-fn scenarios(names: &[String]) -> anyhow::Result<Vec<Scenario>> {
+fn scenarios(names: &[String], horizon: f64) -> anyhow::Result<Vec<Scenario>> {
     let mut out = Vec::new();
     for name in names {
         if name == "all" {
@@ -32,7 +43,7 @@ fn scenarios(names: &[String]) -> anyhow::Result<Vec<Scenario>> {
                 out.push(Scenario::shipped(shipped)?);
             }
         } else {
-            out.push(load(name)?);
+            out.push(load(name, horizon)?);
         }
     }
     Ok(out)
@@ -40,7 +51,7 @@ fn scenarios(names: &[String]) -> anyhow::Result<Vec<Scenario>> {
 
 /// Runs `xfer sim`.
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
-    let scenarios = scenarios(&args.scenario)?;
+    let scenarios = scenarios(&args.scenario, args.duration.as_secs_f64())?;
     let base = RunConfig {
         duration: args.duration.as_secs_f64(),
         mi: args.tuning.mi.as_secs_f64(),
@@ -58,7 +69,12 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             let mut summaries = Vec::new();
             for seed in args.seed..args.seed + args.seeds {
                 let config = RunConfig { seed, ..base };
-                let mut controller = spec.build(config.max_streams, config.utility, seed);
+                let mut controller = spec.build(
+                    config.max_streams,
+                    config.utility,
+                    seed,
+                    args.tuning.policy_runtime,
+                )?;
                 let (rows, summary) = sim::run(scenario, controller.as_mut(), &config);
                 if runs == 1 {
                     return print_trace(&mut out, &rows, &summary, args.json);

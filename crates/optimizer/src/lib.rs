@@ -11,7 +11,9 @@
 
 mod bo;
 mod controller;
+pub mod env;
 mod gd;
+pub mod policy;
 mod settle;
 mod signals;
 pub mod sim;

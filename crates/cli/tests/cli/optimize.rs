@@ -5,6 +5,32 @@ use crate::common::*;
 
 #[test]
 fn gd_drives_a_real_transfer_that_arrives_byte_identical_with_a_well_formed_mi_log() {
+    let records = optimized_transfer("gd");
+    let most = records.iter().map(|r| r["streams"].as_u64().unwrap()).max();
+    assert!(
+        most >= Some(4),
+        "with 100 MB/s per stream, gd adds streams: {records:?}"
+    );
+}
+
+#[test]
+fn the_learned_policy_drives_a_real_transfer_that_arrives_byte_identical() {
+    let records = optimized_transfer("ppo");
+    let decisions: Vec<_> = records
+        .iter()
+        .filter_map(|r| Some((r["streams"].as_i64()?, r["decision"].as_i64()?)))
+        .collect();
+    assert!(!decisions.is_empty(), "{records:?}");
+    for (streams, decision) in decisions {
+        let moves = [5, 1, 0, -1, -5].map(|change| (streams + change).clamp(1, 16));
+        assert!(moves.contains(&decision), "{streams} -> {decision}");
+    }
+}
+
+/// Sends a tree with `controller` choosing the count (paced streams, 200 ms intervals, at
+/// most 16 streams), checks that it arrived byte-identical and that its MI log is well formed,
+/// and returns the log.
+fn optimized_transfer(controller: &str) -> Vec<serde_json::Value> {
     let src = tempfile::tempdir().unwrap();
     let root = tempfile::tempdir().unwrap();
     let tree = src.path().join("tree");
@@ -23,7 +49,7 @@ fn gd_drives_a_real_transfer_that_arrives_byte_identical_with_a_well_formed_mi_l
             tree.to_str().unwrap(),
             &receiver.dest("in"),
             "--optimizer",
-            "gd",
+            controller,
             "--streams",
             "1",
             "--stream-rate-cap",
@@ -44,7 +70,7 @@ fn gd_drives_a_real_transfer_that_arrives_byte_identical_with_a_well_formed_mi_l
     let mut last_time = 0.0;
     for (i, r) in records.iter().enumerate() {
         assert_eq!(r["mi"], i as u64, "{r}");
-        assert_eq!(r["controller"], "gd");
+        assert_eq!(r["controller"], controller);
         for key in [
             "time",
             "throughput",
@@ -72,19 +98,20 @@ fn gd_drives_a_real_transfer_that_arrives_byte_identical_with_a_well_formed_mi_l
             _ => panic!("decision without latency or the reverse: {r}"),
         }
     }
-    let most = records.iter().map(|r| r["streams"].as_u64().unwrap()).max();
-    assert!(
-        most >= Some(4),
-        "with 100 MB/s per stream, gd adds streams: {records:?}"
-    );
+    records
 }
 
 #[test]
 fn optimizer_flags_that_cannot_work_are_refused_before_anything_is_sent() {
     let root = tempfile::tempdir().unwrap();
     let receiver = Receiver::start(root.path());
-    let cases: [(&[&str], &str); 6] = [
-        (&["--optimizer", "ppo"], "unknown optimizer \"ppo\""),
+    let cases: [(&[&str], &str); 8] = [
+        (&["--optimizer", "pp"], "unknown optimizer \"pp\""),
+        (
+            &["--optimizer", "ppo:/nonexistent/model"],
+            "cannot read policy metadata /nonexistent/model",
+        ),
+        (&["--optimizer", "ppo", "--k", "1.1"], "re-train it"),
         (
             &["--optimizer", "gd", "--streams-schedule", "0s:2"],
             "cannot be used with",

@@ -106,8 +106,20 @@ fn bad_scenarios_and_optimizers_are_named() {
             "capacity_mbps must be a positive number",
         ),
         (
-            vec!["--scenario", "paper-fig2", "--optimizer", "ppo"],
+            vec!["--scenario", "paper-fig2", "--optimizer", "auto"],
             "unknown optimizer",
+        ),
+        (
+            vec!["--scenario", "random:wild:1"],
+            "unknown scenario family \"wild\"",
+        ),
+        (
+            vec!["--scenario", "random:lossy:x"],
+            "\"x\" is not a seed",
+        ),
+        (
+            vec!["--scenario", "paper-fig2", "--optimizer", "ppo", "--b", "3"],
+            "trained for the utility K=1.02 B=10",
         ),
         (
             vec!["--scenario", "paper-fig2", "--duration", "0s"],

@@ -9,6 +9,7 @@
 //! is what CUBIC's response needs to hold each flow at its share. New streams lose their connection round trips and slow start. Measured
 //! throughput, RTT and retransmissions carry noise from a seeded generator.
 
+mod random;
 mod scenario;
 
 use rand::{Rng, SeedableRng};
@@ -16,6 +17,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal, Poisson};
 use serde::Serialize;
 
+pub use random::{random_scenario, Family, HELD_OUT_SEEDS};
 pub use scenario::{BackgroundStep, Scenario, ScenarioError, SHIPPED};
 
 use crate::controller::Controller;

@@ -1,0 +1,242 @@
+//! Loading a learned policy for `--optimizer ppo[:PATH]`: the default one built into the binary
+//! (models/default) or an export directory of `training/`, run by the ONNX runtime (tract) or,
+//! in builds with the `tch` feature, by libtorch.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use anyhow::{bail, Context};
+use optimizer::policy::{OnnxModel, PolicyMetadata, PolicyModel};
+
+/// metadata.json of the default policy, built into the binary.
+const DEFAULT_METADATA: &str = include_str!("../../../models/default/metadata.json");
+/// The default policy's ONNX export.
+const DEFAULT_ONNX: &[u8] = include_bytes!("../../../models/default/policy.onnx");
+/// The default policy's golden vectors.
+const DEFAULT_GOLDEN: &str = include_str!("../../../models/default/golden.json");
+/// The default policy's TorchScript export.
+#[cfg(feature = "tch")]
+const DEFAULT_TORCHSCRIPT: &[u8] = include_bytes!("../../../models/default/policy.pt");
+
+/// Which export of a policy runs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyRuntime {
+    /// The ONNX export in pure Rust (tract): every build.
+    Onnx,
+    /// The TorchScript export through libtorch (tch-rs): builds with the `tch` feature.
+    Torchscript,
+}
+
+impl FromStr for PolicyRuntime {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "onnx" => Ok(PolicyRuntime::Onnx),
+            "torchscript" => Ok(PolicyRuntime::Torchscript),
+            _ => Err(format!(
+                "{s:?} is not a policy runtime: onnx or torchscript"
+            )),
+        }
+    }
+}
+
+/// A policy's metadata and where its files are (`None`: the built-in default).
+pub struct PolicySource {
+    /// What the export says about itself.
+    pub metadata: PolicyMetadata,
+    dir: Option<PathBuf>,
+}
+
+impl PolicySource {
+    /// The built-in default policy (`path` `None`), or the export at `path`: a directory
+    /// holding metadata.json, or the metadata file itself.
+    pub fn open(path: Option<&Path>) -> anyhow::Result<Self> {
+        let Some(path) = path else {
+            return Ok(PolicySource {
+                metadata: PolicyMetadata::from_json(DEFAULT_METADATA)
+                    .context("the built-in policy")?,
+                dir: None,
+            });
+        };
+        let file = if path.is_dir() {
+            path.join("metadata.json")
+        } else {
+            path.to_path_buf()
+        };
+        let text = std::fs::read_to_string(&file).with_context(|| {
+            format!(
+                "cannot read policy metadata {} (ppo:PATH names an export directory of \
+                 training/ or its metadata.json)",
+                file.display()
+            )
+        })?;
+        let metadata =
+            PolicyMetadata::from_json(&text).with_context(|| format!("in {}", file.display()))?;
+        let dir = file.parent().map(Path::to_path_buf).unwrap_or_default();
+        Ok(PolicySource {
+            metadata,
+            dir: Some(dir),
+        })
+    }
+
+    /// Where the policy comes from, for messages.
+    pub fn describe(&self) -> String {
+        match &self.dir {
+            None => "the built-in policy (models/default)".into(),
+            Some(dir) => dir.display().to_string(),
+        }
+    }
+
+    /// The bytes of the export file of `kind` (`onnx`, `torchscript`, `golden`).
+    fn read(&self, kind: &str, built_in: &'static [u8]) -> anyhow::Result<Vec<u8>> {
+        let Some(dir) = &self.dir else {
+            return Ok(built_in.to_vec());
+        };
+        let name = self
+            .metadata
+            .file(kind)
+            .with_context(|| format!("{}: the metadata lists no {kind} file", dir.display()))?;
+        let path = dir.join(name);
+        std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))
+    }
+
+    /// The network, run by `runtime`.
+    pub fn model(&self, runtime: PolicyRuntime) -> anyhow::Result<Box<dyn PolicyModel>> {
+        let size = self.metadata.layout.size;
+        let model: Box<dyn PolicyModel> = match runtime {
+            PolicyRuntime::Onnx => Box::new(OnnxModel::from_bytes(
+                &self.read("onnx", DEFAULT_ONNX)?,
+                size,
+            )?),
+            #[cfg(feature = "tch")]
+            PolicyRuntime::Torchscript => Box::new(optimizer::policy::TorchModel::from_bytes(
+                &self.read("torchscript", DEFAULT_TORCHSCRIPT)?,
+                size,
+            )?),
+            #[cfg(not(feature = "tch"))]
+            PolicyRuntime::Torchscript => bail!(
+                "this xfer was built without the tch feature; build it with \
+                 `cargo build --release --features tch` (needs training/'s PyTorch) or use \
+                 --policy-runtime onnx"
+            ),
+        };
+        Ok(model)
+    }
+
+    /// Size of the ONNX export in bytes.
+    pub fn onnx_size(&self) -> Option<u64> {
+        match &self.dir {
+            None => Some(DEFAULT_ONNX.len() as u64),
+            Some(dir) => std::fs::metadata(dir.join(self.metadata.file("onnx")?))
+                .ok()
+                .map(|m| m.len()),
+        }
+    }
+
+    /// The golden vectors of the export: inputs, the logits they must give, and the actions.
+    pub fn golden(&self) -> anyhow::Result<Golden> {
+        let bytes = self.read("golden", DEFAULT_GOLDEN.as_bytes())?;
+        serde_json::from_slice(&bytes).context("golden vectors")
+    }
+}
+
+/// Inputs with the logits and actions the exported network gave for them at export time.
+#[derive(Debug, serde::Deserialize)]
+pub struct Golden {
+    /// Observation vectors.
+    pub inputs: Vec<Vec<f32>>,
+    /// The network's logits for each.
+    pub logits: Vec<Vec<f32>>,
+    /// The action (largest logit) for each.
+    pub actions: Vec<usize>,
+}
+
+impl Golden {
+    /// Runs `model` on every input; the largest difference of a logit from the golden one, or
+    /// an error naming the first vector whose action differs.
+    pub fn check(&self, model: &mut dyn PolicyModel) -> anyhow::Result<f32> {
+        if self.inputs.is_empty()
+            || self.inputs.len() != self.logits.len()
+            || self.inputs.len() != self.actions.len()
+        {
+            bail!("golden vectors: inputs, logits and actions differ in number or are empty");
+        }
+        let mut worst = 0.0f32;
+        for (i, ((input, expected), &action)) in self
+            .inputs
+            .iter()
+            .zip(&self.logits)
+            .zip(&self.actions)
+            .enumerate()
+        {
+            let logits = model.logits(input)?;
+            if logits.len() != expected.len() {
+                bail!(
+                    "golden vector {i}: {} logits, expected {}",
+                    logits.len(),
+                    expected.len()
+                );
+            }
+            for (a, b) in logits.iter().zip(expected) {
+                worst = worst.max((a - b).abs());
+            }
+            let got = optimizer::policy::greedy_action(&logits);
+            if got != action {
+                bail!("golden vector {i}: action {got}, expected {action} (logits {logits:?})");
+            }
+        }
+        Ok(worst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tolerance of the issue: Rust and Python agree on logits within 1e-5.
+    const TOLERANCE: f32 = 1e-5;
+
+    fn runtimes() -> Vec<PolicyRuntime> {
+        let mut all = vec![PolicyRuntime::Onnx];
+        if cfg!(feature = "tch") {
+            all.push(PolicyRuntime::Torchscript);
+        }
+        all
+    }
+
+    #[test]
+    fn the_built_in_policy_reproduces_its_golden_vectors() {
+        let source = PolicySource::open(None).unwrap();
+        let golden = source.golden().unwrap();
+        for runtime in runtimes() {
+            let mut model = source.model(runtime).unwrap();
+            let worst = golden.check(model.as_mut()).unwrap();
+            assert!(worst <= TOLERANCE, "{runtime:?}: logits off by {worst}");
+        }
+    }
+
+    #[test]
+    fn the_export_directory_reproduces_its_golden_vectors() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/default");
+        let source = PolicySource::open(Some(&dir)).unwrap();
+        assert_eq!(source.metadata, PolicySource::open(None).unwrap().metadata);
+        let mut model = source.model(PolicyRuntime::Onnx).unwrap();
+        assert!(source.golden().unwrap().check(model.as_mut()).unwrap() <= TOLERANCE);
+    }
+
+    #[test]
+    fn missing_or_foreign_exports_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = PolicySource::open(Some(dir.path())).err().unwrap();
+        assert!(format!("{err:#}").contains("metadata.json"), "{err:#}");
+        let mut metadata: serde_json::Value = serde_json::from_str(DEFAULT_METADATA).unwrap();
+        metadata["layout"]["signals"][0] = "rtt".into();
+        std::fs::write(dir.path().join("metadata.json"), metadata.to_string()).unwrap();
+        let source = PolicySource::open(Some(dir.path())).unwrap();
+        let err = source.metadata.check(Default::default()).unwrap_err();
+        assert!(err.to_string().contains("signals"), "{err}");
+        let err = source.model(PolicyRuntime::Onnx).err().unwrap();
+        assert!(format!("{err:#}").contains("policy.onnx"), "{err:#}");
+    }
+}

@@ -1,0 +1,410 @@
+//! The environment protocol (DESIGN.md section 6): an agent drives a transfer, simulated or
+//! real, one monitoring interval per step, with line-delimited JSON requests and replies.
+//!
+//! Requests (one JSON object per line):
+//! - `{"op": "describe"}`: the input layout, action set, utility and reward ([`Description`]);
+//! - `{"op": "reset", "seed": 7}`: start an episode (`seed` optional) and get its first
+//!   observation;
+//! - `{"op": "step", "action": 1}`: apply the action of that index in the action set (`+5,
+//!   +1, 0, -1, -5` streams), run one interval, and get the observation, reward and whether
+//!   the episode is over;
+//! - `{"op": "close"}`: end the session.
+//!
+//! Every reply is one JSON line: a [`Description`], a [`StepReply`], `{"closed": true}`, or
+//! `{"error": "..."}` for a request that could not be served (the session goes on).
+//!
+//! [`SimEnv`] serves the protocol over the simulator (`xfer env`); a real transfer serves it
+//! through `xfer send --optimizer external:SOCKET`. Both build observations with the same
+//! [`FeatureHistory`] a shipped policy runs on.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::policy::{FeatureHistory, ObservationLayout};
+use crate::signals::{Observation, SignalTracker};
+use crate::sim::{random_scenario, Family, Scenario, Simulator, HELD_OUT_SEEDS};
+use crate::utility::{RewardParams, UtilityParams};
+
+/// A request of the protocol.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// What the environment observes and accepts.
+    Describe,
+    /// Start an episode.
+    Reset {
+        /// Seed of the episode (scenario and noise); drawn from the environment's seed when
+        /// absent.
+        #[serde(default)]
+        seed: Option<u64>,
+    },
+    /// Apply an action and run one interval.
+    Step {
+        /// Index in the action set.
+        action: usize,
+    },
+    /// End the session.
+    Close,
+}
+
+/// How a step is rewarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RewardKind {
+    /// The interval's utility over the best reachable: on the simulator the best utility of
+    /// any count at that moment (known to the simulator only), on a real transfer the best
+    /// throughput seen so far. Its sum over an episode is what the evaluation scores (mean
+    /// utility), and climbing fast pays.
+    Utility,
+    /// Paper 001's reward: `x` when the utility rose by more than `eps`, `y` when it fell by
+    /// more, 0 otherwise ([`RewardParams`]).
+    Change,
+}
+
+/// What `describe` answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Description {
+    /// The observation vector's layout and the action set.
+    pub layout: ObservationLayout,
+    /// The utility intervals are judged by.
+    pub utility: UtilityParams,
+    /// The reward of each step.
+    pub reward: RewardKind,
+    /// Parameters of the `change` reward (also reported in `info.signals.reward`).
+    pub reward_params: RewardParams,
+    /// Most streams an action can reach.
+    pub max_streams: usize,
+    /// Monitoring interval, seconds.
+    pub mi: f64,
+    /// What is being controlled: `simulator` or `transfer`.
+    pub source: String,
+}
+
+/// What `reset` and `step` answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepReply {
+    /// The policy input after this interval ([`FeatureHistory`]).
+    pub observation: Vec<f32>,
+    /// Reward of the step (0 after `reset`).
+    pub reward: f64,
+    /// The episode is over (the transfer finished, or the time limit was reached).
+    pub done: bool,
+    /// It is over because of the time limit, not because the transfer finished.
+    pub truncated: bool,
+    /// The raw signals and, on the simulator, what the best choice was.
+    pub info: StepInfo,
+}
+
+/// Details of a step that are not part of the policy input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepInfo {
+    /// The interval's signals, utility and paper reward.
+    pub signals: Observation,
+    /// Best count at the start of the interval (simulator only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_streams: Option<usize>,
+    /// Noise-free utility of the count in use over the best (simulator only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utility_fraction: Option<f64>,
+    /// The scenario (simulator only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scenario: Option<String>,
+}
+
+/// A reply to a request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Reply {
+    /// To `describe`.
+    Description(Description),
+    /// To `reset` and `step`.
+    Step(StepReply),
+    /// To `close`.
+    Closed {
+        /// Always true.
+        closed: bool,
+    },
+    /// A request that could not be served.
+    Error {
+        /// Why.
+        error: String,
+    },
+}
+
+impl Reply {
+    /// The error reply for `message`.
+    pub fn error(message: impl Into<String>) -> Reply {
+        Reply::Error {
+            error: message.into(),
+        }
+    }
+}
+
+/// The stream count that action `index` of `layout` makes from `streams`, within
+/// `1..=max_streams`; an error naming the valid indices when there is no such action.
+pub fn apply_action(
+    layout: &ObservationLayout,
+    index: usize,
+    streams: usize,
+    max_streams: usize,
+) -> Result<usize, String> {
+    let change = layout.actions.get(index).ok_or_else(|| {
+        format!(
+            "action {index} is not in 0..{} (changes {:?})",
+            layout.actions.len(),
+            layout.actions
+        )
+    })?;
+    Ok((streams as i64 + change).clamp(1, max_streams.max(1) as i64) as usize)
+}
+
+/// Where a simulated environment's scenarios come from.
+#[derive(Debug, Clone)]
+pub enum ScenarioSource {
+    /// Always this scenario; each episode draws new measurement noise.
+    Fixed(Scenario),
+    /// A new random scenario of this family each episode.
+    Random(Family),
+}
+
+/// Settings of a simulated environment.
+#[derive(Debug, Clone)]
+pub struct EnvConfig {
+    /// The observation layout.
+    pub layout: ObservationLayout,
+    /// Simulated seconds per episode.
+    pub duration: f64,
+    /// Monitoring interval, seconds.
+    pub mi: f64,
+    /// Most streams.
+    pub max_streams: usize,
+    /// Streams during an episode's first interval.
+    pub initial_streams: usize,
+    /// Utility parameters.
+    pub utility: UtilityParams,
+    /// Parameters of the `change` reward.
+    pub reward_params: RewardParams,
+    /// The reward of each step.
+    pub reward: RewardKind,
+}
+
+/// One episode on the simulator.
+struct Episode {
+    sim: Simulator,
+    tracker: SignalTracker,
+    features: FeatureHistory,
+    streams: usize,
+}
+
+/// The environment protocol served over the simulator.
+pub struct SimEnv {
+    source: ScenarioSource,
+    config: EnvConfig,
+    rng: ChaCha8Rng,
+    episode: Option<Episode>,
+}
+
+impl SimEnv {
+    /// An environment whose episodes come from `source`; `seed` draws the seeds of episodes
+    /// reset without one (below [`HELD_OUT_SEEDS`], so they are training paths).
+    pub fn new(source: ScenarioSource, config: EnvConfig, seed: u64) -> Self {
+        SimEnv {
+            source,
+            config,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            episode: None,
+        }
+    }
+
+    /// Answers one request.
+    pub fn handle(&mut self, request: Request) -> Reply {
+        match request {
+            Request::Describe => Reply::Description(Description {
+                layout: self.config.layout.clone(),
+                utility: self.config.utility,
+                reward: self.config.reward,
+                reward_params: self.config.reward_params,
+                max_streams: self.config.max_streams,
+                mi: self.config.mi,
+                source: "simulator".into(),
+            }),
+            Request::Reset { seed } => {
+                let seed = seed.unwrap_or_else(|| self.rng.random_range(0..HELD_OUT_SEEDS));
+                Reply::Step(self.reset(seed))
+            }
+            Request::Step { action } => match self.step(action) {
+                Ok(reply) => Reply::Step(reply),
+                Err(e) => Reply::error(e),
+            },
+            Request::Close => {
+                self.episode = None;
+                Reply::Closed { closed: true }
+            }
+        }
+    }
+
+    fn reset(&mut self, seed: u64) -> StepReply {
+        let c = &self.config;
+        let scenario = match &self.source {
+            ScenarioSource::Fixed(s) => s.clone(),
+            ScenarioSource::Random(family) => random_scenario(*family, seed, c.duration),
+        };
+        let streams = c.initial_streams.clamp(1, c.max_streams.max(1));
+        self.episode = Some(Episode {
+            sim: Simulator::new(scenario, seed),
+            tracker: SignalTracker::new(c.utility, c.reward_params, c.layout.action_history),
+            features: FeatureHistory::new(c.layout.clone()),
+            streams,
+        });
+        let mut reply = self.run_interval();
+        reply.reward = 0.0;
+        reply
+    }
+
+    fn step(&mut self, action: usize) -> Result<StepReply, String> {
+        let c = &self.config;
+        let episode = self
+            .episode
+            .as_mut()
+            .ok_or("no episode: send reset first")?;
+        if episode.sim.time() + c.mi > c.duration + 1e-9 {
+            return Err("the episode is over: send reset".into());
+        }
+        episode.streams = apply_action(&c.layout, action, episode.streams, c.max_streams)?;
+        Ok(self.run_interval())
+    }
+
+    /// Runs one interval at the episode's count and builds the reply.
+    fn run_interval(&mut self) -> StepReply {
+        let c = &self.config;
+        let e = self.episode.as_mut().expect("an episode is running");
+        let start = e.sim.time();
+        let stats = e.sim.step(e.streams, c.mi);
+        let signals = e.tracker.observe(&stats);
+        let (best_streams, best) = e.sim.best(&c.utility, c.max_streams, start);
+        let utility_fraction = e.sim.true_utility(&c.utility, e.streams, start) / best;
+        let reward = match c.reward {
+            RewardKind::Utility => signals.utility / best,
+            RewardKind::Change => signals.reward,
+        };
+        let done = e.sim.time() + c.mi > c.duration + 1e-9;
+        StepReply {
+            observation: e.features.push(&signals),
+            reward,
+            done,
+            truncated: done,
+            info: StepInfo {
+                signals,
+                best_streams: Some(best_streams),
+                utility_fraction: Some(utility_fraction),
+                scenario: Some(e.sim.scenario().name.clone()),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(source: ScenarioSource) -> SimEnv {
+        SimEnv::new(
+            source,
+            EnvConfig {
+                layout: ObservationLayout::default(),
+                duration: 10.0,
+                mi: 1.0,
+                max_streams: 64,
+                initial_streams: 1,
+                utility: UtilityParams::default(),
+                reward_params: RewardParams::default(),
+                reward: RewardKind::Utility,
+            },
+            3,
+        )
+    }
+
+    fn step(env: &mut SimEnv, action: usize) -> StepReply {
+        match env.handle(Request::Step { action }) {
+            Reply::Step(r) => r,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn requests_parse_from_json_lines() {
+        let parse = |s: &str| serde_json::from_str::<Request>(s);
+        assert_eq!(
+            parse(r#"{"op":"reset","seed":4}"#).unwrap(),
+            Request::Reset { seed: Some(4) }
+        );
+        assert_eq!(
+            parse(r#"{"op":"reset"}"#).unwrap(),
+            Request::Reset { seed: None }
+        );
+        assert_eq!(
+            parse(r#"{"op":"step","action":1}"#).unwrap(),
+            Request::Step { action: 1 }
+        );
+        assert!(parse(r#"{"op":"step"}"#).is_err());
+        assert!(parse(r#"{"op":"jump"}"#).is_err());
+        assert!(parse(r#"{"op":"step","action":1,"extra":2}"#).is_err());
+    }
+
+    #[test]
+    fn an_episode_climbs_with_its_actions_and_ends_at_the_time_limit() {
+        let mut e = env(ScenarioSource::Fixed(
+            Scenario::shipped("paper-fig2").unwrap(),
+        ));
+        assert!(matches!(
+            e.handle(Request::Step { action: 0 }),
+            Reply::Error { .. }
+        ));
+        let Reply::Step(first) = e.handle(Request::Reset { seed: Some(1) }) else {
+            panic!()
+        };
+        assert_eq!(first.info.signals.streams, 1);
+        assert_eq!(first.observation.len(), ObservationLayout::default().size);
+        let mut rewards = Vec::new();
+        for _ in 0..4 {
+            let r = step(&mut e, 0);
+            rewards.push(r.reward);
+        }
+        let last = step(&mut e, 1);
+        assert_eq!(last.info.signals.streams, 22);
+        assert_eq!(last.info.best_streams, Some(20));
+        assert!(rewards.windows(2).all(|w| w[1] > w[0]), "{rewards:?}");
+        assert!(last.reward > 0.9 && last.reward < 1.05, "{}", last.reward);
+        let mut replies = 6;
+        while !step(&mut e, 2).done {
+            replies += 1;
+        }
+        assert_eq!(replies + 1, 10, "one reply per interval of a 10 s episode");
+        assert!(matches!(
+            e.handle(Request::Step { action: 2 }),
+            Reply::Error { .. }
+        ));
+        assert!(matches!(
+            e.handle(Request::Step { action: 9 }),
+            Reply::Error { .. }
+        ));
+    }
+
+    #[test]
+    fn seeded_resets_repeat_and_unseeded_ones_are_training_paths() {
+        let mut e = env(ScenarioSource::Random(Family::Mixed));
+        let reply = |e: &mut SimEnv, seed| match e.handle(Request::Reset { seed }) {
+            Reply::Step(r) => r,
+            other => panic!("{other:?}"),
+        };
+        let a = reply(&mut e, Some(HELD_OUT_SEEDS + 5));
+        let b = reply(&mut e, Some(HELD_OUT_SEEDS + 5));
+        assert_eq!(a, b);
+        for _ in 0..20 {
+            let scenario = reply(&mut e, None).info.scenario.unwrap();
+            let seed: u64 = scenario.rsplit(':').next().unwrap().parse().unwrap();
+            assert!(seed < HELD_OUT_SEEDS, "{scenario}");
+        }
+    }
+}

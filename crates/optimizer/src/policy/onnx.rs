@@ -1,0 +1,50 @@
+//! Policy inference in pure Rust: the ONNX export run by tract, so `xfer` stays one binary.
+
+use tract_onnx::prelude::*;
+
+use super::{PolicyError, PolicyModel};
+
+/// An ONNX policy network, optimised for a batch of one input vector.
+pub struct OnnxModel {
+    state: TypedSimpleState,
+    input_size: usize,
+}
+
+impl OnnxModel {
+    /// Loads the network from the bytes of an `.onnx` file, for input vectors of
+    /// `input_size` values (the model's input must be `[batch, input_size]` floats).
+    pub fn from_bytes(bytes: &[u8], input_size: usize) -> Result<Self, PolicyError> {
+        let model = || -> TractResult<TypedSimpleState> {
+            let plan: std::sync::Arc<TypedSimplePlan> = tract_onnx::onnx()
+                .model_for_read(&mut &bytes[..])?
+                .with_input_fact(0, f32::fact([1, input_size]).into())?
+                .into_optimized()?
+                .into_runnable()?;
+            TypedSimpleState::new(&plan)
+        };
+        let state = model().map_err(|e| PolicyError::Model(format!("{e:#}")))?;
+        Ok(OnnxModel { state, input_size })
+    }
+}
+
+impl PolicyModel for OnnxModel {
+    fn logits(&mut self, input: &[f32]) -> Result<Vec<f32>, PolicyError> {
+        if input.len() != self.input_size {
+            return Err(PolicyError::Model(format!(
+                "input of {} values, the model takes {}",
+                input.len(),
+                self.input_size
+            )));
+        }
+        let tensor = Tensor::from_shape(&[1, self.input_size], input)
+            .map_err(|e| PolicyError::Model(format!("{e:#}")))?;
+        let outputs = self
+            .state
+            .run(tvec!(tensor.into()))
+            .map_err(|e| PolicyError::Model(format!("{e:#}")))?;
+        let logits = outputs[0]
+            .to_plain_array_view::<f32>()
+            .map_err(|e| PolicyError::Model(format!("{e:#}")))?;
+        Ok(logits.iter().copied().collect())
+    }
+}

@@ -1,0 +1,208 @@
+//! Random scenarios for training and held-out evaluation of learned policies: links from
+//! 100 Mbit/s to 100 Gbit/s, RTT 1-300 ms, random loss up to 1 %, buffers from a twentieth of
+//! the bandwidth-delay product to twice it, per-stream caps, socket-buffer limits, and
+//! background traffic that changes over time.
+//!
+//! A scenario is a pure function of its family and seed, so `random:lossy:7` is the same path
+//! everywhere. Training draws seeds below [`HELD_OUT_SEEDS`]; evaluation uses seeds from there
+//! on, so it runs on paths the policy never saw.
+
+use std::fmt;
+use std::str::FromStr;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::scenario::{BackgroundStep, Scenario};
+
+/// First seed of the held-out range: training uses seeds below it.
+pub const HELD_OUT_SEEDS: u64 = 1 << 40;
+
+/// A kind of path, each stressing one thing a controller must handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// Every parameter drawn independently over its whole range (what training uses).
+    Mixed,
+    /// Streams paced to a rate cap, as in paper 001's experiments: the count that fills the
+    /// link is capacity over cap.
+    Capped,
+    /// Random loss of 1e-5 to 1e-2 on 20-300 ms paths: each stream is loss-limited.
+    Lossy,
+    /// Buffers of a hundredth to a tenth of the bandwidth-delay product: congestion shows
+    /// as loss early.
+    Shallow,
+    /// Background flows that arrive and leave: the best count moves during the transfer.
+    Background,
+    /// 10-100 Gbit/s links with socket-buffer (window) limits.
+    Fast,
+}
+
+impl Family {
+    /// Every family.
+    pub const ALL: [Family; 6] = [
+        Family::Mixed,
+        Family::Capped,
+        Family::Lossy,
+        Family::Shallow,
+        Family::Background,
+        Family::Fast,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Family::Mixed => "mixed",
+            Family::Capped => "capped",
+            Family::Lossy => "lossy",
+            Family::Shallow => "shallow",
+            Family::Background => "background",
+            Family::Fast => "fast",
+        }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Family {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Family::ALL
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Family::ALL.iter().map(|f| f.name()).collect();
+                format!(
+                    "unknown scenario family {s:?}; families: {}",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+/// Draws from `[low, high]` uniformly on a log scale.
+fn log_uniform(rng: &mut ChaCha8Rng, low: f64, high: f64) -> f64 {
+    (rng.random_range(low.ln()..=high.ln())).exp()
+}
+
+/// The scenario of `family` and `seed`, with background changes within `horizon_s` seconds.
+pub fn random_scenario(family: Family, seed: u64, horizon_s: f64) -> Scenario {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (family as u64).wrapping_mul(0x9e37_79b9));
+    let r = &mut rng;
+    let capacity = match family {
+        Family::Fast => log_uniform(r, 10_000.0, 100_000.0),
+        _ => log_uniform(r, 100.0, 100_000.0),
+    };
+    let rtt = match family {
+        Family::Lossy => log_uniform(r, 20.0, 300.0),
+        Family::Fast => log_uniform(r, 1.0, 100.0),
+        _ => log_uniform(r, 1.0, 300.0),
+    };
+    let random_loss = match family {
+        Family::Lossy => log_uniform(r, 1e-5, 1e-2),
+        Family::Mixed if r.random_bool(0.6) => log_uniform(r, 1e-6, 1e-2),
+        _ => 0.0,
+    };
+    let bdp_kib = capacity * 1e6 * rtt / 1e3 / 8.0 / 1024.0;
+    let buffer_kib = match family {
+        Family::Shallow => bdp_kib * log_uniform(r, 0.01, 0.1),
+        _ => bdp_kib * log_uniform(r, 0.05, 2.0),
+    }
+    .max(32.0);
+    let stream_cap_mbps = match family {
+        Family::Capped => Some(capacity / r.random_range(4.0..48.0)),
+        Family::Mixed if r.random_bool(0.3) => Some(capacity / r.random_range(4.0..48.0)),
+        _ => None,
+    };
+    let window_kib = match family {
+        Family::Fast => log_uniform(r, 4.0 * 1024.0, 64.0 * 1024.0),
+        Family::Mixed if r.random_bool(0.3) => log_uniform(r, 1024.0, 32.0 * 1024.0),
+        _ => 32.0 * 1024.0,
+    };
+    let changes = match family {
+        Family::Background => r.random_range(2..=4),
+        Family::Mixed if r.random_bool(0.4) => r.random_range(1..=3),
+        _ => 0,
+    };
+    let mut background = Vec::new();
+    let mut background_cap_mbps = None;
+    if changes > 0 {
+        let mut times: Vec<f64> = (0..changes)
+            .map(|_| r.random_range(0.0..horizon_s.max(1.0)))
+            .collect();
+        times.sort_by(f64::total_cmp);
+        background = times
+            .into_iter()
+            .map(|at_s| BackgroundStep {
+                at_s: at_s.round(),
+                flows: r.random_range(0..=16),
+            })
+            .collect();
+        if r.random_bool(0.5) {
+            background_cap_mbps = Some(capacity / r.random_range(4.0..40.0));
+        }
+    }
+    let noise = r.random_range(0.01..0.05);
+    let start_rtts = r.random_range(2.0..4.0);
+    Scenario {
+        name: format!("random:{family}:{seed}"),
+        description: format!("random {family} path, seed {seed}"),
+        capacity_mbps: capacity,
+        base_rtt_ms: rtt,
+        buffer_kib,
+        random_loss,
+        stream_cap_mbps,
+        window_kib,
+        mss: 1448.0,
+        start_rtts,
+        noise,
+        background_cap_mbps,
+        background,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scenarios_are_valid_and_a_function_of_family_and_seed() {
+        for family in Family::ALL {
+            for seed in 0..200 {
+                let s = random_scenario(family, seed, 100.0);
+                let text = toml::to_string(&s).unwrap();
+                assert_eq!(Scenario::from_toml(&text).unwrap(), s, "{text}");
+                assert_eq!(random_scenario(family, seed, 100.0), s);
+                assert!((100.0..=100_000.0).contains(&s.capacity_mbps));
+                assert!((1.0..=300.0).contains(&s.base_rtt_ms));
+                assert!(s.random_loss <= 1e-2);
+            }
+        }
+        assert_ne!(
+            random_scenario(Family::Mixed, 1, 100.0),
+            random_scenario(Family::Mixed, 2, 100.0)
+        );
+    }
+
+    #[test]
+    fn families_have_their_trait() {
+        for seed in 0..50 {
+            assert!(random_scenario(Family::Capped, seed, 100.0)
+                .stream_cap_mbps
+                .is_some());
+            assert!(random_scenario(Family::Lossy, seed, 100.0).random_loss >= 1e-5);
+            assert!(
+                random_scenario(Family::Background, seed, 100.0)
+                    .background
+                    .len()
+                    >= 2
+            );
+            assert!(random_scenario(Family::Fast, seed, 100.0).capacity_mbps >= 10_000.0);
+        }
+        assert_eq!("lossy".parse::<Family>(), Ok(Family::Lossy));
+        assert!("nope".parse::<Family>().unwrap_err().contains("shallow"));
+    }
+}

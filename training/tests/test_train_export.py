@@ -1,0 +1,113 @@
+"""A short training run end to end: train, export, and load the export in Rust."""
+
+import json
+import subprocess
+
+import numpy as np
+import onnx
+import pytest
+from onnx.reference import ReferenceEvaluator
+
+from xfer_training import evaluate, train
+
+
+@pytest.fixture(scope="module")
+def exported(xfer, tmp_path_factory):
+    out = tmp_path_factory.mktemp("model")
+    runs = tmp_path_factory.mktemp("runs")
+    args = train.parser().parse_args(
+        ["--steps", "2048", "--envs", "2", "--n-steps", "256", "--batch-size", "128"]
+        + ["--out", str(out), "--runs", str(runs), "--xfer", str(xfer), "--evaluate", "0"]
+    )
+    train.train(args)
+    return out, runs
+
+
+def test_the_export_has_its_files_and_metadata(exported):
+    out, runs = exported
+    metadata = json.loads((out / "metadata.json").read_text())
+    assert metadata["format"] == "xfer-policy-1"
+    assert metadata["layout"]["size"] == 56
+    assert metadata["layout"]["actions"] == [5, 1, 0, -1, -5]
+    assert metadata["utility"] == {"k": 1.02, "b": 10.0}
+    t = metadata["training"]
+    assert t["steps"] >= 2048 and t["seed"] == 1 and t["source_revision"]
+    for name in metadata["files"].values():
+        assert (out / name).stat().st_size > 0
+    assert (out / "policy.onnx").stat().st_size < 200_000, "a few hundred KB at most"
+    assert list(runs.glob("ppo-seed1*/events.out.tfevents.*")), "TensorBoard log written"
+
+
+def test_python_onnx_and_torch_agree_on_the_golden_vectors(exported):
+    out, _ = exported
+    golden = json.loads((out / "golden.json").read_text())
+    model = onnx.load(str(out / "policy.onnx"))
+    onnx.checker.check_model(model)
+    session = ReferenceEvaluator(model)
+    for x, logits, action in zip(
+        golden["inputs"], golden["logits"], golden["actions"], strict=True
+    ):
+        (y,) = session.run(None, {"observation": np.asarray([x], dtype=np.float32)})
+        assert np.max(np.abs(y[0] - np.asarray(logits))) < 1e-5
+        assert int(np.argmax(y[0])) == action
+
+
+def test_xfer_loads_the_export_and_reproduces_its_golden_vectors(xfer, exported):
+    out, _ = exported
+    run = subprocess.run(
+        [str(xfer), "model", str(out), "--json", "--decisions", "100"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    report = json.loads(run.stdout)
+    assert report["golden_vectors"] >= 20
+    assert report["golden_max_logit_error"] < 1e-5
+
+
+def test_xfer_sim_runs_the_export_beside_the_baselines(xfer, exported, tmp_path):
+    out, _ = exported
+    report = evaluate.evaluate(out, xfer, per_family=1, seeds=1, duration_s=20, out=tmp_path)
+    assert set(report["families"]) == {*evaluate.FAMILIES, "shipped"}
+    for stats in report["families"].values():
+        assert set(stats) == {"ppo", "gd", "bo", "fixed:8"}
+    assert "| shipped | ppo |" in (tmp_path / "evaluation.md").read_text()
+    for png in ["t95.png", "utility.png", "trace-paper-fig2.png"]:
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_model_for_another_utility_is_refused_by_xfer(xfer, exported, tmp_path):
+    out, _ = exported
+    for f in out.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    metadata = json.loads((tmp_path / "metadata.json").read_text())
+    metadata["utility"]["k"] = 1.05
+    (tmp_path / "metadata.json").write_text(json.dumps(metadata))
+    run = subprocess.run(
+        [str(xfer), "sim", "--scenario", "paper-fig2", "--optimizer", f"ppo:{tmp_path}"],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 1
+    assert "trained for the utility K=1.05" in run.stderr
+
+
+def test_verdicts_compare_ppo_with_the_faster_and_the_better_baseline():
+    stats = {
+        "ppo": {"t95_mis": 3.0, "utility": 0.95},
+        "gd": {"t95_mis": 5.0, "utility": 0.94},
+        "bo": {"t95_mis": 10.0, "utility": 0.96},
+    }
+    v = evaluate.verdict(stats)
+    assert v["faster"] and v["t95_ratio"] == pytest.approx(0.6)
+    assert not v["utility_as_high"] and v["utility_diff"] == pytest.approx(-0.01)
+    rows = [
+        {"controller": "gd", "time_to_95": 4.0, "mean_utility_fraction": 0.9},
+        {"controller": "gd", "time_to_95": None, "mean_utility_fraction": 0.7},
+    ]
+    assert evaluate.aggregate(rows, 200.0)["gd"] == {
+        "runs": 2,
+        "t95_mis": 102.0,
+        "never": 1,
+        "utility": pytest.approx(0.8),
+    }

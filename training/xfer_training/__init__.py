@@ -1,0 +1,1 @@
+"""Training, export and evaluation of xfer's learned stream-count policy."""

@@ -1,0 +1,241 @@
+"""``xfer-evaluate``: a policy against gd, bo and fixed on held-out simulated paths.
+
+Every controller runs in ``xfer sim`` itself (the policy through the ONNX export xfer ships), on
+random paths of every family with seeds the training never draws (from 2^40 on) and on the
+shipped scenarios, several noise seeds each. For each family it reports the MIs to 95 % of the
+best utility and the mean utility over the best, and whether ppo meets the targets: at most 60 %
+of the MIs of the faster of gd and bo, and a mean utility at least as high as both.
+
+Example::
+
+    xfer-evaluate --model models/default --per-family 5 --seeds 3 --out training/runs/evaluation
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .env import DEFAULT_XFER  # noqa: E402
+
+#: First seed of the held-out range (HELD_OUT_SEEDS in crates/optimizer/src/sim/random.rs).
+HELD_OUT_SEEDS = 1 << 40
+FAMILIES = ["mixed", "capped", "lossy", "shallow", "background", "fast"]
+SHIPPED = [
+    "paper-fig2",
+    "chameleon-uc-tacc",
+    "cloudlab-1g",
+    "lossy-long-haul",
+    "background-arrives",
+    "shallow-buffer",
+]
+BASELINES = ["gd", "bo", "fixed:8"]
+
+
+def sim_summaries(
+    xfer: Path, scenarios: list[str], optimizers: list[str], seeds: int, duration_s: float
+) -> list[dict[str, Any]]:
+    """The summary of every run of ``xfer sim`` over these scenarios and optimizers."""
+    out = subprocess.run(
+        [
+            str(xfer),
+            "sim",
+            "--scenario",
+            ",".join(scenarios),
+            "--optimizer",
+            ",".join(optimizers),
+            "--seeds",
+            str(seeds),
+            "--duration",
+            f"{duration_s}s",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"xfer sim failed: {out.stderr.strip()}")
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    return [r for r in rows if r.get("type") == "summary"]
+
+
+def aggregate(rows: list[dict[str, Any]], duration_s: float) -> dict[str, dict[str, float]]:
+    """Per controller: mean MIs to 95 % (a run that never got there counts the whole run), runs
+    that never got there, and mean utility over the best."""
+    by: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by[r["controller"]].append(r)
+    result = {}
+    for controller, runs in by.items():
+        t95 = [r["time_to_95"] if r["time_to_95"] is not None else duration_s for r in runs]
+        result[controller] = {
+            "runs": len(runs),
+            "t95_mis": sum(t95) / len(t95),
+            "never": sum(r["time_to_95"] is None for r in runs),
+            "utility": sum(r["mean_utility_fraction"] for r in runs) / len(runs),
+        }
+    return result
+
+
+def verdict(stats: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Whether ppo meets the targets against gd and bo in one family."""
+    ppo = stats["ppo"]
+    faster = min(stats["gd"]["t95_mis"], stats["bo"]["t95_mis"])
+    best_utility = max(stats["gd"]["utility"], stats["bo"]["utility"])
+    return {
+        "t95_ratio": ppo["t95_mis"] / faster if faster > 0 else float("inf"),
+        "utility_diff": ppo["utility"] - best_utility,
+        "faster": ppo["t95_mis"] <= 0.6 * faster,
+        "utility_as_high": ppo["utility"] >= best_utility,
+    }
+
+
+def plot(families: dict[str, dict[str, dict[str, float]]], out: Path) -> list[Path]:
+    """Bar charts of MIs to 95 % and mean utility per family and controller."""
+    paths = []
+    controllers = ["ppo", *BASELINES]
+    for key, label, name in [
+        ("t95_mis", "MIs to 95 % of the best utility (lower is better)", "t95.png"),
+        ("utility", "mean utility / best (higher is better)", "utility.png"),
+    ]:
+        fig, ax = plt.subplots(figsize=(9, 4))
+        width = 0.8 / len(controllers)
+        names = list(families)
+        for i, c in enumerate(controllers):
+            values = [families[f].get(c, {}).get(key, 0.0) for f in names]
+            ax.bar([x + i * width for x in range(len(names))], values, width, label=c)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], names)
+        ax.set_ylabel(label)
+        ax.legend()
+        fig.tight_layout()
+        path = out / name
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def plot_trace(xfer: Path, model: Path, scenario: str, out: Path) -> Path:
+    """Stream count over time on one scenario for ppo, gd and bo (seed 1)."""
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for controller in [f"ppo:{model}", "gd", "bo"]:
+        run = subprocess.run(
+            [str(xfer), "sim", "--scenario", scenario, "--optimizer", controller, "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        rows = [json.loads(line) for line in run.stdout.splitlines()]
+        mis = [r for r in rows if r["type"] == "mi"]
+        ax.step(
+            [r["time"] for r in mis],
+            [r["streams"] for r in mis],
+            where="post",
+            label=controller.split(":")[0],
+        )
+    best = [r["best_streams"] for r in mis]
+    ax.plot([r["time"] for r in mis], best, "k:", label="best")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("streams")
+    ax.set_title(scenario)
+    ax.legend()
+    fig.tight_layout()
+    path = out / f"trace-{scenario}.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def markdown(families: dict[str, dict[str, dict[str, float]]], verdicts: dict[str, Any]) -> str:
+    lines = [
+        "| family | controller | runs | MIs to 95 % | never | mean U/best |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for family, stats in families.items():
+        for c in ["ppo", *BASELINES]:
+            if c in stats:
+                s = stats[c]
+                lines.append(
+                    f"| {family} | {c} | {s['runs']} | {s['t95_mis']:.1f} | {s['never']} "
+                    f"| {s['utility']:.3f} |"
+                )
+    lines += [
+        "",
+        "| family | ppo MIs / faster of gd, bo | target <= 0.6 | ppo U - best of gd, bo | "
+        "target >= 0 |",
+        "| --- | ---: | --- | ---: | --- |",
+    ]
+    for family, v in verdicts.items():
+        lines.append(
+            f"| {family} | {v['t95_ratio']:.2f} | {'met' if v['faster'] else 'missed'} "
+            f"| {v['utility_diff']:+.3f} | {'met' if v['utility_as_high'] else 'missed'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def evaluate(
+    model: Path,
+    xfer: Path = DEFAULT_XFER,
+    per_family: int = 5,
+    seeds: int = 3,
+    duration_s: float = 200.0,
+    out: Path | None = None,
+) -> dict[str, Any]:
+    """Runs the evaluation; writes evaluation.md, evaluation.json and plots into ``out``."""
+    optimizers = [f"ppo:{model}", *BASELINES]
+    groups = {f: [f"random:{f}:{HELD_OUT_SEEDS + i}" for i in range(per_family)] for f in FAMILIES}
+    groups["shipped"] = SHIPPED
+    families = {
+        name: aggregate(sim_summaries(xfer, scenarios, optimizers, seeds, duration_s), duration_s)
+        for name, scenarios in groups.items()
+    }
+    verdicts = {name: verdict(stats) for name, stats in families.items()}
+    report = {
+        "model": str(model),
+        "per_family": per_family,
+        "seeds": seeds,
+        "duration_s": duration_s,
+        "families": families,
+        "verdict": verdicts,
+    }
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "evaluation.json").write_text(json.dumps(report, indent=2) + "\n")
+        command = (
+            f"xfer-evaluate --model {model} --per-family {per_family} --seeds {seeds} "
+            f"--duration {duration_s:g}"
+        )
+        (out / "evaluation.md").write_text(
+            f"Reproduce: `{command}`\n\n" + markdown(families, verdicts)
+        )
+        plot(families, out)
+        plot_trace(xfer, model, "paper-fig2", out)
+    return report
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="xfer-evaluate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", type=Path, default=Path("models/default"))
+    p.add_argument("--xfer", type=Path, default=DEFAULT_XFER)
+    p.add_argument("--per-family", type=int, default=5, help="held-out paths per family")
+    p.add_argument("--seeds", type=int, default=3, help="noise seeds per path")
+    p.add_argument("--duration", type=float, default=200.0, help="simulated seconds per run")
+    p.add_argument("--out", type=Path, default=Path("training/runs/evaluation"))
+    args = p.parse_args()
+    report = evaluate(args.model, args.xfer, args.per_family, args.seeds, args.duration, args.out)
+    print(markdown(report["families"], report["verdict"]), end="")
+    print(f"plots and evaluation.json in {args.out}")
+
+
+if __name__ == "__main__":
+    main()

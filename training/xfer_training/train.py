@@ -1,0 +1,189 @@
+"""``xfer-train``: trains the stream-count policy with PPO on randomised simulated paths, exports
+it for xfer, and evaluates it on held-out paths against gd, bo and fixed.
+
+Example (the shipped model)::
+
+    xfer-train --steps 1500000 --seed 1 --out models/default
+
+Each of ``--envs`` environments is an ``xfer env --randomize SEED+i`` process that draws a new
+random path (link 100 Mbit/s-100 Gbit/s, RTT 1-300 ms, loss 0-1 %, buffers, per-stream caps,
+changing background traffic) for every episode. TensorBoard logs go to ``--runs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.vec_env import DummyVecEnv
+
+from . import evaluate
+from .env import DEFAULT_XFER, XferEnv, sim_command
+from .export import Actor, export, logits
+
+#: PPO settings of the shipped model; the command line can change the ones it names.
+HYPERPARAMETERS: dict[str, Any] = {
+    "n_steps": 256,
+    "batch_size": 256,
+    "n_epochs": 10,
+    "gamma": 0.95,
+    "gae_lambda": 0.95,
+    "ent_coef": 0.01,
+    "learning_rate": 3e-4,
+    "clip_range": 0.2,
+}
+
+
+class _Progress(BaseCallback):
+    """Prints steps done, steps per second and the mean episode reward now and then."""
+
+    def __init__(self, every_s: float = 30.0) -> None:
+        super().__init__()
+        self._every = every_s
+        self._start = self._last = time.monotonic()
+
+    def _on_step(self) -> bool:
+        now = time.monotonic()
+        if now - self._last >= self._every:
+            self._last = now
+            episodes = self.model.ep_info_buffer
+            reward = np.mean([e["r"] for e in episodes]) if episodes else float("nan")
+            rate = self.num_timesteps / (now - self._start)
+            print(
+                f"xfer-train: {self.num_timesteps} steps, {rate:.0f}/s, "
+                f"mean episode reward {reward:.2f}",
+                flush=True,
+            )
+        return True
+
+
+def make_env(args: argparse.Namespace, index: int) -> XferEnv:
+    command = sim_command(
+        args.xfer,
+        randomize=args.seed * 1000 + index,
+        family=args.family,
+        duration_s=args.episode_s,
+        history=args.history,
+        action_history=args.action_history,
+        reward=args.reward,
+        extra=["--k", str(args.k), "--b", str(args.b), "--max-streams", str(args.max_streams)],
+    )
+    return XferEnv(command)
+
+
+def golden_inputs(actor: Actor, env: XferEnv, episodes: int, seed: int) -> np.ndarray:
+    """Observations met when the policy acts (a few per episode), and some random vectors."""
+    rng = np.random.default_rng(seed)
+    found: list[np.ndarray] = []
+    for episode in range(episodes):
+        obs, _ = env.reset()
+        for step in range(40):
+            if step in (0, 3, 10, 39):
+                found.append(obs)
+            action = int(logits(actor, obs[None, :])[0].argmax())
+            obs, _, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                break
+        del episode
+    size = env.observation_space.shape[0]
+    found.extend(rng.normal(0.0, 0.5, size=(8, size)).astype(np.float32))
+    return np.stack(found)
+
+
+def train(args: argparse.Namespace) -> Path:
+    """Trains, exports to ``args.out`` and returns the metadata file."""
+    torch.set_num_threads(1)
+    started = time.monotonic()
+    venv = DummyVecEnv([lambda i=i: Monitor(make_env(args, i)) for i in range(args.envs)])
+    hyper = {**HYPERPARAMETERS, "n_steps": args.n_steps, "batch_size": args.batch_size}
+    model = PPO(
+        "MlpPolicy",
+        venv,
+        policy_kwargs={"net_arch": {"pi": args.net, "vf": args.net}},
+        tensorboard_log=str(args.runs),
+        seed=args.seed,
+        device="cpu",
+        verbose=0,
+        **hyper,
+    )
+    model.learn(
+        total_timesteps=args.steps, callback=_Progress(), tb_log_name=f"ppo-seed{args.seed}"
+    )
+    wall = time.monotonic() - started
+    venv.close()
+    env = make_env(args, 999)
+    try:
+        description = env.description
+        inputs = golden_inputs(Actor(model), env, episodes=6, seed=args.seed)
+    finally:
+        env.close()
+    training = {
+        "algorithm": "PPO (stable-baselines3 MlpPolicy)",
+        "steps": model.num_timesteps,
+        "seed": args.seed,
+        "envs": args.envs,
+        "net": args.net,
+        "hyperparameters": hyper,
+        "scenarios": {
+            "source": "xfer env --randomize",
+            "family": args.family,
+            "episode_s": args.episode_s,
+            "seeds": f"drawn below 2^40 from --randomize {args.seed}*1000+i, i < {args.envs}",
+        },
+        "wall_time_s": round(wall, 1),
+    }
+    metadata = export(model, args.out, description, inputs, training)
+    model.save(args.runs / f"ppo-seed{args.seed}.zip")
+    print(f"xfer-train: {model.num_timesteps} steps in {wall:.0f} s; exported to {args.out}")
+    return metadata
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="xfer-train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=1_500_000, help="environment steps (MIs)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--envs", type=int, default=8, help="environments stepped together")
+    p.add_argument("--out", type=Path, default=Path("models/default"), help="export directory")
+    p.add_argument("--runs", type=Path, default=Path("training/runs"), help="TensorBoard logs")
+    p.add_argument("--xfer", type=Path, default=DEFAULT_XFER, help="the xfer binary")
+    p.add_argument("--family", default="mixed", help="random scenario family to train on")
+    p.add_argument("--episode-s", type=float, default=100.0, help="simulated seconds/episode")
+    p.add_argument("--history", type=int, default=8, help="signal vectors per observation")
+    p.add_argument("--action-history", type=int, default=8, help="past actions per observation")
+    p.add_argument("--reward", choices=["utility", "change"], default="utility")
+    p.add_argument("--k", type=float, default=1.02, help="utility: cost per stream")
+    p.add_argument("--b", type=float, default=10.0, help="utility: loss penalty")
+    p.add_argument("--max-streams", type=int, default=64)
+    p.add_argument("--net", type=lambda s: [int(x) for x in s.split(",")], default=[64, 64])
+    p.add_argument("--n-steps", type=int, default=HYPERPARAMETERS["n_steps"], help="per env")
+    p.add_argument("--batch-size", type=int, default=HYPERPARAMETERS["batch_size"])
+    p.add_argument(
+        "--evaluate",
+        type=int,
+        default=5,
+        metavar="N",
+        help="held-out paths per family to evaluate on afterwards (0: none)",
+    )
+    return p
+
+
+def main() -> None:
+    args = parser().parse_args()
+    train(args)
+    if args.evaluate:
+        report = evaluate.evaluate(
+            args.out, args.xfer, per_family=args.evaluate, seeds=3, out=args.runs / "evaluation"
+        )
+        print(json.dumps(report["verdict"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
