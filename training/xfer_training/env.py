@@ -88,7 +88,7 @@ def sim_command(
     *,
     scenario: str | None = None,
     randomize: int = 0,
-    family: str = "mixed",
+    family: str = "all",
     duration_s: float = 100.0,
     history: int = 8,
     action_history: int = 8,

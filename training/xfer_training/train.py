@@ -154,7 +154,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("models/default"), help="export directory")
     p.add_argument("--runs", type=Path, default=Path("training/runs"), help="TensorBoard logs")
     p.add_argument("--xfer", type=Path, default=DEFAULT_XFER, help="the xfer binary")
-    p.add_argument("--family", default="mixed", help="random scenario family to train on")
+    p.add_argument(
+        "--family", default="all", help="random scenario family to train on (all: every one)"
+    )
     p.add_argument("--episode-s", type=float, default=100.0, help="simulated seconds/episode")
     p.add_argument("--history", type=int, default=8, help="signal vectors per observation")
     p.add_argument("--action-history", type=int, default=8, help="past actions per observation")

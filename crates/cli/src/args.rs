@@ -117,9 +117,10 @@ pub struct EnvArgs {
     /// Every episode on a new random scenario; SEED draws the seeds of resets that bring none.
     #[arg(long, value_name = "SEED")]
     pub randomize: Option<u64>,
-    /// Family of the random scenarios (mixed, capped, lossy, shallow, background, fast).
-    #[arg(long, default_value = "mixed", requires = "randomize")]
-    pub family: optimizer::sim::Family,
+    /// Family of the random scenarios: mixed, capped, lossy, shallow, background, fast, or
+    /// all (each episode's family drawn from its seed).
+    #[arg(long, default_value = "all", requires = "randomize", value_parser = parse_family)]
+    pub family: FamilyChoice,
     /// Simulated time per episode.
     #[arg(long, default_value = "100s", value_parser = parse_positive_time)]
     pub duration: Duration,
@@ -135,6 +136,17 @@ pub struct EnvArgs {
     pub reward: RewardKind,
     #[command(flatten)]
     pub tuning: TuningArgs,
+}
+
+/// A scenario family, or every family (`None`).
+#[derive(Debug, Clone, Copy)]
+pub struct FamilyChoice(pub Option<optimizer::sim::Family>);
+
+fn parse_family(s: &str) -> Result<FamilyChoice, String> {
+    match s {
+        "all" => Ok(FamilyChoice(None)),
+        _ => s.parse().map(|f| FamilyChoice(Some(f))),
+    }
 }
 
 fn parse_reward_kind(s: &str) -> Result<RewardKind, String> {
@@ -253,8 +265,9 @@ pub struct SendArgs {
     pub streams_schedule: Option<Schedule<u32>>,
     /// Who chooses the stream count each monitoring interval: gd (gradient ascent on the
     /// utility), bo (Bayesian optimisation), ppo (the built-in learned policy), ppo:PATH (an
-    /// export of training/) or fixed:N [default: gd, or none when --streams or
-    /// --streams-schedule is given].
+    /// export of training/), external:SOCKET (an agent on a Unix socket xfer listens on,
+    /// speaking the protocol of `xfer env`) or fixed:N [default: gd, or none when --streams
+    /// or --streams-schedule is given].
     #[arg(long)]
     pub optimizer: Option<OptimizerSpec>,
     /// Write one JSON line per monitoring interval here: the signals, utility, reward, the

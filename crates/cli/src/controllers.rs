@@ -1,14 +1,17 @@
-//! The controllers `--optimizer` names: the built-in ones (gd, bo, fixed:N) and the learned
-//! policy (ppo, or ppo:PATH for an export of training/).
+//! The controllers `--optimizer` names: the built-in ones (gd, bo, fixed:N), the learned
+//! policy (ppo, or ppo:PATH for an export of training/) and an external agent
+//! (external:SOCKET).
 
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use optimizer::policy::PolicyController;
-use optimizer::{Controller, ControllerSpec, UtilityParams};
+use optimizer::{Controller, ControllerSpec};
 
-use crate::policy::{PolicyRuntime, PolicySource};
+use crate::args::TuningArgs;
+use crate::external::ExternalAgent;
+use crate::policy::PolicySource;
 
 /// A controller named on the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +20,8 @@ pub enum OptimizerSpec {
     Builtin(ControllerSpec),
     /// The learned policy: the built-in one, or the export at this path.
     Ppo(Option<PathBuf>),
+    /// An agent speaking the environment protocol on a Unix socket at this path.
+    External(PathBuf),
 }
 
 impl FromStr for OptimizerSpec {
@@ -26,9 +31,12 @@ impl FromStr for OptimizerSpec {
         match s.split_once(':') {
             None if s == "ppo" => Ok(OptimizerSpec::Ppo(None)),
             Some(("ppo", path)) if !path.is_empty() => Ok(OptimizerSpec::Ppo(Some(path.into()))),
+            Some(("external", path)) if !path.is_empty() => {
+                Ok(OptimizerSpec::External(path.into()))
+            }
             _ => s.parse().map(OptimizerSpec::Builtin).map_err(|_| {
                 format!(
-                    "unknown optimizer {s:?}: expected gd, bo, fixed:N (N >= 1), ppo or ppo:PATH"
+                    "unknown optimizer {s:?}: expected gd, bo, fixed:N (N >= 1), ppo, ppo:PATH or external:SOCKET"
                 )
             }),
         }
@@ -36,25 +44,37 @@ impl FromStr for OptimizerSpec {
 }
 
 impl OptimizerSpec {
-    /// Builds the controller for a transfer of at most `max_streams` streams judged by
-    /// `utility`; `seed` seeds random choices, `runtime` runs a policy.
+    /// Builds the controller for a transfer measured and judged as `tuning` says; `seed`
+    /// seeds random choices. `live`: for a real transfer (an external agent needs one).
     pub fn build(
         &self,
-        max_streams: usize,
-        utility: UtilityParams,
+        tuning: &TuningArgs,
         seed: u64,
-        runtime: PolicyRuntime,
+        live: bool,
     ) -> anyhow::Result<Box<dyn Controller>> {
+        let max_streams = tuning.max_streams as usize;
+        let utility = tuning.utility()?;
         match self {
             OptimizerSpec::Builtin(spec) => Ok(spec.build(max_streams, utility, seed)),
             OptimizerSpec::Ppo(path) => {
                 let source = PolicySource::open(path.as_deref())?;
-                let model = source.model(runtime)?;
+                let model = source.model(tuning.policy_runtime)?;
                 let controller =
                     PolicyController::new(model, &source.metadata, max_streams, utility)
                         .with_context(|| format!("policy {}", source.describe()))?;
                 Ok(Box::new(controller))
             }
+            OptimizerSpec::External(path) if live => Ok(Box::new(ExternalAgent::listen(
+                path,
+                max_streams,
+                utility,
+                tuning.reward()?,
+                tuning.mi.as_secs_f64(),
+            )?)),
+            OptimizerSpec::External(_) => bail!(
+                "external:SOCKET lets an agent drive a real transfer (xfer send); on the \
+                 simulator an agent drives `xfer env`"
+            ),
         }
     }
 }
@@ -74,7 +94,11 @@ mod tests {
             "fixed:3".parse(),
             Ok(OptimizerSpec::Builtin(ControllerSpec::Fixed(3)))
         );
-        for bad in ["ppo:", "pp", "fixed:0"] {
+        assert_eq!(
+            "external:/tmp/a.sock".parse(),
+            Ok(OptimizerSpec::External("/tmp/a.sock".into()))
+        );
+        for bad in ["ppo:", "pp", "fixed:0", "external:"] {
             let err = bad.parse::<OptimizerSpec>().unwrap_err();
             assert!(err.contains("ppo:PATH"), "{err}");
         }
@@ -82,13 +106,21 @@ mod tests {
 
     #[test]
     fn the_built_in_policy_runs_with_the_default_utility_only() {
+        use clap::Parser;
+        let tuning = |extra: &[&str]| {
+            let mut args = vec!["xfer", "sim", "--scenario", "x"];
+            args.extend_from_slice(extra);
+            match crate::args::Cli::parse_from(args).command {
+                crate::args::Command::Sim(sim) => sim.tuning,
+                _ => unreachable!(),
+            }
+        };
         let ppo = OptimizerSpec::Ppo(None);
-        let c = ppo
-            .build(64, UtilityParams::default(), 0, PolicyRuntime::Onnx)
-            .unwrap();
-        assert_eq!(c.name(), "ppo");
-        let other = UtilityParams { k: 1.1, b: 10.0 };
-        let err = ppo.build(64, other, 0, PolicyRuntime::Onnx).err().unwrap();
+        assert_eq!(ppo.build(&tuning(&[]), 0, false).unwrap().name(), "ppo");
+        let err = ppo.build(&tuning(&["--k", "1.1"]), 0, false).err().unwrap();
         assert!(format!("{err:#}").contains("re-train"), "{err:#}");
+        let external = OptimizerSpec::External("/nonexistent/agent.sock".into());
+        let err = external.build(&tuning(&[]), 0, false).err().unwrap();
+        assert!(err.to_string().contains("xfer env"), "{err}");
     }
 }

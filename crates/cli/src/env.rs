@@ -12,7 +12,7 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
     let duration = args.duration.as_secs_f64();
     let source = match &args.scenario {
         Some(name) => ScenarioSource::Fixed(crate::sim::load(name, duration)?),
-        None => ScenarioSource::Random(args.family),
+        None => ScenarioSource::Random(args.family.0),
     };
     let config = EnvConfig {
         layout: ObservationLayout::new(args.history as usize, args.action_history as usize),

@@ -5,6 +5,7 @@ mod args;
 mod controllers;
 mod delay_line;
 mod env;
+mod external;
 mod model;
 mod policy;
 mod recv;

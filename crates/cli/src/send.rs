@@ -123,14 +123,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     };
     // Built before the transfer starts, so that a policy that cannot run stops nothing.
     let controller = controller
-        .map(|spec| {
-            spec.build(
-                args.tuning.max_streams as usize,
-                settings.utility,
-                args.seed,
-                args.tuning.policy_runtime,
-            )
-        })
+        .map(|spec| spec.build(&args.tuning, args.seed, true))
         .transpose()?;
     let initial = schedule
         .as_ref()

@@ -69,12 +69,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             let mut summaries = Vec::new();
             for seed in args.seed..args.seed + args.seeds {
                 let config = RunConfig { seed, ..base };
-                let mut controller = spec.build(
-                    config.max_streams,
-                    config.utility,
-                    seed,
-                    args.tuning.policy_runtime,
-                )?;
+                let mut controller = spec.build(&args.tuning, seed, false)?;
                 let (rows, summary) = sim::run(scenario, controller.as_mut(), &config);
                 if runs == 1 {
                     return print_trace(&mut out, &rows, &summary, args.json);

@@ -164,8 +164,9 @@ pub fn apply_action(
 pub enum ScenarioSource {
     /// Always this scenario; each episode draws new measurement noise.
     Fixed(Scenario),
-    /// A new random scenario of this family each episode.
-    Random(Family),
+    /// A new random scenario each episode, of this family or, with `None`, of a family drawn
+    /// from the episode's seed (every family equally often).
+    Random(Option<Family>),
 }
 
 /// Settings of a simulated environment.
@@ -248,7 +249,11 @@ impl SimEnv {
         let c = &self.config;
         let scenario = match &self.source {
             ScenarioSource::Fixed(s) => s.clone(),
-            ScenarioSource::Random(family) => random_scenario(*family, seed, c.duration),
+            ScenarioSource::Random(family) => {
+                let family =
+                    family.unwrap_or(Family::ALL[(seed % Family::ALL.len() as u64) as usize]);
+                random_scenario(family, seed, c.duration)
+            }
         };
         let streams = c.initial_streams.clamp(1, c.max_streams.max(1));
         self.episode = Some(Episode {
@@ -393,7 +398,7 @@ mod tests {
 
     #[test]
     fn seeded_resets_repeat_and_unseeded_ones_are_training_paths() {
-        let mut e = env(ScenarioSource::Random(Family::Mixed));
+        let mut e = env(ScenarioSource::Random(Some(Family::Mixed)));
         let reply = |e: &mut SimEnv, seed| match e.handle(Request::Reset { seed }) {
             Reply::Step(r) => r,
             other => panic!("{other:?}"),
@@ -405,6 +410,15 @@ mod tests {
             let scenario = reply(&mut e, None).info.scenario.unwrap();
             let seed: u64 = scenario.rsplit(':').next().unwrap().parse().unwrap();
             assert!(seed < HELD_OUT_SEEDS, "{scenario}");
+            assert!(scenario.starts_with("random:mixed:"), "{scenario}");
         }
+        let mut any = env(ScenarioSource::Random(None));
+        let families: std::collections::HashSet<String> = (0..60)
+            .map(|_| {
+                let scenario = reply(&mut any, None).info.scenario.unwrap();
+                scenario.split(':').nth(1).unwrap().to_string()
+            })
+            .collect();
+        assert_eq!(families.len(), Family::ALL.len(), "{families:?}");
     }
 }

@@ -113,10 +113,7 @@ fn bad_scenarios_and_optimizers_are_named() {
             vec!["--scenario", "random:wild:1"],
             "unknown scenario family \"wild\"",
         ),
-        (
-            vec!["--scenario", "random:lossy:x"],
-            "\"x\" is not a seed",
-        ),
+        (vec!["--scenario", "random:lossy:x"], "\"x\" is not a seed"),
         (
             vec!["--scenario", "paper-fig2", "--optimizer", "ppo", "--b", "3"],
             "trained for the utility K=1.02 B=10",
