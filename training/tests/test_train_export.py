@@ -101,6 +101,8 @@ def test_verdicts_compare_ppo_with_the_faster_and_the_better_baseline():
     v = evaluate.verdict(stats)
     assert v["faster"] and v["t95_ratio"] == pytest.approx(0.6)
     assert not v["utility_as_high"] and v["utility_diff"] == pytest.approx(-0.01)
+    immediate = {c: {**v, "t95_mis": 0.0} for c, v in stats.items()}
+    assert evaluate.verdict(immediate)["faster"], "nobody beats 95 % from the start"
     rows = [
         {"controller": "gd", "time_to_95": 4.0, "mean_utility_fraction": 0.9},
         {"controller": "gd", "time_to_95": None, "mean_utility_fraction": 0.7},

@@ -93,6 +93,7 @@ def sim_command(
     history: int = 8,
     action_history: int = 8,
     reward: str = "utility",
+    initial_streams: str = "1",
     extra: list[str] | None = None,
 ) -> list[str]:
     """The ``xfer env`` command line for these settings."""
@@ -113,6 +114,8 @@ def sim_command(
         str(action_history),
         "--reward",
         reward,
+        "--initial-streams",
+        initial_streams,
         *(extra or []),
     ]
 

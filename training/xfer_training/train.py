@@ -74,6 +74,7 @@ def make_env(args: argparse.Namespace, index: int) -> XferEnv:
         history=args.history,
         action_history=args.action_history,
         reward=args.reward,
+        initial_streams=args.initial_streams,
         extra=["--k", str(args.k), "--b", str(args.b), "--max-streams", str(args.max_streams)],
     )
     return XferEnv(command)
@@ -136,6 +137,7 @@ def train(args: argparse.Namespace) -> Path:
             "source": "xfer env --randomize",
             "family": args.family,
             "episode_s": args.episode_s,
+            "initial_streams": args.initial_streams,
             "seeds": f"drawn below 2^40 from --randomize {args.seed}*1000+i, i < {args.envs}",
         },
         "wall_time_s": round(wall, 1),
@@ -161,6 +163,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--history", type=int, default=8, help="signal vectors per observation")
     p.add_argument("--action-history", type=int, default=8, help="past actions per observation")
     p.add_argument("--reward", choices=["utility", "change"], default="utility")
+    p.add_argument(
+        "--initial-streams",
+        default="random",
+        help="streams at the start of an episode: a count, or random (1 to --max-streams)",
+    )
     p.add_argument("--k", type=float, default=1.02, help="utility: cost per stream")
     p.add_argument("--b", type=float, default=10.0, help="utility: loss penalty")
     p.add_argument("--max-streams", type=int, default=64)

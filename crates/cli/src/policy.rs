@@ -226,6 +226,16 @@ mod tests {
     }
 
     #[test]
+    fn a_broken_network_file_or_input_is_an_error_not_a_crash() {
+        assert!(OnnxModel::from_bytes(b"not onnx", 56).is_err());
+        for runtime in runtimes() {
+            let mut model = PolicySource::open(None).unwrap().model(runtime).unwrap();
+            let err = model.logits(&[0.0; 3]).unwrap_err().to_string();
+            assert!(err.contains("input of 3 values"), "{runtime:?}: {err}");
+        }
+    }
+
+    #[test]
     fn missing_or_foreign_exports_are_named() {
         let dir = tempfile::tempdir().unwrap();
         let err = PolicySource::open(Some(dir.path())).err().unwrap();

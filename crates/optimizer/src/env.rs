@@ -180,8 +180,9 @@ pub struct EnvConfig {
     pub mi: f64,
     /// Most streams.
     pub max_streams: usize,
-    /// Streams during an episode's first interval.
-    pub initial_streams: usize,
+    /// Streams during an episode's first interval; `None`: drawn from the episode's seed
+    /// between 1 and `max_streams`, so that training also meets counts far above the best.
+    pub initial_streams: Option<usize>,
     /// Utility parameters.
     pub utility: UtilityParams,
     /// Parameters of the `change` reward.
@@ -255,7 +256,11 @@ impl SimEnv {
                 random_scenario(family, seed, c.duration)
             }
         };
-        let streams = c.initial_streams.clamp(1, c.max_streams.max(1));
+        let max = c.max_streams.max(1);
+        let streams = c
+            .initial_streams
+            .unwrap_or_else(|| ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_57a7).random_range(1..=max));
+        let streams = streams.clamp(1, max);
         self.episode = Some(Episode {
             sim: Simulator::new(scenario, seed),
             tracker: SignalTracker::new(c.utility, c.reward_params, c.layout.action_history),
@@ -321,7 +326,7 @@ mod tests {
                 duration: 10.0,
                 mi: 1.0,
                 max_streams: 64,
-                initial_streams: 1,
+                initial_streams: Some(1),
                 utility: UtilityParams::default(),
                 reward_params: RewardParams::default(),
                 reward: RewardKind::Utility,
@@ -420,5 +425,13 @@ mod tests {
             })
             .collect();
         assert_eq!(families.len(), Family::ALL.len(), "{families:?}");
+        any.config.initial_streams = None;
+        let starts: std::collections::HashSet<usize> = (0..40)
+            .map(|_| reply(&mut any, None).info.signals.streams)
+            .collect();
+        assert!(
+            starts.len() > 10 && starts.iter().all(|n| (1..=64).contains(n)),
+            "{starts:?}"
+        );
     }
 }

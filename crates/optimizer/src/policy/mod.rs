@@ -46,6 +46,18 @@ pub trait PolicyModel: Send {
     fn logits(&mut self, input: &[f32]) -> Result<Vec<f32>, PolicyError>;
 }
 
+/// Refuses an input whose length is not the model's input size.
+fn check_input_size(input: &[f32], size: usize) -> Result<(), PolicyError> {
+    if input.len() == size {
+        Ok(())
+    } else {
+        Err(PolicyError::Model(format!(
+            "input of {} values, the model takes {size}",
+            input.len()
+        )))
+    }
+}
+
 /// The index of the largest logit (the first of equals): the policy's deterministic action.
 pub fn greedy_action(logits: &[f32]) -> usize {
     logits

@@ -2,7 +2,7 @@
 
 use tract_onnx::prelude::*;
 
-use super::{PolicyError, PolicyModel};
+use super::{check_input_size, PolicyError, PolicyModel};
 
 /// An ONNX policy network, optimised for a batch of one input vector.
 pub struct OnnxModel {
@@ -29,13 +29,7 @@ impl OnnxModel {
 
 impl PolicyModel for OnnxModel {
     fn logits(&mut self, input: &[f32]) -> Result<Vec<f32>, PolicyError> {
-        if input.len() != self.input_size {
-            return Err(PolicyError::Model(format!(
-                "input of {} values, the model takes {}",
-                input.len(),
-                self.input_size
-            )));
-        }
+        check_input_size(input, self.input_size)?;
         let tensor = Tensor::from_shape(&[1, self.input_size], input)
             .map_err(|e| PolicyError::Model(format!("{e:#}")))?;
         let outputs = self

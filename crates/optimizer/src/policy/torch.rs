@@ -3,7 +3,7 @@
 
 use tch::{CModule, Device, Kind, Tensor};
 
-use super::{PolicyError, PolicyModel};
+use super::{check_input_size, PolicyError, PolicyModel};
 
 /// A TorchScript policy network on the CPU.
 pub struct TorchModel {
@@ -23,13 +23,7 @@ impl TorchModel {
 
 impl PolicyModel for TorchModel {
     fn logits(&mut self, input: &[f32]) -> Result<Vec<f32>, PolicyError> {
-        if input.len() != self.input_size {
-            return Err(PolicyError::Model(format!(
-                "input of {} values, the model takes {}",
-                input.len(),
-                self.input_size
-            )));
-        }
+        check_input_size(input, self.input_size)?;
         let _guard = tch::no_grad_guard();
         let x = Tensor::from_slice(input).reshape([1, self.input_size as i64]);
         let y = self

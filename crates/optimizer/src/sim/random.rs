@@ -31,7 +31,8 @@ pub enum Family {
     /// Buffers of a hundredth to a tenth of the bandwidth-delay product: congestion shows
     /// as loss early.
     Shallow,
-    /// Background flows that arrive and leave: the best count moves during the transfer.
+    /// Paced streams (as in `Capped`) and paced or unpaced background flows that arrive and
+    /// leave: the best count moves during the transfer (paper 001's fairness experiments).
     Background,
     /// 10-100 Gbit/s links with socket-buffer (window) limits.
     Fast,
@@ -113,7 +114,7 @@ pub fn random_scenario(family: Family, seed: u64, horizon_s: f64) -> Scenario {
     }
     .max(32.0);
     let stream_cap_mbps = match family {
-        Family::Capped => Some(capacity / r.random_range(4.0..48.0)),
+        Family::Capped | Family::Background => Some(capacity / r.random_range(4.0..48.0)),
         Family::Mixed if r.random_bool(0.3) => Some(capacity / r.random_range(4.0..48.0)),
         _ => None,
     };
