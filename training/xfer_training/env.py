@@ -53,11 +53,15 @@ class _Connection:
         return reply
 
     def close(self) -> None:
+        """Says goodbye, if the other side still listens, and lets go of the connection."""
         try:
             self.request({"op": "close"})
         except (ProtocolError, ValueError):
             pass
-        self._closer()
+        try:
+            self._closer()
+        except OSError:
+            pass  # the other side already went away (a live transfer that ended)
 
 
 def _spawn(command: list[str]) -> _Connection:
