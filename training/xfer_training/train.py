@@ -3,7 +3,7 @@ it for xfer, and evaluates it on held-out paths against gd, bo and fixed.
 
 Example (the shipped model)::
 
-    xfer-train --steps 1500000 --seed 1 --out models/default
+    xfer-train --steps 4000000 --seed 1 --out models/default
 
 Each of ``--envs`` environments is an ``xfer env --randomize SEED+i`` process that draws a new
 random path (link 100 Mbit/s-100 Gbit/s, RTT 1-300 ms, loss 0-1 %, buffers, per-stream caps,
@@ -150,7 +150,7 @@ def train(args: argparse.Namespace) -> Path:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="xfer-train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=1_500_000, help="environment steps (MIs)")
+    p.add_argument("--steps", type=int, default=4_000_000, help="environment steps (MIs)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--envs", type=int, default=8, help="environments stepped together")
     p.add_argument("--out", type=Path, default=Path("models/default"), help="export directory")
@@ -165,7 +165,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reward", choices=["utility", "change"], default="utility")
     p.add_argument(
         "--initial-streams",
-        default="random",
+        default="1",
         help="streams at the start of an episode: a count, or random (1 to --max-streams)",
     )
     p.add_argument("--k", type=float, default=1.02, help="utility: cost per stream")

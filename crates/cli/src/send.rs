@@ -10,8 +10,6 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use optimizer::ControllerSpec;
-
-use crate::controllers::OptimizerSpec;
 use serde::Serialize;
 use transfer::auth::SessionKey;
 use transfer::sender::{
@@ -20,6 +18,7 @@ use transfer::sender::{
 use transfer::tcp_info::TcpInfo;
 
 use crate::args::{parse_destination, SendArgs};
+use crate::controllers::OptimizerSpec;
 
 /// How often the progress bar and the stream schedule are updated.
 const TICK: Duration = Duration::from_millis(100);

@@ -295,7 +295,9 @@ impl SimEnv {
         let (best_streams, best) = e.sim.best(&c.utility, c.max_streams, start);
         let utility_fraction = e.sim.true_utility(&c.utility, e.streams, start) / best;
         let reward = match c.reward {
-            RewardKind::Utility => signals.utility / best,
+            // Over |best|, so the reward still grows with the utility on a path so congested
+            // that even the best count's utility is negative.
+            RewardKind::Utility => signals.utility / best.abs().max(f64::MIN_POSITIVE),
             RewardKind::Change => signals.reward,
         };
         let done = e.sim.time() + c.mi > c.duration + 1e-9;

@@ -6,6 +6,11 @@
 //! (MI) the caller sums its streams' counters into an [`MiStats`], a [`SignalTracker`] turns it
 //! into an [`Observation`] (throughput, loss, RTT ratio and gradient, utility, reward), and a
 //! [`Controller`] answers with the stream count for the next interval.
+//!
+//! The controllers: [`Fixed`], [`GradientDescent`], [`BayesianOptimizer`] and the learned
+//! [`policy::PolicyController`] (a PPO policy exported by `training/`, run by tract or, with
+//! the `tch` feature, libtorch). The [`mod@env`] module serves the environment protocol that trains such a
+//! policy on the [`sim`]ulator.
 
 #![warn(missing_docs)]
 

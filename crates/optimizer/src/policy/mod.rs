@@ -5,7 +5,7 @@
 //! vector of [`FeatureHistory`] in, one logit per action of [`ACTIONS`] out; the controller
 //! takes the action with the largest logit (the policy's deterministic choice). The default
 //! build runs the ONNX export in pure Rust ([`OnnxModel`], tract); the `tch` feature runs the
-//! TorchScript export through libtorch ([`TorchModel`]).
+//! TorchScript export through libtorch (`TorchModel`).
 
 mod features;
 mod metadata;
