@@ -117,14 +117,9 @@ impl Controller for ExternalAgent {
         let current = observation
             .streams
             .clamp(1, self.description.max_streams.max(1));
-        let reward = if observation.throughput > 0.0 {
-            observation.utility * observation.throughput_ratio / observation.throughput
-        } else {
-            0.0
-        };
         let reply = StepReply {
             observation: self.features.push(observation),
-            reward,
+            reward: observation.utility_ratio(),
             done: false,
             truncated: false,
             info: StepInfo {

@@ -57,6 +57,18 @@ pub struct Observation {
     pub actions: Vec<i64>,
 }
 
+impl Observation {
+    /// The utility over the best throughput seen in this transfer (scale-free; at most about
+    /// 1, negative when losses cost more than the throughput brings); 0 without throughput.
+    pub fn utility_ratio(&self) -> f64 {
+        if self.throughput > 0.0 {
+            self.utility * self.throughput_ratio / self.throughput
+        } else {
+            0.0
+        }
+    }
+}
+
 /// Turns each interval's [`MiStats`] into an [`Observation`], remembering what the signals are
 /// relative to (minimum RTT, best throughput, previous RTT and utility, recent actions).
 #[derive(Debug, Clone)]

@@ -121,18 +121,13 @@ impl ObservationLayout {
 /// The transformed signals of one interval, in [`SIGNALS`] order.
 pub fn signal_vector(observation: &Observation, stream_scale: f64) -> [f32; SIGNALS.len()] {
     let o = observation;
-    let utility_ratio = if o.throughput > 0.0 {
-        (o.utility * o.throughput_ratio / o.throughput).clamp(-1.0, 1.0)
-    } else {
-        0.0
-    };
     [
         (100.0 * o.rtt_gradient).tanh(),
         o.rtt_ratio.max(1.0).ln().min(3.0),
         ((1.0 + o.loss / 1e-5).log10() / 5.0).min(1.0),
         o.throughput_ratio.clamp(0.0, 1.0),
         o.streams as f64 / stream_scale,
-        utility_ratio,
+        o.utility_ratio().clamp(-1.0, 1.0),
     ]
     .map(|x| if x.is_finite() { x as f32 } else { 0.0 })
 }
