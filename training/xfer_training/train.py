@@ -166,7 +166,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--initial-streams",
         default="1",
-        help="streams at the start of an episode: a count, or random (1 to --max-streams)",
+        help="streams at the start of an episode: a count, random (1 to --max-streams) or "
+        "random:SHARE (random in that share of episodes, 1 in the others)",
     )
     p.add_argument("--k", type=float, default=1.02, help="utility: cost per stream")
     p.add_argument("--b", type=float, default=10.0, help="utility: loss penalty")

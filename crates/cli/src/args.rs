@@ -7,7 +7,7 @@ use crate::controllers::OptimizerSpec;
 use crate::policy::PolicyRuntime;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
-use optimizer::env::RewardKind;
+use optimizer::env::{InitialStreams, RewardKind};
 use optimizer::policy::ObservationLayout;
 use optimizer::{RewardParams, UtilityParams};
 use transfer::sender::DEFAULT_UNSENT_LIMIT;
@@ -130,9 +130,10 @@ pub struct EnvArgs {
     /// Past changes of the stream count in each observation.
     #[arg(long, default_value_t = ObservationLayout::default().action_history as u32, value_parser = clap::value_parser!(u32).range(0..=64))]
     pub action_history: u32,
-    /// Streams in each episode's first interval: a count, or random (drawn from the
-    /// episode's seed in 1..=--max-streams, so an agent also learns to come down).
-    #[arg(long, default_value = "1", value_parser = parse_initial_streams)]
+    /// Streams in each episode's first interval: a count; random (drawn from the episode's
+    /// seed in 1..=--max-streams, so an agent also learns to come down); or random:SHARE
+    /// (random in that share of episodes, 1 in the others).
+    #[arg(long, default_value = "1")]
     pub initial_streams: InitialStreams,
     /// Reward of each step: utility (the interval's utility over the best reachable) or
     /// change (paper 001: --reward-x, --reward-y or 0 by the change of utility).
@@ -140,20 +141,6 @@ pub struct EnvArgs {
     pub reward: RewardKind,
     #[command(flatten)]
     pub tuning: TuningArgs,
-}
-
-/// A first stream count, or a random one (`None`).
-#[derive(Debug, Clone, Copy)]
-pub struct InitialStreams(pub Option<usize>);
-
-fn parse_initial_streams(s: &str) -> Result<InitialStreams, String> {
-    match s {
-        "random" => Ok(InitialStreams(None)),
-        _ => match s.parse::<usize>() {
-            Ok(n) if n >= 1 => Ok(InitialStreams(Some(n))),
-            _ => Err(format!("{s:?} is not a stream count (1 or more) or random")),
-        },
-    }
 }
 
 /// A scenario family, or every family (`None`).

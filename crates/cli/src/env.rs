@@ -19,7 +19,7 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
         duration,
         mi: args.tuning.mi.as_secs_f64(),
         max_streams: args.tuning.max_streams as usize,
-        initial_streams: args.initial_streams.0,
+        initial_streams: args.initial_streams,
         utility: args.tuning.utility()?,
         reward_params: args.tuning.reward()?,
         reward: args.reward,
@@ -55,7 +55,7 @@ fn serve(env: &mut SimEnv, input: impl BufRead, mut output: impl Write) -> anyho
 #[cfg(test)]
 mod tests {
     use super::*;
-    use optimizer::env::RewardKind;
+    use optimizer::env::{InitialStreams, RewardKind};
     use optimizer::sim::Scenario;
     use optimizer::{RewardParams, UtilityParams};
 
@@ -68,7 +68,7 @@ mod tests {
                 duration: 5.0,
                 mi: 1.0,
                 max_streams: 16,
-                initial_streams: Some(1),
+                initial_streams: InitialStreams::fixed(1),
                 utility: UtilityParams::default(),
                 reward_params: RewardParams::default(),
                 reward: RewardKind::Change,

@@ -169,6 +169,64 @@ pub enum ScenarioSource {
     Random(Option<Family>),
 }
 
+/// How many streams an episode starts with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct InitialStreams {
+    /// The count episodes start at.
+    pub count: usize,
+    /// Share of episodes (0 to 1) that start at a count drawn from the episode's seed in
+    /// `1..=max_streams` instead, so that training also meets counts far above the best.
+    pub random_share: f64,
+}
+
+impl InitialStreams {
+    /// Always `count`.
+    pub fn fixed(count: usize) -> Self {
+        InitialStreams {
+            count,
+            random_share: 0.0,
+        }
+    }
+
+    /// The first count of the episode of `seed`, within `1..=max_streams`.
+    pub fn for_episode(&self, seed: u64, max_streams: usize) -> usize {
+        let max = max_streams.max(1);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_57a7);
+        if rng.random::<f64>() < self.random_share {
+            rng.random_range(1..=max)
+        } else {
+            self.count.clamp(1, max)
+        }
+    }
+}
+
+impl std::str::FromStr for InitialStreams {
+    type Err = String;
+
+    /// `N` (always N), `random` (always random) or `random:SHARE` (random in that share of
+    /// episodes, 1 in the others).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("{s:?} is not a stream count (1 or more), random or random:SHARE");
+        match s.split_once(':') {
+            None if s == "random" => Ok(InitialStreams {
+                count: 1,
+                random_share: 1.0,
+            }),
+            Some(("random", share)) => match share.parse::<f64>() {
+                Ok(p) if (0.0..=1.0).contains(&p) => Ok(InitialStreams {
+                    count: 1,
+                    random_share: p,
+                }),
+                _ => Err(bad()),
+            },
+            _ => match s.parse::<usize>() {
+                Ok(n) if n >= 1 => Ok(InitialStreams::fixed(n)),
+                _ => Err(bad()),
+            },
+        }
+    }
+}
+
 /// Settings of a simulated environment.
 #[derive(Debug, Clone)]
 pub struct EnvConfig {
@@ -180,9 +238,8 @@ pub struct EnvConfig {
     pub mi: f64,
     /// Most streams.
     pub max_streams: usize,
-    /// Streams during an episode's first interval; `None`: drawn from the episode's seed
-    /// between 1 and `max_streams`, so that training also meets counts far above the best.
-    pub initial_streams: Option<usize>,
+    /// Streams during an episode's first interval.
+    pub initial_streams: InitialStreams,
     /// Utility parameters.
     pub utility: UtilityParams,
     /// Parameters of the `change` reward.
@@ -256,11 +313,7 @@ impl SimEnv {
                 random_scenario(family, seed, c.duration)
             }
         };
-        let max = c.max_streams.max(1);
-        let streams = c
-            .initial_streams
-            .unwrap_or_else(|| ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_57a7).random_range(1..=max));
-        let streams = streams.clamp(1, max);
+        let streams = c.initial_streams.for_episode(seed, c.max_streams);
         self.episode = Some(Episode {
             sim: Simulator::new(scenario, seed),
             tracker: SignalTracker::new(c.utility, c.reward_params, c.layout.action_history),
@@ -328,7 +381,7 @@ mod tests {
                 duration: 10.0,
                 mi: 1.0,
                 max_streams: 64,
-                initial_streams: Some(1),
+                initial_streams: InitialStreams::fixed(1),
                 utility: UtilityParams::default(),
                 reward_params: RewardParams::default(),
                 reward: RewardKind::Utility,
@@ -427,7 +480,7 @@ mod tests {
             })
             .collect();
         assert_eq!(families.len(), Family::ALL.len(), "{families:?}");
-        any.config.initial_streams = None;
+        any.config.initial_streams = "random".parse().unwrap();
         let starts: std::collections::HashSet<usize> = (0..40)
             .map(|_| reply(&mut any, None).info.signals.streams)
             .collect();
@@ -435,5 +488,16 @@ mod tests {
             starts.len() > 10 && starts.iter().all(|n| (1..=64).contains(n)),
             "{starts:?}"
         );
+        any.config.initial_streams = "random:0.25".parse().unwrap();
+        let ones = (0..400)
+            .filter(|_| reply(&mut any, None).info.signals.streams == 1)
+            .count();
+        assert!(
+            (250..=330).contains(&ones),
+            "about 3 in 4 start at 1: {ones}"
+        );
+        for bad in ["0", "random:2", "random:", "x"] {
+            assert!(bad.parse::<InitialStreams>().is_err(), "{bad}");
+        }
     }
 }
