@@ -84,7 +84,7 @@ def golden_inputs(actor: Actor, env: XferEnv, episodes: int, seed: int) -> np.nd
     """Observations met when the policy acts (a few per episode), and some random vectors."""
     rng = np.random.default_rng(seed)
     found: list[np.ndarray] = []
-    for episode in range(episodes):
+    for _ in range(episodes):
         obs, _ = env.reset()
         for step in range(40):
             if step in (0, 3, 10, 39):
@@ -93,7 +93,6 @@ def golden_inputs(actor: Actor, env: XferEnv, episodes: int, seed: int) -> np.nd
             obs, _, terminated, truncated, _ = env.step(action)
             if terminated or truncated:
                 break
-        del episode
     size = env.observation_space.shape[0]
     found.extend(rng.normal(0.0, 0.5, size=(8, size)).astype(np.float32))
     return np.stack(found)

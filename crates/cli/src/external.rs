@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use optimizer::env::{apply_action, Description, Reply, Request, RewardKind, StepInfo, StepReply};
+use optimizer::env::{Description, Reply, Request, RewardKind, StepInfo, StepReply};
 use optimizer::policy::{FeatureHistory, ObservationLayout};
 use optimizer::{Controller, Observation, RewardParams, UtilityParams};
 
@@ -158,7 +158,7 @@ impl Controller for ExternalAgent {
                         }
                         Ok(Request::Step { action }) => {
                             let max = self.description.max_streams;
-                            match apply_action(&self.description.layout, action, current, max) {
+                            match self.description.layout.apply_action(action, current, max) {
                                 Ok(next) => {
                                     agent.owed = true;
                                     return next;

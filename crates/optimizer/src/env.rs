@@ -141,24 +141,6 @@ impl Reply {
     }
 }
 
-/// The stream count that action `index` of `layout` makes from `streams`, within
-/// `1..=max_streams`; an error naming the valid indices when there is no such action.
-pub fn apply_action(
-    layout: &ObservationLayout,
-    index: usize,
-    streams: usize,
-    max_streams: usize,
-) -> Result<usize, String> {
-    let change = layout.actions.get(index).ok_or_else(|| {
-        format!(
-            "action {index} is not in 0..{} (changes {:?})",
-            layout.actions.len(),
-            layout.actions
-        )
-    })?;
-    Ok((streams as i64 + change).clamp(1, max_streams.max(1) as i64) as usize)
-}
-
 /// Where a simulated environment's scenarios come from.
 #[derive(Debug, Clone)]
 pub enum ScenarioSource {
@@ -331,10 +313,12 @@ impl SimEnv {
             .episode
             .as_mut()
             .ok_or("no episode: send reset first")?;
-        if episode.sim.time() + c.mi > c.duration + 1e-9 {
+        if !episode.sim.has_room(c.mi, c.duration) {
             return Err("the episode is over: send reset".into());
         }
-        episode.streams = apply_action(&c.layout, action, episode.streams, c.max_streams)?;
+        episode.streams = c
+            .layout
+            .apply_action(action, episode.streams, c.max_streams)?;
         Ok(self.run_interval())
     }
 
@@ -353,7 +337,7 @@ impl SimEnv {
             RewardKind::Utility => signals.utility / best.abs().max(f64::MIN_POSITIVE),
             RewardKind::Change => signals.reward,
         };
-        let done = e.sim.time() + c.mi > c.duration + 1e-9;
+        let done = !e.sim.has_room(c.mi, c.duration);
         StepReply {
             observation: e.features.push(&signals),
             reward,

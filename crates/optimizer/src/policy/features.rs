@@ -78,6 +78,24 @@ impl ObservationLayout {
         }
     }
 
+    /// The stream count that action `index` makes from `streams`, within `1..=max_streams`;
+    /// an error naming the valid indices when there is no such action.
+    pub fn apply_action(
+        &self,
+        index: usize,
+        streams: usize,
+        max_streams: usize,
+    ) -> Result<usize, String> {
+        let change = self.actions.get(index).ok_or_else(|| {
+            format!(
+                "action {index} is not in 0..{} (changes {:?})",
+                self.actions.len(),
+                self.actions
+            )
+        })?;
+        Ok((streams as i64 + change).clamp(1, max_streams.max(1) as i64) as usize)
+    }
+
     /// Whether this binary computes inputs in `self`'s layout; the reason when it does not.
     pub fn check_supported(&self) -> Result<(), String> {
         let ours = ObservationLayout {

@@ -126,11 +126,13 @@ impl Controller for PolicyController {
     fn decide(&mut self, observation: &Observation) -> usize {
         let input = self.features.push(observation);
         let current = observation.streams.clamp(1, self.max_streams);
-        match self.model.logits(&input) {
-            Ok(logits) => {
-                let change = self.features.layout().actions[greedy_action(&logits)];
-                (current as i64 + change).clamp(1, self.max_streams as i64) as usize
-            }
+        let layout = self.features.layout();
+        match self.model.logits(&input).and_then(|logits| {
+            layout
+                .apply_action(greedy_action(&logits), current, self.max_streams)
+                .map_err(PolicyError::Model)
+        }) {
+            Ok(next) => next,
             Err(_) => {
                 self.failures += 1;
                 current

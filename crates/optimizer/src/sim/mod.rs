@@ -93,6 +93,11 @@ impl Simulator {
         self.time
     }
 
+    /// Whether another interval of `mi` seconds fits into a run of `duration` seconds.
+    pub fn has_room(&self, mi: f64, duration: f64) -> bool {
+        self.time + mi <= duration + 1e-9
+    }
+
     /// The path with `n` of the transfer's streams at time `t`, noise-free and in steady state.
     pub fn steady_state(&self, n: usize, t: f64) -> PathState {
         let s = &self.scenario;
@@ -326,7 +331,7 @@ pub fn run(
     let mut tracker = SignalTracker::new(config.utility, config.reward, 8);
     let mut n = config.initial_streams.clamp(1, config.max_streams.max(1));
     let mut rows = Vec::new();
-    while sim.time() + config.mi <= config.duration + 1e-9 {
+    while sim.has_room(config.mi, config.duration) {
         let start = sim.time();
         let stats = sim.step(n, config.mi);
         let observation = tracker.observe(&stats);
