@@ -84,7 +84,10 @@ mod tests {
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
         assert_eq!(lines.len(), 5, "nothing after close");
-        assert_eq!(lines[0]["layout"]["size"], 56);
+        assert_eq!(
+            lines[0]["layout"]["size"],
+            ObservationLayout::default().size
+        );
         assert_eq!(lines[0]["reward"], "change");
         assert!(lines[1]["error"].as_str().unwrap().contains("not json"));
         assert_eq!(lines[2]["info"]["signals"]["streams"], 1);

@@ -225,9 +225,64 @@ mod tests {
         assert!(source.golden().unwrap().check(model.as_mut()).unwrap() <= TOLERANCE);
     }
 
+    /// Runs the built-in policy on a shipped scenario from one stream.
+    fn run_built_in(scenario: &str, seed: u64, duration: f64) -> Vec<optimizer::sim::TraceRow> {
+        use optimizer::policy::PolicyController;
+        use optimizer::sim::{run, RunConfig, Scenario};
+        let source = PolicySource::open(None).unwrap();
+        let model = source.model(PolicyRuntime::Onnx).unwrap();
+        let config = RunConfig {
+            duration,
+            seed,
+            ..Default::default()
+        };
+        let mut controller =
+            PolicyController::new(model, &source.metadata, config.max_streams, config.utility)
+                .unwrap();
+        run(
+            &Scenario::shipped(scenario).unwrap(),
+            &mut controller,
+            &config,
+        )
+        .0
+    }
+
+    #[test]
+    fn the_built_in_policy_settles_on_paper_fig2_within_10_intervals() {
+        for seed in 1..=5 {
+            let rows = run_built_in("paper-fig2", seed, 60.0);
+            let settled = rows
+                .iter()
+                .rposition(|r| !(18..=22).contains(&r.observation.streams))
+                .map_or(0, |i| i + 1);
+            assert!(
+                settled <= 10,
+                "seed {seed}: within 20 +- 2 from interval {settled}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_built_in_policy_stays_near_the_best_on_every_shipped_scenario() {
+        for (name, _) in optimizer::sim::SHIPPED {
+            for seed in 1..=2 {
+                let rows = run_built_in(name, seed, 200.0);
+                let mean = rows.iter().map(|r| r.utility_fraction).sum::<f64>() / rows.len() as f64;
+                let last = rows.last().unwrap();
+                assert!(
+                    mean >= 0.85,
+                    "{name} seed {seed}: mean utility over the best {mean:.3}, ends at {} \
+                     streams where {} are best",
+                    last.observation.streams,
+                    last.best_streams
+                );
+            }
+        }
+    }
+
     #[test]
     fn a_broken_network_file_or_input_is_an_error_not_a_crash() {
-        assert!(OnnxModel::from_bytes(b"not onnx", 56).is_err());
+        assert!(OnnxModel::from_bytes(b"not onnx", 112).is_err());
         for runtime in runtimes() {
             let mut model = PolicySource::open(None).unwrap().model(runtime).unwrap();
             let err = model.logits(&[0.0; 3]).unwrap_err().to_string();

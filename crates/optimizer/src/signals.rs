@@ -61,8 +61,18 @@ impl Observation {
     /// The utility over the best throughput seen in this transfer (scale-free; at most about
     /// 1, negative when losses cost more than the throughput brings); 0 without throughput.
     pub fn utility_ratio(&self) -> f64 {
-        if self.throughput > 0.0 {
-            self.utility * self.throughput_ratio / self.throughput
+        let best = self.best_throughput();
+        if best > 0.0 {
+            self.utility / best
+        } else {
+            0.0
+        }
+    }
+
+    /// The best throughput seen in this transfer, in bit/s; 0 before any.
+    pub fn best_throughput(&self) -> f64 {
+        if self.throughput > 0.0 && self.throughput_ratio > 0.0 {
+            self.throughput / self.throughput_ratio
         } else {
             0.0
         }

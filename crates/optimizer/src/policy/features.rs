@@ -1,5 +1,7 @@
 //! The input of a learned policy: the last `history` signal vectors, scale-free, and the last
 //! `action_history` changes of the stream count (DESIGN.md section 4; mvfst-rl's action history).
+//! Besides the interval's own signals, each vector says how long new streams take to ramp up
+//! and how the utility compares with those the [`UtilityMemory`] remembers at other counts.
 //!
 //! Training (Python, through the environment protocol) and inference (Rust) both take their
 //! inputs from [`FeatureHistory`], so the two can never disagree on the layout; an exported
@@ -9,11 +11,13 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
+use super::memory::{UtilityMemory, MEMORY_SIGNALS};
+use crate::settle::RAMP_RTTS;
 use crate::signals::Observation;
 
 /// Version of the input layout: which signals, in what order, with which transforms. Bump it
 /// when any of that changes, so that older models are refused rather than misread.
-pub const LAYOUT_VERSION: &str = "xfer-policy-input-1";
+pub const LAYOUT_VERSION: &str = "xfer-policy-input-2";
 
 /// The signals of one interval, in input order, each already transformed to about [-1, 1]:
 /// - `rtt_gradient`: tanh(100 x): 10 ms of RTT growth per second of interval gives 0.76;
@@ -21,15 +25,34 @@ pub const LAYOUT_VERSION: &str = "xfer-policy-input-1";
 /// - `loss`: log10(1 + loss / 1e-5) / 5, at most 1 (1e-4: 0.21, 1e-3: 0.40, 1e-2: 0.60);
 /// - `throughput_ratio`: throughput over the best seen in this transfer;
 /// - `streams`: the stream count over the layout's `stream_scale`;
-/// - `utility_ratio`: utility over the best throughput seen, clamped to [-1, 1].
-pub const SIGNALS: [&str; 6] = [
+/// - `utility_ratio`: utility over the best throughput seen, clamped to [-1, 1];
+/// - `ramp`: the share of an interval a new stream spends ramping up ([`RAMP_RTTS`] RTTs), at
+///   most 1: how much of the interval after adding streams shows them below full rate;
+/// - `regret`, `best_offset`, `slope_below`, `gap_below`, `slope_above`, `gap_above`: how the
+///   interval compares with the utilities the [`UtilityMemory`] remembers
+///   ([`UtilityMemory::signals`]).
+pub const SIGNALS: [&str; 13] = [
     "rtt_gradient",
     "rtt_ratio",
     "loss",
     "throughput_ratio",
     "streams",
     "utility_ratio",
+    "ramp",
+    "regret",
+    "best_offset",
+    "slope_below",
+    "gap_below",
+    "slope_above",
+    "gap_above",
 ];
+
+/// Signals of [`SIGNALS`] that one observation gives by itself ([`signal_vector`]); the rest
+/// come from the history.
+const OWN_SIGNALS: usize = 6;
+
+// The own signals, `ramp` and the memory's fill the vector exactly.
+const _: () = assert!(OWN_SIGNALS + 1 + MEMORY_SIGNALS == SIGNALS.len());
 
 /// The actions of a policy: the change of the stream count each output stands for (paper 001).
 pub const ACTIONS: [i64; 5] = [5, 1, 0, -1, -5];
@@ -52,6 +75,10 @@ pub struct ObservationLayout {
     pub action_history: usize,
     /// Stream count that the `streams` signal divides by.
     pub stream_scale: f64,
+    /// Intervals the [`UtilityMemory`] remembers a value (absent, as 0, in layouts from
+    /// before the memory; refused).
+    #[serde(default)]
+    pub memory: usize,
     /// Change of the stream count of each policy output ([`ACTIONS`]).
     pub actions: Vec<i64>,
     /// Length of the input vector: `history * signals + action_history`.
@@ -73,6 +100,7 @@ impl ObservationLayout {
             history,
             action_history,
             stream_scale: 64.0,
+            memory: 32,
             actions: ACTIONS.to_vec(),
             size: history * SIGNALS.len() + action_history,
         }
@@ -100,6 +128,7 @@ impl ObservationLayout {
     pub fn check_supported(&self) -> Result<(), String> {
         let ours = ObservationLayout {
             stream_scale: self.stream_scale,
+            memory: self.memory,
             ..ObservationLayout::new(self.history, self.action_history)
         };
         if self.version != ours.version {
@@ -132,12 +161,15 @@ impl ObservationLayout {
                 self.stream_scale
             ));
         }
+        if self.memory == 0 {
+            return Err("a memory of 0 intervals".into());
+        }
         Ok(())
     }
 }
 
-/// The transformed signals of one interval, in [`SIGNALS`] order.
-pub fn signal_vector(observation: &Observation, stream_scale: f64) -> [f32; SIGNALS.len()] {
+/// The transformed signals that one interval gives by itself: the first six of [`SIGNALS`].
+pub fn signal_vector(observation: &Observation, stream_scale: f64) -> [f64; OWN_SIGNALS] {
     let o = observation;
     [
         (100.0 * o.rtt_gradient).tanh(),
@@ -147,7 +179,6 @@ pub fn signal_vector(observation: &Observation, stream_scale: f64) -> [f32; SIGN
         o.streams as f64 / stream_scale,
         o.utility_ratio().clamp(-1.0, 1.0),
     ]
-    .map(|x| if x.is_finite() { x as f32 } else { 0.0 })
 }
 
 /// Remembers the recent intervals of one transfer and builds the policy input from them.
@@ -156,7 +187,11 @@ pub struct FeatureHistory {
     layout: ObservationLayout,
     signals: VecDeque<[f32; SIGNALS.len()]>,
     actions: VecDeque<f32>,
+    memory: UtilityMemory,
     last_streams: Option<usize>,
+    last_time: Option<f64>,
+    /// When the interval in which the count last rose began (the transfer's start: from 0).
+    raised_at: f64,
 }
 
 impl FeatureHistory {
@@ -165,8 +200,11 @@ impl FeatureHistory {
         FeatureHistory {
             signals: VecDeque::with_capacity(layout.history + 1),
             actions: VecDeque::with_capacity(layout.action_history + 1),
+            memory: UtilityMemory::new(layout.memory),
             layout,
             last_streams: None,
+            last_time: None,
+            raised_at: 0.0,
         }
     }
 
@@ -179,16 +217,45 @@ impl FeatureHistory {
     /// first, then the changes of the stream count oldest first (this interval's last); slots
     /// from before the first interval are zeros.
     pub fn push(&mut self, observation: &Observation) -> Vec<f32> {
+        let o = observation;
+        let interval = (o.time - self.last_time.unwrap_or(0.0)).max(0.0);
+        self.last_time = Some(o.time);
+        let start = o.time - interval;
+        let change = self
+            .last_streams
+            .map_or(0.0, |last| o.streams as f64 - last as f64);
+        if self.last_streams.is_none_or(|last| o.streams > last) {
+            self.raised_at = start;
+        }
+        self.last_streams = Some(o.streams);
+        let ramp_time = RAMP_RTTS * o.rtt;
+        let ramp = if interval > 0.0 {
+            (ramp_time / interval).min(1.0)
+        } else {
+            1.0
+        };
+        // As in Settling: an interval that was mostly ramp-up after a raise does not measure
+        // its count settled; the memory keeps it only until one does.
+        let settled = self.raised_at + ramp_time - start <= 0.5 * interval;
+        self.memory.forget(o.mi);
+        self.memory.record(o.streams, o.utility, o.mi, settled);
+        // Utilities compare in units of at least 1 % of the best throughput seen.
+        let remembered = self
+            .memory
+            .signals(o.streams, o.utility, 0.01 * o.best_throughput());
         let layout = &self.layout;
-        self.signals
-            .push_back(signal_vector(observation, layout.stream_scale));
+        let own = signal_vector(o, layout.stream_scale);
+        let mut vector = [0.0f32; SIGNALS.len()];
+        for (slot, x) in vector
+            .iter_mut()
+            .zip(own.into_iter().chain([ramp]).chain(remembered))
+        {
+            *slot = if x.is_finite() { x as f32 } else { 0.0 };
+        }
+        self.signals.push_back(vector);
         while self.signals.len() > layout.history {
             self.signals.pop_front();
         }
-        let change = self
-            .last_streams
-            .map_or(0.0, |last| observation.streams as f64 - last as f64);
-        self.last_streams = Some(observation.streams);
         self.actions
             .push_back((change / ACTION_SCALE).clamp(-1.0, 1.0) as f32);
         while self.actions.len() > layout.action_history {
@@ -211,20 +278,22 @@ impl FeatureHistory {
 mod tests {
     use super::*;
 
+    const N: usize = SIGNALS.len();
+
     #[test]
     fn inputs_are_padded_then_slide() {
         let mut h = FeatureHistory::new(ObservationLayout::new(2, 3));
         let first = h.push(&Observation::for_test(0, 4, 100.0, 0.01));
-        assert_eq!(first.len(), 2 * 6 + 3);
-        assert_eq!(&first[..6], &[0.0; 6]);
-        assert_eq!(first[6 + 4], 4.0 / 64.0);
-        assert_eq!(&first[12..], &[0.0, 0.0, 0.0]);
+        assert_eq!(first.len(), 2 * N + 3);
+        assert_eq!(&first[..N], &[0.0; N]);
+        assert_eq!(first[N + 4], 4.0 / 64.0);
+        assert_eq!(&first[2 * N..], &[0.0, 0.0, 0.0]);
         h.push(&Observation::for_test(1, 9, 100.0, 0.01));
         let third = h.push(&Observation::for_test(2, 8, 100.0, 0.01));
         assert_eq!(third[4], 9.0 / 64.0, "oldest kept vector first");
-        assert_eq!(third[6 + 4], 8.0 / 64.0);
+        assert_eq!(third[N + 4], 8.0 / 64.0);
         assert_eq!(
-            &third[12..],
+            &third[2 * N..],
             &[0.0, 1.0, -0.2],
             "changes of the count, / 5, clamped"
         );
@@ -238,10 +307,10 @@ mod tests {
         o.throughput_ratio = 0.5;
         o.utility = 0.6e9;
         let v = signal_vector(&o, 64.0);
-        assert!((v[1] - 1.5f32.ln()).abs() < 1e-6);
+        assert!((v[1] - 1.5f64.ln()).abs() < 1e-9);
         assert!((v[2] - 0.4).abs() < 1e-3);
         assert!(
-            (v[5] - 0.3).abs() < 1e-6,
+            (v[5] - 0.3).abs() < 1e-9,
             "utility over the best throughput seen"
         );
         let mut slow = o.clone();
@@ -253,7 +322,78 @@ mod tests {
             "same signals at 1000x less rate"
         );
         o.rtt_ratio = f64::NAN;
-        assert!(signal_vector(&o, 64.0).iter().all(|x| x.is_finite()));
+        let mut h = FeatureHistory::new(ObservationLayout::new(1, 0));
+        assert!(h.push(&o).iter().all(|x| x.is_finite()));
+    }
+
+    /// The input of each interval of `counts` (history 1, no actions), one interval per
+    /// second at 80 ms RTT, 10 of throughput, where the utility of `n` streams is `utility(n)`.
+    fn inputs(counts: &[usize], utility: impl Fn(usize) -> f64) -> Vec<Vec<f32>> {
+        let mut h = FeatureHistory::new(ObservationLayout::new(1, 0));
+        counts
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let mut o = Observation::for_test(i as u64, n, utility(n), 0.08);
+                o.throughput = 10.0;
+                h.push(&o)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn regret_and_best_offset_point_back_to_the_best_remembered_count() {
+        // Utility 10 at 10 streams, 0 at 20, -10 at 30.
+        let u = |n: usize| 20.0 - n as f64;
+        let d = inputs(&[10, 10, 20, 20, 30, 30], u);
+        let (ramp, regret, offset, slope_below, gap_below) = (6, 7, 8, 9, 10);
+        assert!((d[0][ramp] - 0.8).abs() < 1e-6, "10 RTTs of 80 ms in 1 s");
+        assert_eq!(d[0][regret], 0.0, "the only count remembered");
+        assert_eq!(
+            &d[1][regret..],
+            &[0.0; 6],
+            "at the best, nothing else known"
+        );
+        assert_eq!(d[2][regret], 1.0, "0 at 20 against 10 at 10");
+        assert_eq!(d[2][offset], (-1.0f32).tanh(), "the best is 10 below");
+        assert!(d[2][slope_below] < -0.9, "from 10 to 20 the utility fell");
+        assert!(d[3][slope_below] < -0.9, "and stayed down, settled");
+        assert_eq!(d[3][gap_below], 1.0f32.tanh());
+        assert_eq!(d[5][regret], 1.0, "clamped");
+        assert_eq!(d[5][offset], (-2.0f32).tanh());
+    }
+
+    #[test]
+    fn regret_forgets_a_best_once_remeasured_or_old() {
+        let mut h = FeatureHistory::new(ObservationLayout {
+            memory: 3,
+            ..ObservationLayout::new(1, 0)
+        });
+        let mut push = |mi: u64, n: usize, u: f64, rtt: f64| {
+            let mut o = Observation::for_test(mi, n, u, rtt);
+            o.throughput = 10.0;
+            o.throughput_ratio = 1.0;
+            let input = h.push(&o);
+            (input[7], input[8])
+        };
+        let offset = |x: f32| x.tanh();
+        assert_eq!(push(0, 10, 8.0, 0.01), (0.0, 0.0));
+        assert_eq!(push(1, 5, 4.0, 0.01), (0.5, offset(0.5)));
+        assert_eq!(
+            push(2, 10, 2.0, 0.01),
+            (0.5, offset(-0.5)),
+            "10 re-measured: 5 is the best now"
+        );
+        assert_eq!(
+            push(3, 20, 1.0, 0.1),
+            (0.75, offset(-1.5)),
+            "a ramp-up interval is judged against the best"
+        );
+        assert_eq!(
+            push(4, 20, 1.0, 0.1),
+            (0.5, offset(-1.0)),
+            "5 of interval 1 forgotten"
+        );
     }
 
     #[test]
@@ -266,9 +406,14 @@ mod tests {
         other.size += 1;
         assert!(other.check_supported().unwrap_err().contains("size"));
         let other = ObservationLayout {
-            version: "xfer-policy-input-0".into(),
+            version: "xfer-policy-input-1".into(),
             ..Default::default()
         };
         assert!(other.check_supported().unwrap_err().contains("layout"));
+        let other = ObservationLayout {
+            memory: 0,
+            ..Default::default()
+        };
+        assert!(other.check_supported().unwrap_err().contains("memory"));
     }
 }

@@ -8,6 +8,7 @@
 //! TorchScript export through libtorch (`TorchModel`).
 
 mod features;
+mod memory;
 mod metadata;
 mod onnx;
 #[cfg(feature = "tch")]
@@ -16,6 +17,7 @@ mod torch;
 pub use features::{
     signal_vector, FeatureHistory, ObservationLayout, ACTIONS, LAYOUT_VERSION, SIGNALS,
 };
+pub use memory::UtilityMemory;
 pub use metadata::{PolicyMetadata, MODEL_FORMAT};
 pub use onnx::OnnxModel;
 #[cfg(feature = "tch")]
@@ -150,7 +152,7 @@ mod tests {
 
     impl PolicyModel for ByCount {
         fn logits(&mut self, input: &[f32]) -> Result<Vec<f32>, PolicyError> {
-            let streams = (input[6 * 7 + 4] * 64.0).round() as usize;
+            let streams = (input[SIGNALS.len() * 7 + 4] * 64.0).round() as usize;
             Ok((0..5).map(|i| f32::from(i == streams % 5)).collect())
         }
     }

@@ -1,0 +1,225 @@
+//! What a policy remembers beyond its input window: the utility measured at each stream count
+//! in the recent past.
+//!
+//! A window of the last few intervals cannot tell a policy that holds 48 streams at the best
+//! count of a path with paced streams from one that holds 48 where 10 gave far more: after a
+//! few intervals without a change both windows look alike. The memory keeps, for every count
+//! measured in the last `intervals` intervals, its utility (the mean of the intervals it was
+//! held in a row, at most [`SAMPLES`]; an interval that was mostly ramp-up of new streams only
+//! until the count is measured settled), so the input can say how far the current utility is
+//! below the best remembered one, where that one was, and how the utility changes towards the
+//! nearest remembered counts below and above. A count measured again after another replaces its
+//! old value, so a best that background traffic took away is forgotten as soon as it is
+//! re-measured, and every value is forgotten `intervals` intervals after it was measured.
+
+use std::collections::BTreeMap;
+
+/// Most consecutive intervals one remembered utility is the mean of.
+pub const SAMPLES: u32 = 8;
+
+/// How many signals [`UtilityMemory::signals`] gives.
+pub const MEMORY_SIGNALS: usize = 6;
+
+/// One remembered count.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// Mean utility of the intervals held in a row.
+    utility: f64,
+    samples: u32,
+    /// Index of the latest interval that measured it.
+    at: u64,
+    /// Whether that interval measured the count settled rather than its new streams ramping up.
+    settled: bool,
+}
+
+/// The utility measured at each recently used stream count.
+#[derive(Debug, Clone)]
+pub struct UtilityMemory {
+    intervals: u64,
+    by_count: BTreeMap<usize, Entry>,
+}
+
+impl UtilityMemory {
+    /// An empty memory that forgets a value `intervals` intervals after it was measured.
+    pub fn new(intervals: usize) -> Self {
+        UtilityMemory {
+            intervals: intervals as u64,
+            by_count: BTreeMap::new(),
+        }
+    }
+
+    /// Forgets the values that are too old at interval `mi`.
+    pub fn forget(&mut self, mi: u64) {
+        let span = self.intervals;
+        self.by_count.retain(|_, e| mi < e.at.saturating_add(span));
+    }
+
+    /// Records that interval `mi` measured `utility` at `streams`, `settled` unless new streams
+    /// were ramping up for most of it: averaged with the value of the interval before if that
+    /// measured the same count settled too, else replacing what was there.
+    pub fn record(&mut self, streams: usize, utility: f64, mi: u64, settled: bool) {
+        if !utility.is_finite() {
+            return;
+        }
+        let fresh = Entry {
+            utility,
+            samples: 1,
+            at: mi,
+            settled,
+        };
+        let entry = self.by_count.entry(streams).or_insert(fresh);
+        if settled && entry.settled && entry.at + 1 == mi {
+            entry.samples = (entry.samples + 1).min(SAMPLES);
+            entry.utility += (utility - entry.utility) / f64::from(entry.samples);
+            entry.at = mi;
+        } else {
+            *entry = fresh;
+        }
+    }
+
+    /// The count with the highest remembered utility and that utility (the fewer streams on a
+    /// tie); `None` while nothing is remembered.
+    pub fn best(&self) -> Option<(usize, f64)> {
+        self.by_count
+            .iter()
+            .fold(None, |best: Option<(usize, f64)>, (&n, e)| match best {
+                Some((_, b)) if b >= e.utility => best,
+                _ => Some((n, e.utility)),
+            })
+    }
+
+    /// What the memory says about an interval at `streams` that measured `utility`, in the
+    /// order of the last six of [`super::SIGNALS`], each in [-1, 1], with
+    /// utilities compared in units of `scale` at least (a small share of the best throughput
+    /// seen, so that utilities near 0 do not blow up):
+    /// - `regret`: (best remembered - utility) / |best|, in [0, 1];
+    /// - `best_offset`: tanh((count of the best - streams) / 10);
+    /// - `slope_below`, `slope_above`: tanh of the elasticity of the utility (relative change
+    ///   over relative change of the count) from the nearest remembered count below to this
+    ///   count's remembered utility, and from that to the nearest count above: positive when
+    ///   more streams did better; 0 while this count or that neighbour is not remembered;
+    /// - `gap_below`, `gap_above`: tanh(distance in streams to that neighbour / 10), 0 when
+    ///   there is none.
+    pub fn signals(&self, streams: usize, utility: f64, scale: f64) -> [f64; MEMORY_SIGNALS] {
+        let mut out = [0.0; MEMORY_SIGNALS];
+        let Some((best_count, best)) = self.best() else {
+            return out;
+        };
+        let unit = |u: f64| u.abs().max(scale);
+        if unit(best) > 0.0 {
+            out[0] = ((best - utility) / unit(best)).clamp(0.0, 1.0);
+        }
+        out[1] = ((best_count as f64 - streams as f64) / 10.0).tanh();
+        let here = self.by_count.get(&streams).map(|e| e.utility);
+        let elasticity = |(n0, u0): (usize, f64), (n1, u1): (usize, f64)| {
+            let du = (u1 - u0) / ((unit(u0) + unit(u1)) / 2.0);
+            let dn = (n1 as f64 - n0 as f64) / ((n1 + n0) as f64 / 2.0);
+            (du / dn).tanh()
+        };
+        if let Some((&m, e)) = self.by_count.range(..streams).next_back() {
+            out[3] = ((streams - m) as f64 / 10.0).tanh();
+            if let Some(u) = here {
+                out[2] = elasticity((m, e.utility), (streams, u));
+            }
+        }
+        if let Some((&m, e)) = self.by_count.range(streams + 1..).next() {
+            out[5] = ((m - streams) as f64 / 10.0).tanh();
+            if let Some(u) = here {
+                out[4] = elasticity((streams, u), (m, e.utility));
+            }
+        }
+        out.map(|x| if x.is_finite() { x } else { 0.0 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_the_latest_run_per_count_and_forgets_old_ones() {
+        let mut m = UtilityMemory::new(4);
+        assert_eq!(m.best(), None);
+        m.record(10, 8.0, 0, true);
+        m.record(10, 6.0, 1, true);
+        assert_eq!(m.best(), Some((10, 7.0)), "mean of a run");
+        m.record(20, 6.5, 2, true);
+        m.record(10, 5.0, 3, true);
+        assert_eq!(m.best(), Some((20, 6.5)), "a new run replaced the old");
+        m.forget(6);
+        m.record(30, 1.0, 6, true);
+        assert_eq!(
+            m.best(),
+            Some((10, 5.0)),
+            "count 20 of interval 2 forgotten"
+        );
+        m.forget(7);
+        assert_eq!(m.best(), Some((30, 1.0)));
+        m.record(12, f64::NAN, 7, true);
+        assert_eq!(
+            m.best(),
+            Some((30, 1.0)),
+            "no value from a broken measurement"
+        );
+    }
+
+    #[test]
+    fn a_run_averages_at_most_its_last_samples() {
+        let mut m = UtilityMemory::new(100);
+        for mi in 0..20 {
+            m.record(3, 0.0, mi, true);
+        }
+        for mi in 20..20 + u64::from(SAMPLES) {
+            m.record(3, 1.0, mi, true);
+        }
+        let (_, u) = m.best().unwrap();
+        assert!(u > 0.6, "old samples fade: {u}");
+    }
+
+    #[test]
+    fn a_ramp_up_interval_counts_only_until_the_count_is_measured_settled() {
+        let mut m = UtilityMemory::new(8);
+        m.record(10, 2.0, 0, false);
+        assert_eq!(m.best(), Some((10, 2.0)));
+        m.record(10, 6.0, 1, true);
+        m.record(10, 8.0, 2, true);
+        assert_eq!(m.best(), Some((10, 7.0)), "the ramp-up is not in the mean");
+    }
+
+    #[test]
+    fn ties_go_to_fewer_streams() {
+        let mut m = UtilityMemory::new(8);
+        m.record(16, 3.0, 0, true);
+        m.record(4, 3.0, 2, true);
+        assert_eq!(m.best(), Some((4, 3.0)));
+    }
+
+    #[test]
+    fn slopes_say_whether_more_streams_did_better() {
+        let mut m = UtilityMemory::new(32);
+        assert_eq!(m.signals(5, 1.0, 0.1), [0.0; 6], "nothing remembered");
+        // Utility n (linear: elasticity 1) up to 10, then flat.
+        m.record(5, 5.0, 0, true);
+        m.record(10, 10.0, 2, true);
+        m.record(20, 10.0, 4, true);
+        let s = m.signals(10, 10.0, 0.1);
+        assert_eq!(s[0], 0.0, "at the best");
+        assert_eq!(s[1], 0.0);
+        assert!(
+            (s[2] - 1f64.tanh()).abs() < 1e-9,
+            "5 -> 10 doubled: {}",
+            s[2]
+        );
+        assert!((s[3] - 0.5f64.tanh()).abs() < 1e-9);
+        assert_eq!(s[4], 0.0, "flat above");
+        assert!((s[5] - 1f64.tanh()).abs() < 1e-9);
+        let s = m.signals(20, 10.0, 0.1);
+        assert_eq!(s[0], 0.0, "a tie is no regret");
+        assert!(s[1] < -0.7, "the best is 10 below");
+        assert_eq!((s[4], s[5]), (0.0, 0.0), "nothing above");
+        let s = m.signals(7, 2.0, 0.1);
+        assert!((s[0] - 0.8).abs() < 1e-9);
+        assert_eq!(s[2], 0.0, "7 itself not remembered: no slope");
+        assert!(s[3] > 0.0 && s[5] > 0.0, "neighbours both sides");
+    }
+}
