@@ -5,7 +5,7 @@
 //! count of a path with paced streams from one that holds 48 where 10 gave far more: after a
 //! few intervals without a change both windows look alike. The memory keeps, for every count
 //! measured in the last `intervals` intervals, its utility (the mean of the intervals it was
-//! held in a row, at most [`SAMPLES`]; an interval that was mostly ramp-up of new streams only
+//! held in a row, weighted to the last [`SAMPLES`]; an interval that was mostly ramp-up of new streams only
 //! until the count is measured settled), so the input can say how far the current utility is
 //! below the best remembered one, where that one was, and how the utility changes towards the
 //! nearest remembered counts below and above. A count measured again after another replaces its
@@ -14,7 +14,8 @@
 
 use std::collections::BTreeMap;
 
-/// Most consecutive intervals one remembered utility is the mean of.
+/// Consecutive intervals one remembered utility is the plain mean of; past that, each new
+/// interval weighs 1/SAMPLES, so a count held long follows slow changes.
 pub const SAMPLES: u32 = 8;
 
 /// How many signals [`UtilityMemory::signals`] gives.
