@@ -164,7 +164,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reward", choices=["utility", "change"], default="utility")
     p.add_argument(
         "--initial-streams",
-        default="1",
+        default="random:0.25",
         help="streams at the start of an episode: a count, random (1 to --max-streams) or "
         "random:SHARE (random in that share of episodes, 1 in the others)",
     )
