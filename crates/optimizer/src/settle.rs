@@ -6,7 +6,8 @@
 //! would always see adding streams as a loss and drift down. [`Settling`] holds a raised count
 //! until at most half of an interval is ramp-up, and shows the inner controller only the
 //! intervals that measure the count it chose. Removing streams takes effect at once and is
-//! judged on the next interval.
+//! judged on the next interval. [`RampClock`] tells how much of an interval was ramp-up; the
+//! policy's input uses the same clock.
 
 use crate::controller::Controller;
 use crate::signals::Observation;
@@ -16,15 +17,59 @@ use crate::signals::Observation;
 /// 300 to 1300 segments).
 pub const RAMP_RTTS: f64 = 10.0;
 
+/// Follows the stream count of a transfer interval by interval and tells how much of each
+/// interval its newest streams spent ramping up.
+#[derive(Debug, Clone, Default)]
+pub struct RampClock {
+    /// The count of the last interval and the time it ended.
+    last: Option<(usize, f64)>,
+    /// When the interval in which the count last rose began (the first interval counts as a
+    /// rise from none, at the transfer's start: time 0).
+    raised_at: f64,
+}
+
+/// How an interval relates to the last rise of the stream count ([`RampClock::observe`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IntervalRamp {
+    /// Length of the interval in seconds.
+    pub interval: f64,
+    /// Seconds of the interval during which the newest streams were still ramping up
+    /// (negative once they finished before it began).
+    pub ramp_left: f64,
+}
+
+impl IntervalRamp {
+    /// Whether more than half of the interval was ramp-up, so that it does not measure its
+    /// count settled.
+    pub fn mostly_ramp_up(&self) -> bool {
+        self.ramp_left > 0.5 * self.interval
+    }
+}
+
+impl RampClock {
+    /// Adds the interval that just ended and returns how much of it was ramp-up.
+    pub fn observe(&mut self, observation: &Observation) -> IntervalRamp {
+        let o = observation;
+        let interval = (o.time - self.last.map_or(0.0, |(_, t)| t)).max(0.0);
+        let start = o.time - interval;
+        if self.last.is_none_or(|(n, _)| o.streams > n) {
+            self.raised_at = start;
+        }
+        self.last = Some((o.streams, o.time));
+        IntervalRamp {
+            interval,
+            ramp_left: self.raised_at + RAMP_RTTS * o.rtt - start,
+        }
+    }
+}
+
 /// Wraps a controller so that a raised count is judged only once its new streams ramped up.
 #[derive(Debug, Clone)]
 pub struct Settling<C> {
     inner: C,
-    /// The count last seen and the time its first interval began.
-    count: Option<(usize, f64)>,
+    clock: RampClock,
     /// The count asked for while waiting.
     holding: Option<usize>,
-    last_time: Option<f64>,
 }
 
 impl<C: Controller> Settling<C> {
@@ -32,9 +77,8 @@ impl<C: Controller> Settling<C> {
     pub fn new(inner: C) -> Self {
         Settling {
             inner,
-            count: None,
+            clock: RampClock::default(),
             holding: None,
-            last_time: None,
         }
     }
 }
@@ -45,28 +89,10 @@ impl<C: Controller> Controller for Settling<C> {
     }
 
     fn decide(&mut self, observation: &Observation) -> usize {
-        let interval = self
-            .last_time
-            .map_or(0.0, |t| (observation.time - t).max(0.0));
-        let start = observation.time - interval;
-        self.last_time = Some(observation.time);
-        let raised = match self.count {
-            Some((n, since)) if n == observation.streams => Some(since),
-            Some((n, _)) if observation.streams > n => {
-                self.count = Some((observation.streams, start));
-                Some(start)
-            }
-            _ => {
-                self.count = Some((observation.streams, start));
-                None
-            }
-        };
-        if let (Some(since), Some(hold)) = (raised, self.holding) {
-            // Seconds of this interval during which the new streams were still ramping up.
-            let ramp_left = since + RAMP_RTTS * observation.rtt - start;
-            if hold == observation.streams && ramp_left > 0.5 * interval {
-                return hold;
-            }
+        let ramp = self.clock.observe(observation);
+        // Holding only ever asks for a rise, so reaching it means the count just rose.
+        if self.holding == Some(observation.streams) && ramp.mostly_ramp_up() {
+            return observation.streams;
         }
         let next = self.inner.decide(observation);
         self.holding = (next > observation.streams).then_some(next);
@@ -108,6 +134,29 @@ mod tests {
         // 150 ms RTT: ramp-up of 1.5 s; with 1 s intervals the first interval after a raise is
         // all ramp-up, the second half of it, so the second is judged.
         assert_eq!(climb(0.150, 7), (vec![0, 2, 4, 6], 5));
+    }
+
+    #[test]
+    fn the_clock_restarts_on_rises_only() {
+        let mut clock = RampClock::default();
+        // 100 ms RTT: 1 s of ramp-up after each rise; 1 s intervals ending at mi + 1.
+        let mut at = |mi: u64, streams: usize| {
+            let ramp = clock.observe(&Observation::for_test(mi, streams, 1.0, 0.100));
+            (ramp.interval, ramp.ramp_left, ramp.mostly_ramp_up())
+        };
+        let close = |(i, left, mostly): (f64, f64, bool), want: (f64, f64, bool)| {
+            assert!(
+                (i - want.0).abs() < 1e-9 && (left - want.1).abs() < 1e-9,
+                "{i} {left}"
+            );
+            assert_eq!(mostly, want.2);
+        };
+        close(at(0, 4), (1.0, 1.0, true));
+        close(at(1, 4), (1.0, 0.0, false));
+        close(at(2, 8), (1.0, 1.0, true));
+        close(at(3, 2), (1.0, 0.0, false));
+        close(at(4, 2), (1.0, -1.0, false));
+        close(at(5, 3), (1.0, 1.0, true));
     }
 
     #[test]

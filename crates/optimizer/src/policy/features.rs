@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 
 use super::memory::{UtilityMemory, MEMORY_SIGNALS};
-use crate::settle::RAMP_RTTS;
+use crate::settle::{RampClock, RAMP_RTTS};
 use crate::signals::Observation;
 
 /// Version of the input layout: which signals, in what order, with which transforms. Bump it
@@ -189,9 +189,7 @@ pub struct FeatureHistory {
     actions: VecDeque<f32>,
     memory: UtilityMemory,
     last_streams: Option<usize>,
-    last_time: Option<f64>,
-    /// When the interval in which the count last rose began (the transfer's start: from 0).
-    raised_at: f64,
+    clock: RampClock,
 }
 
 impl FeatureHistory {
@@ -203,8 +201,7 @@ impl FeatureHistory {
             memory: UtilityMemory::new(layout.memory),
             layout,
             last_streams: None,
-            last_time: None,
-            raised_at: 0.0,
+            clock: RampClock::default(),
         }
     }
 
@@ -218,27 +215,21 @@ impl FeatureHistory {
     /// from before the first interval are zeros.
     pub fn push(&mut self, observation: &Observation) -> Vec<f32> {
         let o = observation;
-        let interval = (o.time - self.last_time.unwrap_or(0.0)).max(0.0);
-        self.last_time = Some(o.time);
-        let start = o.time - interval;
         let change = self
             .last_streams
             .map_or(0.0, |last| o.streams as f64 - last as f64);
-        if self.last_streams.is_none_or(|last| o.streams > last) {
-            self.raised_at = start;
-        }
         self.last_streams = Some(o.streams);
-        let ramp_time = RAMP_RTTS * o.rtt;
-        let ramp = if interval > 0.0 {
-            (ramp_time / interval).min(1.0)
+        let interval_ramp = self.clock.observe(o);
+        let ramp = if interval_ramp.interval > 0.0 {
+            (RAMP_RTTS * o.rtt / interval_ramp.interval).min(1.0)
         } else {
             1.0
         };
-        // As in Settling: an interval that was mostly ramp-up after a raise does not measure
-        // its count settled; the memory keeps it only until one does.
-        let settled = self.raised_at + ramp_time - start <= 0.5 * interval;
+        // An interval that was mostly ramp-up after a raise does not measure its count
+        // settled; the memory keeps it only until one does.
         self.memory.forget(o.mi);
-        self.memory.record(o.streams, o.utility, o.mi, settled);
+        self.memory
+            .record(o.streams, o.utility, o.mi, !interval_ramp.mostly_ramp_up());
         // Utilities compare in units of at least 1 % of the best throughput seen.
         let remembered = self
             .memory
