@@ -9,6 +9,7 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 
 from xfer_training import evaluate, train
+from xfer_training.env import XferEnv, sim_command
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +68,11 @@ def test_xfer_loads_the_export_and_reproduces_its_golden_vectors(xfer, exported)
 
 def test_xfer_sim_runs_the_export_beside_the_baselines(xfer, exported, tmp_path):
     out, _ = exported
-    report = evaluate.evaluate(out, xfer, per_family=1, seeds=1, duration_s=20, out=tmp_path)
+    report = evaluate.evaluate(
+        out, xfer, per_family=1, seeds=1, duration_s=20, out=tmp_path, first_path=7
+    )
     assert set(report["families"]) == {*evaluate.FAMILIES, "shipped"}
+    assert "--first-path 7" in (tmp_path / "evaluation.md").read_text()
     for stats in report["families"].values():
         assert set(stats) == {"ppo", "gd", "bo", "fixed:8"}
     assert "| shipped | ppo |" in (tmp_path / "evaluation.md").read_text()
@@ -113,3 +117,43 @@ def test_verdicts_compare_ppo_with_the_faster_and_the_better_baseline():
         "never": 1,
         "utility": pytest.approx(0.8),
     }
+
+
+def test_a_sharpened_reward_pays_most_for_the_best_count():
+    square = train.sharpened(2.0)
+    assert square(1.0) == 1.0
+    assert square(0.5) == 0.25
+    assert square(-0.3) == -0.3, "utility lost to congestion is not made smaller"
+    assert square(0.0) == 0.0
+
+
+@pytest.mark.parametrize("streams", ["1", "20"])
+def test_the_bonus_is_paid_for_intervals_at_95_percent_of_the_best(xfer, streams):
+    def make():
+        return XferEnv(sim_command(xfer, scenario="paper-fig2", initial_streams=streams))
+
+    plain, bonused = make(), train.AtBestBonus(make(), 0.5)
+    try:
+        plain.reset(seed=3)
+        bonused.reset(seed=3)
+        for _ in range(4):
+            _, reward, _, _, info = plain.step(2)
+            _, with_bonus, _, _, same = bonused.step(2)
+            assert same["utility_fraction"] == info["utility_fraction"]
+            at_best = info["utility_fraction"] >= 0.95
+            assert at_best == (streams == "20"), info["utility_fraction"]
+            assert with_bonus == pytest.approx(reward + (0.5 if at_best else 0.0))
+    finally:
+        plain.close()
+        bonused.close()
+
+
+def test_a_family_list_gives_the_environments_their_families_in_turn(xfer):
+    args = train.parser().parse_args(["--xfer", str(xfer), "--family", "lossy,shallow"])
+    for index, family in [(0, "lossy"), (1, "shallow"), (2, "lossy")]:
+        env = train.make_env(args, index)
+        try:
+            _, info = env.reset()
+            assert info["scenario"].startswith(f"random:{family}:"), info["scenario"]
+        finally:
+            env.close()
