@@ -5,9 +5,7 @@
 //! xfer listens on SOCKET; the agent connects and sends `describe`, `reset` and `step`
 //! requests. Each `reset` or `step` is answered at the end of the next monitoring interval with
 //! that interval's observation; a `step`'s action is applied at once. The reward is the
-//! interval's utility over the best throughput seen so far. A step that raised the count is
-//! answered, as on the simulator, after the intervals that were mostly its new streams'
-//! ramp-up, with their rewards summed. When the transfer ends, a pending
+//! interval's utility over the best throughput seen so far. When the transfer ends, a pending
 //! request is answered with `done: true`. Until an agent connects, or while it is silent, the
 //! count stays as it is and data keeps moving.
 
@@ -19,7 +17,7 @@ use std::time::Duration;
 use anyhow::Context;
 use optimizer::env::{Description, Reply, Request, RewardKind, StepInfo, StepReply};
 use optimizer::policy::{FeatureHistory, ObservationLayout};
-use optimizer::{Controller, Observation, RaiseHold, RewardParams, UtilityParams};
+use optimizer::{Controller, Observation, RewardParams, UtilityParams};
 
 /// How long one decision waits for the agent's next request before holding the count.
 const AGENT_WAIT: Duration = Duration::from_secs(5);
@@ -40,9 +38,6 @@ pub struct ExternalAgent {
     path: PathBuf,
     agent: Option<Agent>,
     features: FeatureHistory,
-    hold: RaiseHold,
-    /// Reward of the held intervals of the step being answered.
-    held_reward: f64,
     description: Description,
     last: Option<StepReply>,
 }
@@ -65,8 +60,6 @@ impl ExternalAgent {
             listener,
             path: path.to_path_buf(),
             agent: None,
-            hold: RaiseHold::default(),
-            held_reward: 0.0,
             features: FeatureHistory::new(layout.clone()),
             description: Description {
                 layout,
@@ -124,11 +117,9 @@ impl Controller for ExternalAgent {
         let current = observation
             .streams
             .clamp(1, self.description.max_streams.max(1));
-        let held = self.description.layout.hold_ramp_up && self.hold.holds(observation);
-        let reward = std::mem::take(&mut self.held_reward) + observation.utility_ratio();
         let reply = StepReply {
             observation: self.features.push(observation),
-            reward,
+            reward: observation.utility_ratio(),
             done: false,
             truncated: false,
             info: StepInfo {
@@ -141,10 +132,6 @@ impl Controller for ExternalAgent {
         self.last = Some(reply.clone());
         self.accept();
         if self.agent.as_ref().is_some_and(|a| a.owed) {
-            if held {
-                self.held_reward = reward;
-                return current;
-            }
             self.send(&Reply::Step(reply));
             if let Some(agent) = &mut self.agent {
                 agent.owed = false;
@@ -167,7 +154,6 @@ impl Controller for ExternalAgent {
                         }
                         Ok(Request::Reset { .. }) => {
                             agent.owed = true;
-                            self.hold.decided(current, current);
                             return current;
                         }
                         Ok(Request::Step { action }) => {
@@ -175,7 +161,6 @@ impl Controller for ExternalAgent {
                             match self.description.layout.apply_action(action, current, max) {
                                 Ok(next) => {
                                     agent.owed = true;
-                                    self.hold.decided(current, next);
                                     return next;
                                 }
                                 Err(e) => self.send(&Reply::error(e)),
@@ -213,76 +198,5 @@ impl Drop for ExternalAgent {
             self.send(&Reply::Step(last));
         }
         let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// An interval of 1 s ending at `time`, on a 150 ms path, whose utility is `ratio` of the
-    /// best throughput.
-    fn interval(time: f64, streams: usize, ratio: f64) -> Observation {
-        Observation {
-            time,
-            mi: time as u64 - 1,
-            streams,
-            throughput: 100.0,
-            loss: 0.0,
-            rtt: 0.150,
-            rtt_ratio: 1.0,
-            rtt_gradient: 0.0,
-            throughput_ratio: 1.0,
-            utility: 100.0 * ratio,
-            reward: 0.0,
-            actions: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn a_raise_is_answered_after_its_ramp_up_with_the_rewards_summed() {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("agent.sock");
-        let mut agent = ExternalAgent::listen(
-            &socket,
-            64,
-            UtilityParams::default(),
-            RewardParams::default(),
-            1.0,
-        )
-        .unwrap();
-        let mut client = UnixStream::connect(&socket).unwrap();
-        client
-            .write_all(b"{\"op\":\"reset\"}\n{\"op\":\"step\",\"action\":0}\n{\"op\":\"close\"}\n")
-            .unwrap();
-        assert_eq!(agent.decide(&interval(1.0, 1, 0.1)), 1, "reset read");
-        assert_eq!(
-            agent.decide(&interval(2.0, 1, 0.2)),
-            6,
-            "reset answered, step read"
-        );
-        assert_eq!(
-            agent.decide(&interval(3.0, 6, 0.3)),
-            6,
-            "ramp-up: held, not answered"
-        );
-        assert_eq!(
-            agent.decide(&interval(4.0, 6, 0.4)),
-            6,
-            "answered, then closed"
-        );
-        let replies: Vec<serde_json::Value> = BufReader::new(client)
-            .lines()
-            .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
-            .collect();
-        assert_eq!(replies.len(), 3, "{replies:?}");
-        assert_eq!(replies[0]["info"]["signals"]["time"], 2.0);
-        assert_eq!(replies[1]["info"]["signals"]["time"], 4.0);
-        let reward = replies[1]["reward"].as_f64().unwrap();
-        assert!(
-            (reward - 0.7).abs() < 1e-9,
-            "the held interval's reward too: {reward}"
-        );
-        assert_eq!(replies[2]["closed"], true);
     }
 }

@@ -7,10 +7,7 @@
 //!   observation;
 //! - `{"op": "step", "action": 1}`: apply the action of that index in the action set (`+5,
 //!   +1, 0, -1, -5` streams), run one interval, and get the observation, reward and whether
-//!   the episode is over. In a layout that holds ramp-ups
-//!   ([`ObservationLayout::hold_ramp_up`]) a step that raised the count lasts until an
-//!   interval that is not mostly its new streams' ramp-up; its reward is the sum over its
-//!   intervals;
+//!   the episode is over;
 //! - `{"op": "close"}`: end the session.
 //!
 //! Every reply is one JSON line: a [`Description`], a [`StepReply`], `{"closed": true}`, or
@@ -25,7 +22,6 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::policy::{FeatureHistory, ObservationLayout};
-use crate::settle::RaiseHold;
 use crate::signals::{Observation, SignalTracker};
 use crate::sim::{random_scenario, Family, Scenario, Simulator, HELD_OUT_SEEDS};
 use crate::utility::{RewardParams, UtilityParams};
@@ -239,8 +235,6 @@ struct Episode {
     sim: Simulator,
     tracker: SignalTracker,
     features: FeatureHistory,
-    /// Holds a raised count through its ramp-up, if the layout asks for it.
-    hold: Option<RaiseHold>,
     streams: usize,
 }
 
@@ -306,10 +300,9 @@ impl SimEnv {
             sim: Simulator::new(scenario, seed),
             tracker: SignalTracker::new(c.utility, c.reward_params, c.layout.action_history),
             features: FeatureHistory::new(c.layout.clone()),
-            hold: c.layout.hold_ramp_up.then(RaiseHold::default),
             streams,
         });
-        let (mut reply, _) = self.run_interval();
+        let mut reply = self.run_interval();
         reply.reward = 0.0;
         reply
     }
@@ -323,28 +316,14 @@ impl SimEnv {
         if !episode.sim.has_room(c.mi, c.duration) {
             return Err("the episode is over: send reset".into());
         }
-        let before = episode.streams;
-        episode.streams = c.layout.apply_action(action, before, c.max_streams)?;
-        if let Some(hold) = &mut episode.hold {
-            hold.decided(before, episode.streams);
-        }
-        // A step lasts until an interval the policy decides on: through the holds of a
-        // raised count's ramp-up, whose rewards it sums.
-        let (mut reply, mut held) = self.run_interval();
-        while held && !reply.done {
-            let (next, next_held) = self.run_interval();
-            reply = StepReply {
-                reward: reply.reward + next.reward,
-                ..next
-            };
-            held = next_held;
-        }
-        Ok(reply)
+        episode.streams = c
+            .layout
+            .apply_action(action, episode.streams, c.max_streams)?;
+        Ok(self.run_interval())
     }
 
-    /// Runs one interval at the episode's count; builds the reply and says whether the count
-    /// is held through the next interval instead of decided.
-    fn run_interval(&mut self) -> (StepReply, bool) {
+    /// Runs one interval at the episode's count and builds the reply.
+    fn run_interval(&mut self) -> StepReply {
         let c = &self.config;
         let e = self.episode.as_mut().expect("an episode is running");
         let start = e.sim.time();
@@ -359,8 +338,7 @@ impl SimEnv {
             RewardKind::Change => signals.reward,
         };
         let done = !e.sim.has_room(c.mi, c.duration);
-        let held = e.hold.as_mut().is_some_and(|h| h.holds(&signals));
-        let reply = StepReply {
+        StepReply {
             observation: e.features.push(&signals),
             reward,
             done,
@@ -371,8 +349,7 @@ impl SimEnv {
                 utility_fraction: Some(utility_fraction),
                 scenario: Some(e.sim.scenario().name.clone()),
             },
-        };
-        (reply, held)
+        }
     }
 }
 
@@ -461,45 +438,6 @@ mod tests {
             e.handle(Request::Step { action: 9 }),
             Reply::Error { .. }
         ));
-    }
-
-    #[test]
-    fn a_raise_on_a_long_path_is_one_step_through_its_ramp_up() {
-        // 150 ms and more: over 1.5 s of ramp-up, so at least one interval after a raise is
-        // held.
-        let scenario = || ScenarioSource::Fixed(Scenario::shipped("lossy-long-haul").unwrap());
-        let mut holding = env(scenario());
-        let mut plain = env(scenario());
-        plain.config.layout.hold_ramp_up = false;
-        for e in [&mut holding, &mut plain] {
-            assert!(matches!(
-                e.handle(Request::Reset { seed: Some(2) }),
-                Reply::Step(_)
-            ));
-        }
-        let raised = step(&mut holding, 0);
-        let time = raised.info.signals.time;
-        assert!(
-            time >= 3.0,
-            "the raise was held through its ramp-up: {time}"
-        );
-        let mut unheld = step(&mut plain, 0);
-        let mut reward = unheld.reward;
-        while unheld.info.signals.time < time {
-            unheld = step(&mut plain, 2);
-            reward += unheld.reward;
-        }
-        assert_eq!(raised.observation, unheld.observation);
-        assert!((raised.reward - reward).abs() < 1e-12);
-        for action in [2, 3, 4] {
-            let before = holding.episode.as_ref().unwrap().sim.time();
-            let r = step(&mut holding, action);
-            assert_eq!(
-                r.info.signals.time,
-                before + 1.0,
-                "no hold after action {action}"
-            );
-        }
     }
 
     #[test]

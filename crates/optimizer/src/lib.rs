@@ -27,6 +27,6 @@ mod utility;
 pub use bo::{BayesianOptimizer, BoParams};
 pub use controller::{Controller, ControllerSpec, Fixed, SpecError};
 pub use gd::{GdParams, GradientDescent};
-pub use settle::{IntervalRamp, RaiseHold, RampClock, Settling, RAMP_RTTS};
+pub use settle::{IntervalRamp, RampClock, Settling, RAMP_RTTS};
 pub use signals::{MiStats, Observation, SignalTracker};
 pub use utility::{RewardParams, UtilityParams};

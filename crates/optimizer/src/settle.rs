@@ -6,8 +6,8 @@
 //! would always see adding streams as a loss and drift down. [`Settling`] holds a raised count
 //! until at most half of an interval is ramp-up, and shows the inner controller only the
 //! intervals that measure the count it chose. Removing streams takes effect at once and is
-//! judged on the next interval. [`RampClock`] tells how much of an interval was ramp-up, and
-//! [`RaiseHold`] decides the holds; a learned policy uses both too.
+//! judged on the next interval. [`RampClock`] tells how much of an interval was ramp-up; the
+//! policy's input uses the same clock.
 
 use crate::controller::Controller;
 use crate::signals::Observation;
@@ -63,35 +63,13 @@ impl RampClock {
     }
 }
 
-/// Holds a count that a controller raised for as long as more than half of each interval is
-/// its new streams' ramp-up, so that the count is next decided on an interval that measures it.
-#[derive(Debug, Clone, Default)]
-pub struct RaiseHold {
-    clock: RampClock,
-    /// The count the last decision raised to.
-    raised_to: Option<usize>,
-}
-
-impl RaiseHold {
-    /// Adds the interval that just ended (call it for every interval); whether the count must
-    /// be held instead of decided.
-    pub fn holds(&mut self, observation: &Observation) -> bool {
-        let ramp = self.clock.observe(observation);
-        // Reaching the raised count means the count just rose to it.
-        self.raised_to == Some(observation.streams) && ramp.mostly_ramp_up()
-    }
-
-    /// Records a decision to go from `current` streams to `next`.
-    pub fn decided(&mut self, current: usize, next: usize) {
-        self.raised_to = (next > current).then_some(next);
-    }
-}
-
 /// Wraps a controller so that a raised count is judged only once its new streams ramped up.
 #[derive(Debug, Clone)]
 pub struct Settling<C> {
     inner: C,
-    hold: RaiseHold,
+    clock: RampClock,
+    /// The count asked for while waiting.
+    holding: Option<usize>,
 }
 
 impl<C: Controller> Settling<C> {
@@ -99,7 +77,8 @@ impl<C: Controller> Settling<C> {
     pub fn new(inner: C) -> Self {
         Settling {
             inner,
-            hold: RaiseHold::default(),
+            clock: RampClock::default(),
+            holding: None,
         }
     }
 }
@@ -110,11 +89,13 @@ impl<C: Controller> Controller for Settling<C> {
     }
 
     fn decide(&mut self, observation: &Observation) -> usize {
-        if self.hold.holds(observation) {
+        let ramp = self.clock.observe(observation);
+        // Holding only ever asks for a rise, so reaching it means the count just rose.
+        if self.holding == Some(observation.streams) && ramp.mostly_ramp_up() {
             return observation.streams;
         }
         let next = self.inner.decide(observation);
-        self.hold.decided(observation.streams, next);
+        self.holding = (next > observation.streams).then_some(next);
         next
     }
 }

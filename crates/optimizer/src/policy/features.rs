@@ -79,13 +79,6 @@ pub struct ObservationLayout {
     /// before the memory; refused).
     #[serde(default)]
     pub memory: usize,
-    /// Whether the policy decides only on intervals that measure its count: after it raised
-    /// the count, intervals that were mostly the new streams' ramp-up hold it, as gd and bo
-    /// do ([`RaiseHold`](crate::RaiseHold)); their signals still join the history. Training
-    /// (one step per decision) and inference must agree, so a model records it (absent, as
-    /// false, in models trained without holds).
-    #[serde(default)]
-    pub hold_ramp_up: bool,
     /// Change of the stream count of each policy output ([`ACTIONS`]).
     pub actions: Vec<i64>,
     /// Length of the input vector: `history * signals + action_history`.
@@ -108,7 +101,6 @@ impl ObservationLayout {
             action_history,
             stream_scale: 64.0,
             memory: 32,
-            hold_ramp_up: true,
             actions: ACTIONS.to_vec(),
             size: history * SIGNALS.len() + action_history,
         }
@@ -137,7 +129,6 @@ impl ObservationLayout {
         let ours = ObservationLayout {
             stream_scale: self.stream_scale,
             memory: self.memory,
-            hold_ramp_up: self.hold_ramp_up,
             ..ObservationLayout::new(self.history, self.action_history)
         };
         if self.version != ours.version {

@@ -24,7 +24,6 @@ pub use onnx::OnnxModel;
 pub use torch::TorchModel;
 
 use crate::controller::Controller;
-use crate::settle::RaiseHold;
 use crate::signals::Observation;
 use crate::utility::UtilityParams;
 
@@ -77,13 +76,10 @@ pub fn greedy_action(logits: &[f32]) -> usize {
 }
 
 /// Runs a policy network as a [`Controller`]: each interval's observation joins the history,
-/// the network scores the actions, and the best one changes the count, within `1..=max`. With
-/// a layout that holds ramp-ups ([`ObservationLayout::hold_ramp_up`]) a raised count is held,
-/// without asking the network, while its new streams ramp up.
+/// the network scores the actions, and the best one changes the count, within `1..=max`.
 pub struct PolicyController {
     model: Box<dyn PolicyModel>,
     features: FeatureHistory,
-    hold: Option<RaiseHold>,
     max_streams: usize,
     failures: u64,
 }
@@ -112,7 +108,6 @@ impl PolicyController {
         }
         Ok(PolicyController {
             model,
-            hold: layout.hold_ramp_up.then(RaiseHold::default),
             features: FeatureHistory::new(layout),
             max_streams: max_streams.max(1),
             failures: 0,
@@ -133,11 +128,8 @@ impl Controller for PolicyController {
     fn decide(&mut self, observation: &Observation) -> usize {
         let input = self.features.push(observation);
         let current = observation.streams.clamp(1, self.max_streams);
-        if self.hold.as_mut().is_some_and(|h| h.holds(observation)) {
-            return current;
-        }
         let layout = self.features.layout();
-        let next = match self.model.logits(&input).and_then(|logits| {
+        match self.model.logits(&input).and_then(|logits| {
             layout
                 .apply_action(greedy_action(&logits), current, self.max_streams)
                 .map_err(PolicyError::Model)
@@ -147,11 +139,7 @@ impl Controller for PolicyController {
                 self.failures += 1;
                 current
             }
-        };
-        if let Some(hold) = &mut self.hold {
-            hold.decided(current, next);
         }
-        next
     }
 }
 
@@ -180,43 +168,6 @@ mod tests {
         assert_eq!(c.decide(&Observation::for_test(1, 8, 1.0, 0.01)), 7);
         assert_eq!(c.decide(&Observation::for_test(2, 7, 1.0, 0.01)), 7);
         assert_eq!(c.decide(&Observation::for_test(3, 1, 1.0, 0.01)), 2);
-    }
-
-    /// Always raises by 5 and counts its calls.
-    struct Raiser(std::sync::Arc<std::sync::atomic::AtomicU32>);
-
-    impl PolicyModel for Raiser {
-        fn logits(&mut self, _: &[f32]) -> Result<Vec<f32>, PolicyError> {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            Ok(vec![1.0, 0.0, 0.0, 0.0, 0.0])
-        }
-    }
-
-    #[test]
-    fn a_raised_count_is_held_without_the_network_while_it_ramps_up() {
-        for (hold, want) in [(true, vec![6, 6, 11, 11]), (false, vec![6, 11, 16, 21])] {
-            let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
-            let layout = ObservationLayout {
-                hold_ramp_up: hold,
-                ..ObservationLayout::default()
-            };
-            let metadata = PolicyMetadata::for_layout(layout);
-            let model = Box::new(Raiser(calls.clone()));
-            let mut c =
-                PolicyController::new(model, &metadata, 64, UtilityParams::default()).unwrap();
-            calls.store(0, std::sync::atomic::Ordering::Relaxed);
-            // 150 ms RTT: the first interval after each raise is mostly ramp-up.
-            let mut n = 1;
-            let counts: Vec<usize> = (0..4)
-                .map(|mi| {
-                    n = c.decide(&Observation::for_test(mi, n, 1.0, 0.150));
-                    n
-                })
-                .collect();
-            assert_eq!(counts, want, "hold {hold}");
-            let asked = calls.load(std::sync::atomic::Ordering::Relaxed);
-            assert_eq!(asked, if hold { 2 } else { 4 });
-        }
     }
 
     #[test]
