@@ -62,7 +62,8 @@ def test_veth_pair_carries_an_xfer_transfer_and_is_removed(tmp_path):
         assert topo.sender_ns in netns.namespaces()
         with dataplane.xfer_receiver(xfer, topo, tmp_path) as rx:
             assert rx.addr.startswith("10.201.0.2:")
-            gbps = dataplane.run_xfer(topo, xfer, rx, 2, ["--mem", "64MiB", rx.addr])
+            key = dataplane.write_key_file(rx, tmp_path / "key")
+            gbps = dataplane.run_xfer(topo, xfer, rx, 2, ["--mem", "64MiB", rx.addr], key)
         assert gbps > 0
     assert topo.sender_ns not in netns.namespaces()
     assert topo.receiver_ns not in netns.namespaces()

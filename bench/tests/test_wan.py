@@ -65,7 +65,8 @@ def test_xfer_per_stream_cap_holds_within_5_percent(tmp_path):
         with dataplane.xfer_receiver(xfer, topo, tmp_path) as rx:
             # Two streams capped at 20 Mbit/s each on a 100 Mbit/s path: 40 Mbit/s (TCP paces
             # the payload); 25 MB take about 5 s.
-            argv = [str(xfer), "send", "--mem", "25MB", rx.addr, "--key", rx.key, "--json"]
+            key = dataplane.write_key_file(rx, tmp_path / "key")
+            argv = [str(xfer), "send", "--mem", "25MB", rx.addr, "--key-file", str(key), "--json"]
             argv += ["--streams", "2", "--stream-rate-cap", "20", "--unit-size", "1MiB"]
             out = subprocess.run(topo.sender_cmd(argv), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -108,11 +108,12 @@ def emulate(
     with tempfile.TemporaryDirectory() as tmp, emulated_wan(spec, xfer) as wan:
         topo = wan.topology()
         with dataplane.xfer_receiver(xfer, topo, Path(tmp)) as rx:
+            key = dataplane.write_key_file(rx, Path(tmp) / "xfer.key")
             for n in [n for _ in range(repetitions) for n in counts]:
                 log = Path(tmp) / f"mi-{n}.jsonl"
                 size = dataplane.unending_size(spec.rate_mbit, seconds)
                 argv = dataplane.optimized_send_command(
-                    xfer, rx, ["--mem", str(size)], f"fixed:{n}", log, stream_rate_cap_mbit=cap
+                    xfer, rx, ["--mem", str(size)], f"fixed:{n}", log, key, stream_rate_cap_mbit=cap
                 )
                 err = Path(tmp) / f"send-{n}.stderr"
                 with err.open("w") as stderr:

@@ -172,9 +172,23 @@ def xfer_receiver(
         supervise.stop(proc)
 
 
-def run_xfer(topo: Topology, xfer: Path, rx: XferReceiver, streams: int, what: list[str]) -> float:
-    """One `xfer send WHAT --streams N --json` run; returns mean Gbit/s."""
-    cmd = [str(xfer), "send", *what[:-1], what[-1], "--key", rx.key]
+#: Writes standard input to the file named by the first argument, readable by its owner only
+#: (how a sender's side gets the receiver's key: `xfer send` refuses keys on its command line).
+KEY_FILE_WRITER = ["sh", "-c", 'umask 077 && cat > "$0"']
+
+
+def write_key_file(rx: XferReceiver, path: Path) -> Path:
+    """Writes the receiver's key to `path` on this machine (mode 600) for `--key-file`."""
+    subprocess.run([*KEY_FILE_WRITER, str(path)], input=rx.key, text=True, check=True)
+    return path
+
+
+def run_xfer(
+    topo: Topology, xfer: Path, rx: XferReceiver, streams: int, what: list[str], key_file: Path
+) -> float:
+    """One `xfer send WHAT --streams N --json` run with the key in `key_file`; returns mean
+    Gbit/s."""
+    cmd = [str(xfer), "send", *what[:-1], what[-1], "--key-file", str(key_file)]
     cmd += ["--streams", str(streams), "--json"]
     out = subprocess.run(topo.sender_cmd(cmd), capture_output=True, text=True)
     if out.returncode != 0:
@@ -194,14 +208,16 @@ def optimized_send_command(
     what: Sequence[str],
     optimizer: str,
     mi_log: Path | str,
+    key_file: Path | str,
     streams: int | None = None,
     stream_rate_cap_mbit: float | None = None,
     mi: str = "1s",
     seed: int = 0,
 ) -> list[str]:
     """`xfer send WHAT` (paths, or `--mem SIZE`) under `optimizer` seeded with `seed`,
-    writing its MI log, quiet otherwise."""
-    argv = [str(xfer), "send", *what, rx.addr, "--key", rx.key]
+    writing its MI log, quiet otherwise; the receiver's key is in `key_file` on the sender's
+    side (see `write_key_file`)."""
+    argv = [str(xfer), "send", *what, rx.addr, "--key-file", str(key_file)]
     argv += ["--optimizer", optimizer, "--mi", mi, "--mi-log", str(mi_log), "--quiet"]
     argv += ["--seed", str(seed)]
     if streams is not None:
@@ -310,14 +326,15 @@ def measure(
     local_copy_gbps(source, dst)  # something of the same size to free before the first run
     rows = []
     with xfer_receiver(xfer, topo, dst) as rx:
+        key = write_key_file(rx, scratch / "xfer.key")
         for n in streams:
             ref, ref_file, mem, fil, cp = [], [], [], [], []
             for _ in range(reps):
                 ref.append(run_iperf3(topo, n, seconds))
                 size = max(1 << 30, int(ref[-1] * 1e9 / 8 * seconds))
-                mem.append(run_xfer(topo, xfer, rx, n, ["--mem", str(size), rx.addr]))
+                mem.append(run_xfer(topo, xfer, rx, n, ["--mem", str(size), rx.addr], key))
                 empty_dir(dst)
-                fil.append(run_xfer(topo, xfer, rx, n, [str(source), rx.addr]))
+                fil.append(run_xfer(topo, xfer, rx, n, [str(source), rx.addr], key))
                 empty_dir(dst)
                 ref_file.append(run_iperf3(topo, n, seconds, (source, dst / "iperf3.bin")))
                 empty_dir(dst)

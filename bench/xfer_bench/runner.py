@@ -23,6 +23,7 @@ from typing import IO, Protocol
 
 from xfer_bench import pacing, supervise
 from xfer_bench.dataplane import (
+    KEY_FILE_WRITER,
     XferReceiver,
     optimized_send_command,
     read_mi_log,
@@ -200,6 +201,8 @@ class _Setup:
     sources: dict[int, str]
     #: The pacing library of each capped GridFTP transfer, by transfer index.
     pacing_libraries: dict[int, str]
+    #: Where each xfer transfer's side holds the receiver's key, by transfer index.
+    key_files: dict[int, str]
 
 
 def _command(t: Transfer, exp: Experiment, setup: _Setup) -> list[str]:
@@ -237,8 +240,16 @@ def _command(t: Transfer, exp: Experiment, setup: _Setup) -> list[str]:
     log = net.sender_path(t.index, _mi_log_name(t))
     return optimized_send_command(
         net.xfer(t.index), setup.receiver, [source] if source else ["--mem", str(size)],
-        t.optimizer, log, t.streams, t.stream_rate_cap_mbit, exp.mi, setup.seed,
+        t.optimizer, log, setup.key_files[t.index], t.streams, t.stream_rate_cap_mbit, exp.mi,
+        setup.seed,
     )  # fmt: skip
+
+
+def _key_file(net: Network, index: int, receiver: XferReceiver) -> str:
+    """Writes the receiver's key on sender `index`'s side (mode 600) and returns the path."""
+    path = net.sender_path(index, "xfer.key")
+    net.sender_run(index, [*KEY_FILE_WRITER, path], stdin=receiver.key)
+    return path
 
 
 def _server_command(t: Transfer, net: Network) -> list[str] | None:
@@ -381,6 +392,11 @@ def run_variant(
                 t.index: _pacing_library(net, t.index)
                 for t in variant.transfers
                 if t.tool == "gridftp" and t.stream_rate_cap_mbit
+            },
+            key_files={
+                t.index: _key_file(net, t.index, receiver)
+                for t in variant.transfers
+                if t.tool == "xfer" and receiver
             },
         )
         time.sleep(0.3)

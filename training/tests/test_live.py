@@ -1,6 +1,7 @@
 """An agent acts on a live loopback transfer through ``xfer send --optimizer external:SOCKET``."""
 
 import json
+import os
 import subprocess
 import time
 
@@ -45,11 +46,12 @@ def test_an_agent_steers_a_live_transfer_until_it_ends(xfer, receiver, tmp_path)
     sock = tmp_path / "agent.sock"
     log = tmp_path / "mi.jsonl"
     sender = subprocess.Popen(
-        [str(xfer), "send", "--mem", "3GiB", addr, "--key", key, "--streams", "1"]
+        [str(xfer), "send", "--mem", "3GiB", addr, "--streams", "1"]
         + ["--optimizer", f"external:{sock}", "--mi", "200ms", "--max-streams", "12"]
         + ["--stream-rate-cap", "2000", "--mi-log", str(log), "--quiet"],
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "XFER_KEY": key},
     )
     env = connect(sock)
     try:

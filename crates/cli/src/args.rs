@@ -243,22 +243,24 @@ impl TuningArgs {
 /// `xfer send`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  xfer send data/ results.h5 host:9000:incoming --key KEY --streams 8\n  xfer send --mem 10GiB 127.0.0.1:9000 --key KEY --streams 4 --json"
+    after_help = "The session key (printed by `xfer recv`) comes from XFER_KEY, from --key-file, or \
+                  from the terminal, which asks for it; never from the command line, where \
+                  every user of the machine could read it.\n\n\
+                  Examples:\n  \
+                  XFER_KEY=KEY xfer send data/ results.h5 host:9000:incoming --streams 8\n  \
+                  xfer send --mem 10GiB 127.0.0.1:9000 --key-file ~/.xfer-key --json"
 )]
 pub struct SendArgs {
     /// Files and directories to send, then the destination HOST:PORT[:DEST] (DEST is a directory
     /// under the receiver's root; IPv6 hosts in brackets: [::1]:9000).
     #[arg(required = true, num_args = 1.., value_name = "PATH... HOST:PORT[:DEST]")]
     pub args: Vec<String>,
-    /// The receiver's session key (as printed by `xfer recv`).
-    #[arg(
-        long,
-        env = "XFER_KEY",
-        hide_env_values = true,
-        conflicts_with = "key_file"
-    )]
+    /// Not accepted: a key on the command line is visible to every user in `ps`. Kept only to
+    /// say so clearly.
+    #[arg(long, hide = true)]
     pub key: Option<String>,
-    /// Read the session key from this file.
+    /// Read the receiver's session key from this file (only its owner may read it: mode 600).
+    /// Otherwise it comes from XFER_KEY, or the terminal asks for it.
     #[arg(long)]
     pub key_file: Option<PathBuf>,
     /// Parallel TCP streams to start with [default: 4]. Without --optimizer, the count stays
@@ -325,8 +327,21 @@ pub struct RecvArgs {
     #[arg(long)]
     pub once: bool,
     /// Most data streams one session may open.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_streams: u32,
+    /// Most sessions served at once; more are refused with the reason.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_sessions: u64,
+    /// Most memory of chunk buffers one session may hold (each stream holds up to one chunk of
+    /// 16 MiB): below 4 GiB it lowers the streams a session may open.
+    #[arg(long, value_name = "SIZE", default_value = "4GiB", value_parser = parse_size_arg)]
+    pub session_memory: u64,
+    /// Close a session when none of its connections has received a byte for this long.
+    #[arg(long, default_value = "5m", value_parser = parse_positive_time)]
+    pub idle_timeout: Duration,
+    /// Close a connection that has not authenticated (and sent its manifest) within this.
+    #[arg(long, default_value = "30s", value_parser = parse_positive_time)]
+    pub handshake_timeout: Duration,
 }
 
 /// Where `xfer send` sends to.

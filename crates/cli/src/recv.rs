@@ -18,7 +18,11 @@ pub fn run(args: RecvArgs) -> anyhow::Result<()> {
         }
     };
     let mut config = ReceiverConfig::new(args.root.clone(), key);
-    config.limits.max_streams = args.max_streams.max(1);
+    config.limits.max_streams = args.max_streams;
+    config.max_sessions = usize::try_from(args.max_sessions).unwrap_or(usize::MAX);
+    config.session_memory = args.session_memory;
+    config.idle_timeout = args.idle_timeout;
+    config.handshake_timeout = args.handshake_timeout;
     let receiver = Receiver::bind(&args.listen, config)?;
     let addr = receiver.local_addr().context("reading the bound address")?;
     let mut out = std::io::stdout().lock();

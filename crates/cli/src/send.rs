@@ -1,7 +1,7 @@
 //! `xfer send`: run a transfer with a live progress bar, or per-second JSON, and a summary.
 
 use std::fs::File;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -94,11 +94,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
             }
         }
     };
-    let key = match (&args.key, &args.key_file) {
-        (Some(text), _) => SessionKey::from_text(text)?,
-        (None, Some(path)) => SessionKey::from_file(path)?,
-        (None, None) => bail!("no session key: pass --key KEY (printed by `xfer recv`), --key-file FILE, or set XFER_KEY"),
-    };
+    let key = session_key(&args)?;
     let schedule = args.streams_schedule.clone();
     let controller = match args.optimizer.clone() {
         Some(spec) => Some(spec),
@@ -307,4 +303,33 @@ fn print_summary(args: &SendArgs, summary: &Summary, out: &mut impl Write) -> st
         )?;
     }
     out.flush()
+}
+
+/// The receiver's key: from `--key-file`, else `XFER_KEY`, else asked on the terminal. A key
+/// given on the command line is refused, as every user of the machine could read it in `ps`.
+fn session_key(args: &SendArgs) -> anyhow::Result<SessionKey> {
+    if args.key.is_some() {
+        bail!(
+            "--key is not accepted: a key on the command line can be read by every user of this \
+             machine; set XFER_KEY, use --key-file FILE (mode 600), or leave both out to be asked"
+        );
+    }
+    if let Some(path) = &args.key_file {
+        return Ok(SessionKey::from_file(path)?);
+    }
+    if let Some(text) = std::env::var_os("XFER_KEY") {
+        let text = text
+            .into_string()
+            .map_err(|_| anyhow::anyhow!("XFER_KEY is not valid UTF-8"))?;
+        return Ok(SessionKey::from_text(&text)?);
+    }
+    if std::io::stdin().is_terminal() {
+        let text = rpassword::prompt_password("xfer: session key (printed by `xfer recv`): ")
+            .context("reading the session key from the terminal")?;
+        return Ok(SessionKey::from_text(&text)?);
+    }
+    bail!(
+        "no session key: set XFER_KEY, pass --key-file FILE, or run in a terminal to be asked \
+         for the key `xfer recv` printed"
+    )
 }

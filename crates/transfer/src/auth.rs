@@ -4,7 +4,12 @@
 //! over both sides' fresh nonces, the connection's role, and a label saying who is proving. A
 //! client without the key is refused before it can send a single data byte; a client also
 //! checks the receiver's proof, so it never sends data to an impostor that merely accepted the
-//! connection.
+//! connection. A recorded handshake cannot be replayed: the receiver's nonce is new each time.
+//!
+//! The control connection's handshake also derives the session's own key (from the receiver's
+//! key, both nonces and the session id), and every data stream of the session proves that key,
+//! not the receiver's: a stream proves it belongs to this session, and a peer that holds the
+//! receiver's key but did not open the session cannot join it.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -27,6 +32,14 @@ pub enum AuthError {
         path: String,
         /// The cause.
         source: std::io::Error,
+    },
+    /// The key file can be read by other users, so the key is not secret.
+    #[error("key file {path} can be read by other users (mode {mode:o}): run chmod 600 {path}")]
+    KeyFileExposed {
+        /// The file.
+        path: String,
+        /// Its permission bits.
+        mode: u32,
     },
     /// The peer's proof did not match: it does not hold the same key.
     #[error("authentication failed: {0}")]
@@ -79,13 +92,40 @@ impl SessionKey {
         })
     }
 
-    /// Reads the key text from a file.
+    /// Reads the key text from a file, which only its owner may read (as ssh insists for its
+    /// private keys): a file that group or others can read is refused.
     pub fn from_file(path: &Path) -> Result<SessionKey, AuthError> {
-        let text = std::fs::read_to_string(path).map_err(|source| AuthError::KeyFile {
-            path: path.display().to_string(),
+        use std::io::Read;
+        use std::os::unix::fs::PermissionsExt;
+        let shown = || path.display().to_string();
+        let read_error = |source| AuthError::KeyFile {
+            path: shown(),
             source,
-        })?;
+        };
+        let mut file = std::fs::File::open(path).map_err(read_error)?;
+        let mode = file.metadata().map_err(read_error)?.permissions().mode();
+        if mode & 0o077 != 0 {
+            return Err(AuthError::KeyFileExposed {
+                path: shown(),
+                mode: mode & 0o7777,
+            });
+        }
+        let mut text = String::new();
+        file.read_to_string(&mut text).map_err(read_error)?;
         SessionKey::from_text(&text)
+    }
+
+    /// The key of one session: what its data streams prove. Derived from this (the receiver's)
+    /// key, the nonces of the control connection's handshake and the session id.
+    pub fn for_session(&self, nonces: &Nonces, session: &[u8; 16]) -> SessionKey {
+        let mut material = Vec::with_capacity(32 + 64 + 16);
+        material.extend_from_slice(&self.mac_key);
+        material.extend_from_slice(&nonces.client);
+        material.extend_from_slice(&nonces.server);
+        material.extend_from_slice(session);
+        SessionKey {
+            mac_key: blake3::derive_key("xfer v2 session of a receiver key", &material),
+        }
     }
 
     fn proof(
@@ -107,8 +147,33 @@ impl SessionKey {
     }
 }
 
-/// What a client learns from `Welcome`: the session id and the receiver's limits.
-pub type Welcomed = ([u8; 16], SessionLimits);
+/// The two fresh nonces of one handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Nonces {
+    /// The client's, from `Hello`.
+    pub client: [u8; 32],
+    /// The receiver's, from `Challenge`.
+    pub server: [u8; 32],
+}
+
+/// What a client learns from `Welcome`.
+#[derive(Debug, Clone)]
+pub struct Welcomed {
+    /// The session id.
+    pub session: [u8; 16],
+    /// The receiver's limits for the session.
+    pub limits: SessionLimits,
+    /// The key the session's data streams prove: derived for a control connection, the key the
+    /// connection proved for a data stream.
+    pub session_key: SessionKey,
+}
+
+/// What a client tells the receiver when the receiver's proof does not match its key.
+const KEY_MISMATCH: &str = "wrong key: the client's key differs from the receiver's";
+
+/// Largest message accepted before the peer has proven the key: a handshake message is under
+/// 200 bytes, so a stranger cannot make the receiver buffer more than this.
+pub const HANDSHAKE_MESSAGE_LIMIT: usize = 4096;
 
 /// Fills an array from the operating system's random source.
 pub fn random_bytes<const N: usize>() -> [u8; N] {
@@ -146,9 +211,17 @@ pub fn handshake_as_client<R: Read, W: Write>(
     };
     if key.proof(b"server", &client_nonce, &server_nonce, &role) != blake3::Hash::from(server_proof)
     {
-        return Err(AuthError::Rejected(
-            "the receiver does not hold this key (check --key)".into(),
-        ));
+        // Tell the receiver why, so its log says more than that the connection closed.
+        let _ = crate::wire::write_message(
+            writer,
+            &Message::Refused {
+                reason: KEY_MISMATCH.into(),
+            },
+        );
+        return Err(AuthError::Rejected(match role {
+            Role::Control => "the receiver does not hold this key (check the key)".into(),
+            Role::Data { .. } => "the receiver does not know this session's key".into(),
+        }));
     }
     let proof = key.proof(b"client", &client_nonce, &server_nonce, &role);
     crate::wire::write_message(
@@ -158,7 +231,23 @@ pub fn handshake_as_client<R: Read, W: Write>(
         },
     )?;
     match reader.read_message()? {
-        Message::Welcome { session, limits } => Ok((session, limits)),
+        Message::Welcome { session, limits } => {
+            let session_key = match role {
+                Role::Control => key.for_session(
+                    &Nonces {
+                        client: client_nonce,
+                        server: server_nonce,
+                    },
+                    &session,
+                ),
+                Role::Data { .. } => key.clone(),
+            };
+            Ok(Welcomed {
+                session,
+                limits,
+                session_key,
+            })
+        }
         Message::Refused { reason } => Err(AuthError::Refused(reason)),
         other => Err(AuthError::Protocol(format!(
             "expected Welcome, got {}",
@@ -167,15 +256,27 @@ pub fn handshake_as_client<R: Read, W: Write>(
     }
 }
 
-/// The receiver side of the handshake, up to (not including) `Welcome`: returns the proven role.
+/// The receiver side of the handshake, up to (not including) `Welcome`: returns the proven role
+/// and the handshake's nonces. `key_for` gives the key a role must prove (the receiver's key
+/// for a control connection, the session's key for a data stream) or the reason to refuse it.
 ///
-/// On a wrong proof it sends `Refused` and fails, so the caller drops the connection before
-/// reading anything else from it.
+/// Messages are read with [`HANDSHAKE_MESSAGE_LIMIT`] in force. On a wrong proof it sends
+/// `Refused` and fails, so the caller drops the connection before reading anything else.
 pub fn handshake_as_server<R: Read, W: Write>(
     reader: &mut FrameReader<R>,
     writer: &mut W,
-    key: &SessionKey,
-) -> Result<Role, AuthError> {
+    key_for: impl FnOnce(&Role) -> Result<SessionKey, String>,
+) -> Result<(Role, Nonces), AuthError> {
+    let refuse = |writer: &mut W, reason: String| {
+        let _ = crate::wire::write_message(
+            writer,
+            &Message::Refused {
+                reason: reason.clone(),
+            },
+        );
+        reason
+    };
+    reader.set_message_limit(HANDSHAKE_MESSAGE_LIMIT);
     let (role, client_nonce) = match reader.read_message()? {
         Message::Hello {
             magic,
@@ -187,16 +288,12 @@ pub fn handshake_as_server<R: Read, W: Write>(
                 return Err(AuthError::Protocol("not an xfer client".into()));
             }
             if version != PROTOCOL_VERSION {
-                let reason = format!(
-                    "protocol version {version} is not supported (receiver speaks {PROTOCOL_VERSION})"
-                );
-                let _ = crate::wire::write_message(
+                return Err(AuthError::Protocol(refuse(
                     writer,
-                    &Message::Refused {
-                        reason: reason.clone(),
-                    },
-                );
-                return Err(AuthError::Protocol(reason));
+                    format!(
+                    "protocol version {version} is not supported (receiver speaks {PROTOCOL_VERSION})"
+                ),
+                )));
             }
             (role, nonce)
         }
@@ -207,6 +304,7 @@ pub fn handshake_as_server<R: Read, W: Write>(
             )))
         }
     };
+    let key = key_for(&role).map_err(|reason| AuthError::Rejected(refuse(writer, reason)))?;
     let server_nonce = random_bytes::<32>();
     let proof = key.proof(b"server", &client_nonce, &server_nonce, &role);
     crate::wire::write_message(
@@ -218,6 +316,7 @@ pub fn handshake_as_server<R: Read, W: Write>(
     )?;
     let client_proof = match reader.read_message()? {
         Message::Auth { proof } => proof,
+        Message::Refused { reason } => return Err(AuthError::Rejected(reason)),
         other => {
             return Err(AuthError::Protocol(format!(
                 "expected Auth, got {}",
@@ -227,16 +326,15 @@ pub fn handshake_as_server<R: Read, W: Write>(
     };
     if key.proof(b"client", &client_nonce, &server_nonce, &role) != blake3::Hash::from(client_proof)
     {
-        let reason = "wrong key".to_string();
-        let _ = crate::wire::write_message(
-            writer,
-            &Message::Refused {
-                reason: reason.clone(),
-            },
-        );
-        return Err(AuthError::Rejected(reason));
+        return Err(AuthError::Rejected(refuse(writer, "wrong key".into())));
     }
-    Ok(role)
+    Ok((
+        role,
+        Nonces {
+            client: client_nonce,
+            server: server_nonce,
+        },
+    ))
 }
 
 /// Short name of a message for error texts (never its contents).
@@ -265,17 +363,22 @@ mod tests {
     use super::*;
     use std::os::unix::net::UnixStream;
 
+    type ServerSide = Result<(Role, Nonces), AuthError>;
+
+    /// One handshake over a socket pair: the server expects `server_key` for every role and
+    /// welcomes session `[9; 16]`.
     fn run(
         client_key: &str,
         server_key: &str,
-    ) -> (Result<Role, AuthError>, Result<Welcomed, AuthError>) {
+        role: Role,
+    ) -> (ServerSide, Result<Welcomed, AuthError>) {
         let (a, b) = UnixStream::pair().unwrap();
         let server_key = SessionKey::from_text(server_key).unwrap();
         let server = std::thread::spawn(move || {
             let mut reader = FrameReader::new(b.try_clone().unwrap(), 0);
             let mut writer = b;
-            let role = handshake_as_server(&mut reader, &mut writer, &server_key);
-            if role.is_ok() {
+            let proven = handshake_as_server(&mut reader, &mut writer, |_| Ok(server_key));
+            if proven.is_ok() {
                 let limits = SessionLimits {
                     max_streams: 4,
                     max_chunk: 1024,
@@ -289,31 +392,163 @@ mod tests {
                 )
                 .unwrap();
             }
-            role
+            proven
         });
         let client_key = SessionKey::from_text(client_key).unwrap();
         let mut reader = FrameReader::new(a.try_clone().unwrap(), 0);
         let mut writer = a;
-        let client = handshake_as_client(&mut reader, &mut writer, &client_key, Role::Control);
+        let client = handshake_as_client(&mut reader, &mut writer, &client_key, role);
         drop((reader, writer)); // the server sees EOF when the client gives up
         (server.join().unwrap(), client)
     }
 
+    const KEY: &str = "0123456789abcdef0123";
+
     #[test]
-    fn same_key_authenticates_both_ways() {
-        let (server, client) = run("0123456789abcdef0123", "0123456789abcdef0123");
-        assert_eq!(server.unwrap(), Role::Control);
-        assert_eq!(client.unwrap().0, [9; 16]);
+    fn same_key_authenticates_both_ways_and_both_derive_the_session_key() {
+        let (server, client) = run(KEY, KEY, Role::Control);
+        let (role, nonces) = server.unwrap();
+        assert_eq!(role, Role::Control);
+        let client = client.unwrap();
+        assert_eq!(client.session, [9; 16]);
+        let derived = SessionKey::from_text(KEY)
+            .unwrap()
+            .for_session(&nonces, &[9; 16]);
+        assert_eq!(client.session_key.mac_key, derived.mac_key);
+        assert_ne!(derived.mac_key, SessionKey::from_text(KEY).unwrap().mac_key);
+    }
+
+    #[test]
+    fn session_keys_differ_between_sessions() {
+        let key = SessionKey::from_text(KEY).unwrap();
+        let nonces = Nonces {
+            client: [1; 32],
+            server: [2; 32],
+        };
+        let other = Nonces {
+            server: [3; 32],
+            ..nonces
+        };
+        let a = key.for_session(&nonces, &[0; 16]).mac_key;
+        assert_ne!(a, key.for_session(&other, &[0; 16]).mac_key);
+        assert_ne!(a, key.for_session(&nonces, &[1; 16]).mac_key);
     }
 
     #[test]
     fn wrong_key_is_refused_by_the_client_check() {
-        let (server, client) = run("0123456789abcdef0123", "ffffffffffffffffffff");
+        let (server, client) = run(KEY, "ffffffffffffffffffff", Role::Control);
         assert!(client
             .unwrap_err()
             .to_string()
             .contains("does not hold this key"));
         assert!(server.is_err());
+    }
+
+    /// A passive observer records a client's `Hello` and `Auth` and plays them back: the
+    /// receiver's new nonce makes the recorded proof worthless.
+    #[test]
+    fn a_replayed_handshake_is_refused() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            let mut reader = FrameReader::new(b.try_clone().unwrap(), 0);
+            let mut writer = b;
+            let key = SessionKey::from_text(KEY).unwrap();
+            handshake_as_server(&mut reader, &mut writer, |_| Ok(key)).map(|(role, _)| role)
+        });
+        // Record what the genuine client says on the wire.
+        let mut recorded = Vec::new();
+        let mut reader = FrameReader::new(a.try_clone().unwrap(), 0);
+        struct Tee<'a>(&'a mut Vec<u8>, UnixStream);
+        impl Write for Tee<'_> {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.extend_from_slice(buf);
+                self.1.write_all(buf).map(|()| buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let key = SessionKey::from_text(KEY).unwrap();
+        let mut tee = Tee(&mut recorded, a);
+        // The server does not send Welcome here, so the client ends with an error after Auth.
+        let _ = handshake_as_client(&mut reader, &mut tee, &key, Role::Control);
+        drop(tee);
+        assert_eq!(server.join().unwrap().unwrap(), Role::Control);
+
+        let (a, b) = UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            let mut reader = FrameReader::new(b.try_clone().unwrap(), 0);
+            let mut writer = b;
+            let key = SessionKey::from_text(KEY).unwrap();
+            handshake_as_server(&mut reader, &mut writer, |_| Ok(key))
+        });
+        let mut replayer = a;
+        replayer.write_all(&recorded).unwrap();
+        let err = server.join().unwrap().unwrap_err();
+        assert!(err.to_string().contains("wrong key"), "{err}");
+        let mut reader = FrameReader::new(replayer, 0);
+        assert!(matches!(
+            reader.read_message(),
+            Ok(Message::Challenge { .. })
+        ));
+        assert!(matches!(reader.read_message(), Ok(Message::Refused { .. })));
+    }
+
+    #[test]
+    fn a_refused_role_gets_the_reason_before_any_proof() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            let mut reader = FrameReader::new(b.try_clone().unwrap(), 0);
+            let mut writer = b;
+            handshake_as_server(&mut reader, &mut writer, |_| Err("unknown session".into()))
+        });
+        let key = SessionKey::from_text(KEY).unwrap();
+        let mut reader = FrameReader::new(a.try_clone().unwrap(), 0);
+        let mut writer = a;
+        let client = handshake_as_client(
+            &mut reader,
+            &mut writer,
+            &key,
+            Role::Data { session: [1; 16] },
+        );
+        assert!(matches!(client, Err(AuthError::Refused(r)) if r == "unknown session"));
+        assert!(server.join().unwrap().is_err());
+    }
+
+    #[test]
+    fn a_large_message_before_authentication_is_refused_unread() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            let mut reader = FrameReader::new(b.try_clone().unwrap(), 0);
+            let mut writer = b;
+            let key = SessionKey::from_text(KEY).unwrap();
+            handshake_as_server(&mut reader, &mut writer, |_| Ok(key))
+        });
+        let mut writer = a;
+        let mut frame = ((HANDSHAKE_MESSAGE_LIMIT + 2) as u32)
+            .to_le_bytes()
+            .to_vec();
+        frame.push(1);
+        writer.write_all(&frame).unwrap();
+        let err = server.join().unwrap().unwrap_err();
+        assert!(err.to_string().contains("oversized"), "{err}");
+    }
+
+    #[test]
+    fn key_files_readable_by_others_are_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("key");
+        std::fs::write(&path, KEY).unwrap();
+        for (mode, ok) in [(0o600, true), (0o400, true), (0o640, false), (0o604, false)] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let result = SessionKey::from_file(&path);
+            assert_eq!(result.is_ok(), ok, "mode {mode:o}");
+            if !ok {
+                let text = result.unwrap_err().to_string();
+                assert!(text.contains("chmod 600"), "{text}");
+            }
+        }
     }
 
     #[test]

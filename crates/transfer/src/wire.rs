@@ -14,7 +14,7 @@ use crate::manifest::Manifest;
 /// First bytes of every connection's `Hello`, so a stray client is refused at once.
 pub const MAGIC: [u8; 4] = *b"XFR1";
 /// Version of this protocol; peers with another version are refused with a clear error.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Largest control message body accepted (a manifest of several hundred thousand entries).
 pub const MAX_MESSAGE_LEN: usize = 64 << 20;
 /// Largest chunk payload either side will ever accept.
@@ -208,16 +208,24 @@ pub struct FrameReader<R> {
     inner: R,
     buf: Vec<u8>,
     max_chunk: usize,
+    max_message: usize,
 }
 
 impl<R: Read> FrameReader<R> {
-    /// Wraps `inner`; chunks longer than `max_chunk` bytes are refused as oversized.
+    /// Wraps `inner`; chunks longer than `max_chunk` bytes and messages longer than
+    /// [`MAX_MESSAGE_LEN`] are refused as oversized.
     pub fn new(inner: R, max_chunk: usize) -> Self {
         FrameReader {
             inner,
             buf: Vec::new(),
             max_chunk: max_chunk.min(MAX_CHUNK_LEN),
+            max_message: MAX_MESSAGE_LEN,
         }
+    }
+
+    /// Refuses messages longer than `limit` bytes (at most [`MAX_MESSAGE_LEN`]) from now on.
+    pub fn set_message_limit(&mut self, limit: usize) {
+        self.max_message = limit.min(MAX_MESSAGE_LEN);
     }
 
     /// Gives back the wrapped reader.
@@ -235,10 +243,10 @@ impl<R: Read> FrameReader<R> {
             .ok_or_else(|| WireError::Malformed("zero-length frame".into()))?;
         match prefix[4] {
             KIND_MESSAGE => {
-                if body_len > MAX_MESSAGE_LEN {
+                if body_len > self.max_message {
                     return Err(WireError::Oversized {
                         len: body_len,
-                        limit: MAX_MESSAGE_LEN,
+                        limit: self.max_message,
                     });
                 }
                 self.buf.resize(body_len, 0);

@@ -1,11 +1,13 @@
 //! The receiver against a sender that breaks the rules on purpose: paths that leave the root,
-//! unknown sessions, chunks outside their file, oversized and corrupted chunks, early seals.
+//! unknown sessions, streams proving the wrong session, chunks outside their file, oversized
+//! and corrupted chunks, early seals, writes into special files, and the receiver's limits.
 
-use std::io::BufReader;
+use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
-use transfer::auth::{handshake_as_client, SessionKey};
+use transfer::auth::{handshake_as_client, SessionKey, Welcomed};
 use transfer::manifest::{DirEntry, FileEntry, Manifest, SinkKind, Timestamp};
 use transfer::receiver::{Receiver, ReceiverConfig};
 use transfer::wire::{
@@ -16,22 +18,41 @@ const KEY: &str = "hostile-peer-test-key-0123456789";
 
 type Conn = (FrameReader<BufReader<TcpStream>>, TcpStream);
 
+fn config(root: &Path) -> ReceiverConfig {
+    ReceiverConfig::new(root.to_path_buf(), SessionKey::from_text(KEY).unwrap())
+}
+
 fn start(root: &Path) -> String {
-    let config = ReceiverConfig::new(root.to_path_buf(), SessionKey::from_text(KEY).unwrap());
+    start_with(config(root))
+}
+
+fn start_with(config: ReceiverConfig) -> String {
     let receiver = Receiver::bind("127.0.0.1:0", config).unwrap();
     let addr = receiver.local_addr().unwrap().to_string();
     std::thread::spawn(move || receiver.serve(None));
     addr
 }
 
-fn connect(addr: &str, role: Role) -> Result<(Conn, [u8; 16]), String> {
+fn connect_with(addr: &str, role: Role, key: &SessionKey) -> Result<(Conn, Welcomed), String> {
     let socket = TcpStream::connect(addr).unwrap();
     let mut reader = FrameReader::new(BufReader::new(socket.try_clone().unwrap()), 64 << 20);
     let mut writer = socket;
-    let key = SessionKey::from_text(KEY).unwrap();
-    let (session, _) =
-        handshake_as_client(&mut reader, &mut writer, &key, role).map_err(|e| e.to_string())?;
-    Ok(((reader, writer), session))
+    let welcomed =
+        handshake_as_client(&mut reader, &mut writer, key, role).map_err(|e| e.to_string())?;
+    Ok(((reader, writer), welcomed))
+}
+
+/// A control connection proving the receiver's key.
+fn connect(addr: &str) -> Result<(Conn, Welcomed), String> {
+    connect_with(addr, Role::Control, &SessionKey::from_text(KEY).unwrap())
+}
+
+/// A data stream joining the session `welcomed` describes, proving its key.
+fn join(addr: &str, welcomed: &Welcomed) -> Result<Conn, String> {
+    let role = Role::Data {
+        session: welcomed.session,
+    };
+    connect_with(addr, role, &welcomed.session_key).map(|(conn, _)| conn)
 }
 
 fn entry(path: &[u8], size: u64) -> FileEntry {
@@ -55,18 +76,18 @@ fn manifest(files: Vec<FileEntry>, dirs: Vec<DirEntry>) -> Manifest {
     }
 }
 
-/// Opens a session for `manifest` and returns the control connection, session id and plan.
-fn open_session(addr: &str, manifest: Manifest) -> (Conn, [u8; 16], Message) {
-    let ((mut reader, mut writer), session) = connect(addr, Role::Control).unwrap();
+/// Opens a session for `manifest` and returns the control connection, the welcome and the plan.
+fn open_session(addr: &str, manifest: Manifest) -> (Conn, Welcomed, Message) {
+    let ((mut reader, mut writer), welcomed) = connect(addr).unwrap();
     write_message(&mut writer, &Message::Manifest(manifest)).unwrap();
     let reply = reader.read_message().unwrap();
-    ((reader, writer), session, reply)
+    ((reader, writer), welcomed, reply)
 }
 
 /// A session with one 10-byte file `ten`, and one data stream joined to it.
 fn ten_byte_session(addr: &str) -> (Conn, Conn) {
-    let (control, session, _) = open_session(addr, manifest(vec![entry(b"ten", 10)], vec![]));
-    let (data, _) = connect(addr, Role::Data { session }).unwrap();
+    let (control, welcomed, _) = open_session(addr, manifest(vec![entry(b"ten", 10)], vec![]));
+    let data = join(addr, &welcomed).unwrap();
     (control, data)
 }
 
@@ -161,7 +182,8 @@ fn manifests_with_paths_that_leave_the_root_are_refused() {
 fn data_streams_need_a_live_session() {
     let root = tempfile::tempdir().unwrap();
     let addr = start(root.path());
-    let Err(err) = connect(&addr, Role::Data { session: [1; 16] }) else {
+    let key = SessionKey::from_text(KEY).unwrap();
+    let Err(err) = connect_with(&addr, Role::Data { session: [1; 16] }, &key) else {
         panic!("a data stream joined a session that does not exist");
     };
     assert!(err.contains("unknown or finished session"), "{err}");
@@ -171,10 +193,10 @@ fn data_streams_need_a_live_session() {
 fn chunks_outside_their_file_or_too_large_end_the_stream_with_an_error() {
     let root = tempfile::tempdir().unwrap();
     let addr = start(root.path());
-    let (_control, session, plan) = open_session(&addr, manifest(vec![entry(b"ten", 10)], vec![]));
+    let (_control, welcomed, plan) = open_session(&addr, manifest(vec![entry(b"ten", 10)], vec![]));
     assert_eq!(plan, Message::Plan(vec![FileStatus::Missing]));
 
-    let ((mut reader, mut writer), _) = connect(&addr, Role::Data { session }).unwrap();
+    let (mut reader, mut writer) = join(&addr, &welcomed).unwrap();
     let data = [7u8; 10];
     write_chunk(&mut writer, &chunk(&data, 5), &data).unwrap();
     let reply = reader.read_message().unwrap();
@@ -183,7 +205,7 @@ fn chunks_outside_their_file_or_too_large_end_the_stream_with_an_error() {
         "{reply:?}"
     );
 
-    let ((mut reader, mut writer), _) = connect(&addr, Role::Data { session }).unwrap();
+    let (mut reader, mut writer) = join(&addr, &welcomed).unwrap();
     let big = vec![0u8; (16 << 20) + 1];
     let _ = write_chunk(&mut writer, &chunk(&big, 0), &big);
     let reply = reader.read_message().unwrap();
@@ -248,7 +270,7 @@ fn a_directory_swapped_for_a_symlink_mid_session_cannot_redirect_writes() {
     std::fs::create_dir(&root).unwrap();
     std::fs::create_dir(&outside).unwrap();
     let addr = start(&root);
-    let (mut control, session, plan) =
+    let (mut control, welcomed, plan) =
         open_session(&addr, manifest(vec![entry(b"sub/f", 10)], vec![]));
     assert_eq!(plan, Message::Plan(vec![FileStatus::Missing]));
 
@@ -256,7 +278,7 @@ fn a_directory_swapped_for_a_symlink_mid_session_cannot_redirect_writes() {
     std::fs::rename(root.join("sub"), root.join("moved")).unwrap();
     std::os::unix::fs::symlink(&outside, root.join("sub")).unwrap();
 
-    let ((mut reader, mut writer), _) = connect(&addr, Role::Data { session }).unwrap();
+    let (mut reader, mut writer) = join(&addr, &welcomed).unwrap();
     let data = send_ten_bytes(&mut reader, &mut writer);
     assert_eq!(
         seal(&mut control, None),
@@ -271,4 +293,224 @@ fn a_directory_swapped_for_a_symlink_mid_session_cannot_redirect_writes() {
         "a write escaped the root"
     );
     assert_eq!(std::fs::read(root.join("moved/f")).unwrap(), data);
+}
+
+/// A data stream must prove the key of the session it joins: neither the receiver's key nor the
+/// key of another session will do, and the session it tried to join goes on unharmed.
+#[test]
+fn a_data_stream_from_another_session_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let addr = start(root.path());
+    let (mut control_a, a, _) = open_session(&addr, manifest(vec![entry(b"ten", 10)], vec![]));
+    let (_control_b, b, _) = open_session(&addr, manifest(vec![entry(b"other", 10)], vec![]));
+    let into_a = Role::Data { session: a.session };
+    for (key, what) in [
+        (b.session_key.clone(), "session b's key"),
+        (SessionKey::from_text(KEY).unwrap(), "the receiver's key"),
+    ] {
+        let Err(err) = connect_with(&addr, into_a.clone(), &key) else {
+            panic!("a stream proving {what} joined session a");
+        };
+        assert!(
+            err.contains("does not know this session's key"),
+            "{what}: {err}"
+        );
+    }
+    let (mut reader, mut writer) = join(&addr, &a).unwrap();
+    send_ten_bytes(&mut reader, &mut writer);
+    assert_eq!(
+        seal(&mut control_a, None),
+        Message::Finalized {
+            file: 0,
+            error: None
+        }
+    );
+    assert!(root.path().join("ten").exists());
+}
+
+/// Connections with the wrong key are refused, and the receiver goes on serving a session
+/// that was open before them and one that opens after them.
+#[test]
+fn wrong_keys_are_refused_and_the_receiver_keeps_serving() {
+    let root = tempfile::tempdir().unwrap();
+    let addr = start(root.path());
+    let (mut control, mut data) = ten_byte_session(&addr);
+    for _ in 0..5 {
+        let wrong = SessionKey::from_text("not-the-key-of-this-receiver").unwrap();
+        let Err(err) = connect_with(&addr, Role::Control, &wrong) else {
+            panic!("a wrong key was accepted");
+        };
+        assert!(err.contains("does not hold this key"), "{err}");
+    }
+    send_ten_bytes(&mut data.0, &mut data.1);
+    assert!(matches!(
+        seal(&mut control, None),
+        Message::Finalized { error: None, .. }
+    ));
+    let (_later, welcomed, plan) = open_session(&addr, manifest(vec![entry(b"b", 1)], vec![]));
+    assert_eq!(plan, Message::Plan(vec![FileStatus::Missing]));
+    assert!(join(&addr, &welcomed).is_ok());
+}
+
+/// A FIFO or device node at a file's destination is refused before any byte is sent, and left
+/// as it was; so is one at the name of the part file, should it appear there after the check.
+#[test]
+fn special_files_in_the_root_are_never_written_or_replaced() {
+    let root = tempfile::tempdir().unwrap();
+    let addr = start(root.path());
+    let mknod = |path: &Path, mode: libc::mode_t| {
+        let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid C path; makedev(1, 3) is the device number of /dev/null.
+        let rc = unsafe { libc::mknod(c_path.as_ptr(), mode, libc::makedev(1, 3)) };
+        assert_eq!(rc, 0, "mknod {}", path.display());
+    };
+    let mut kinds = vec![(libc::S_IFIFO | 0o600, "FIFO")];
+    // SAFETY: a plain syscall.
+    if unsafe { libc::geteuid() } == 0 {
+        // Writing into a /dev/null node would lose the data without a word.
+        kinds.push((libc::S_IFCHR | 0o600, "character device"));
+    }
+    for (mode, what) in kinds {
+        let target = root.path().join("ten");
+        mknod(&target, mode);
+        let (_, _, reply) = open_session(&addr, manifest(vec![entry(b"ten", 10)], vec![]));
+        assert!(
+            matches!(&reply, Message::Refused { reason } if reason.contains("special file")),
+            "{what}: {reply:?}"
+        );
+        assert!(!std::fs::symlink_metadata(&target).unwrap().is_file());
+        std::fs::remove_file(&target).unwrap();
+
+        // The part file's name, taken after the session was prepared.
+        let (_control, (mut reader, mut writer)) = ten_byte_session(&addr);
+        let part = root.path().join(".ten.xfer-part");
+        mknod(&part, mode);
+        let data = *b"0123456789";
+        write_chunk(&mut writer, &chunk(&data, 0), &data).unwrap();
+        let reply = reader.read_message().unwrap();
+        assert!(
+            matches!(&reply, Message::Error { message } if message.contains("not a regular file")),
+            "{what}: {reply:?}"
+        );
+        assert!(!std::fs::symlink_metadata(&part).unwrap().is_file());
+        assert!(!target.exists());
+        std::fs::remove_file(&part).unwrap();
+    }
+}
+
+/// Reads until the peer closes the connection; fails if that takes longer than `within`.
+fn closed_within(socket: &mut TcpStream, within: Duration) -> Duration {
+    let started = Instant::now();
+    socket.set_read_timeout(Some(within)).unwrap();
+    let mut sink = [0u8; 4096];
+    loop {
+        match socket.read(&mut sink) {
+            Ok(0) => return started.elapsed(),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return started.elapsed(),
+            Err(e) => panic!("still open after {:?}: {e}", started.elapsed()),
+        }
+    }
+}
+
+/// Connections that never authenticate are closed after the handshake timeout, those beyond
+/// the limit of concurrent handshakes at once; the receiver serves a real session meanwhile.
+#[test]
+fn silent_connections_are_bounded_in_number_and_time() {
+    let root = tempfile::tempdir().unwrap();
+    let mut config = config(root.path());
+    config.max_handshakes = 3;
+    config.handshake_timeout = Duration::from_millis(1500);
+    let addr = start_with(config);
+    let mut silent: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200)); // let the receiver accept them
+    let mut extra = TcpStream::connect(&addr).unwrap();
+    assert!(closed_within(&mut extra, Duration::from_millis(500)) < Duration::from_millis(500));
+    for socket in &mut silent {
+        let took = closed_within(socket, Duration::from_secs(5));
+        assert!(took < Duration::from_secs(3), "{took:?}");
+    }
+    let (_control, welcomed, plan) = open_session(&addr, manifest(vec![entry(b"f", 1)], vec![]));
+    assert_eq!(plan, Message::Plan(vec![FileStatus::Missing]));
+    assert!(join(&addr, &welcomed).is_ok());
+}
+
+/// A session whose connections all fall silent is closed after the idle timeout; its part file
+/// is left for a resume and nothing is put in place.
+#[test]
+fn an_idle_session_is_closed_after_the_timeout() {
+    let root = tempfile::tempdir().unwrap();
+    let mut config = config(root.path());
+    config.idle_timeout = Duration::from_secs(1);
+    let addr = start_with(config);
+    let ((_, mut control), (mut reader, mut writer)) = ten_byte_session(&addr);
+    let started = Instant::now();
+    for _ in 0..4 {
+        // Busy streams keep the quiet control connection alive.
+        std::thread::sleep(Duration::from_millis(400));
+        send_ten_bytes(&mut reader, &mut writer);
+    }
+    closed_within(&mut control, Duration::from_secs(5));
+    let lived = started.elapsed();
+    assert!(lived >= Duration::from_millis(2500), "{lived:?}");
+    assert!(lived < Duration::from_secs(4), "{lived:?}");
+    assert!(!root.path().join("ten").exists());
+    let (_c, _, plan) = open_session(&addr, manifest(vec![entry(b"ten", 10)], vec![]));
+    assert_eq!(
+        plan,
+        Message::Plan(vec![FileStatus::Partial(vec![(0, 10)])])
+    );
+}
+
+/// The session's memory limit bounds its streams: the limit is announced, a stream beyond it
+/// is refused, and the streams within it carry on.
+#[test]
+fn session_memory_bounds_the_streams_of_a_session() {
+    let root = tempfile::tempdir().unwrap();
+    let mut config = config(root.path());
+    config.limits.max_chunk = 1 << 20;
+    config.session_memory = (2 << 20) + 1000;
+    let addr = start_with(config);
+    let (mut control, welcomed, _) = open_session(&addr, manifest(vec![entry(b"ten", 10)], vec![]));
+    assert_eq!(welcomed.limits.max_streams, 2);
+    let mut first = join(&addr, &welcomed).unwrap();
+    let _second = join(&addr, &welcomed).unwrap();
+    let Err(err) = join(&addr, &welcomed) else {
+        panic!("a third stream joined");
+    };
+    assert!(err.contains("at most 2 streams"), "{err}");
+    send_ten_bytes(&mut first.0, &mut first.1);
+    assert!(matches!(
+        seal(&mut control, None),
+        Message::Finalized { error: None, .. }
+    ));
+
+    let mut tiny = self::config(root.path());
+    tiny.session_memory = 1 << 20;
+    let err = Receiver::bind("127.0.0.1:0", tiny).err().unwrap();
+    assert!(
+        err.to_string().contains("cannot hold one stream's chunk"),
+        "{err}"
+    );
+}
+
+/// A manifest over the receiver's limit ends that session with the reason; others go on.
+#[test]
+fn a_manifest_over_the_limit_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let mut config = config(root.path());
+    config.max_manifest = 4096;
+    let addr = start_with(config);
+    let files = (0..500)
+        .map(|i| entry(format!("file-{i}").as_bytes(), 1))
+        .collect();
+    let ((mut reader, mut writer), _) = connect(&addr).unwrap();
+    write_message(&mut writer, &Message::Manifest(manifest(files, vec![]))).unwrap();
+    writer.flush().unwrap();
+    assert!(
+        reader.read_message().is_err(),
+        "an oversized manifest got an answer"
+    );
+    let (_c, _, plan) = open_session(&addr, manifest(vec![entry(b"small", 1)], vec![]));
+    assert_eq!(plan, Message::Plan(vec![FileStatus::Missing]));
 }

@@ -61,7 +61,7 @@ fn unreadable_source() {
     cmd.arg("send")
         .arg(&file)
         .arg(&receiver.addr)
-        .args(["--key", &receiver.key]);
+        .env("XFER_KEY", &receiver.key);
     if is_root() {
         cmd.uid(65534).gid(65534); // root reads everything; drop to nobody so mode 000 bites
     }
@@ -85,7 +85,7 @@ fn unreachable_receiver() {
         .arg("send")
         .arg(&file)
         .arg(closed.to_string())
-        .args(["--key", "0123456789abcdef0123"])
+        .env("XFER_KEY", "0123456789abcdef0123")
         .output()
         .unwrap();
     assert_error(
@@ -104,7 +104,7 @@ fn wrong_key_is_refused_before_any_byte_is_written() {
         .arg("send")
         .arg(&file)
         .arg(&receiver.addr)
-        .args(["--key", "not-the-right-key-at-all"])
+        .env("XFER_KEY", "not-the-right-key-at-all")
         .output()
         .unwrap();
     assert_error(
@@ -116,6 +116,18 @@ fn wrong_key_is_refused_before_any_byte_is_written() {
         "{:?}",
         entries(root.path())
     );
+    // The receiver logged why, and goes on serving senders with the right key.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !receiver.stderr.lock().unwrap().contains("wrong key") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reason logged: {}",
+            receiver.stderr.lock().unwrap()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    ok(send(&receiver, &[file.to_str().unwrap(), &receiver.addr]));
+    assert_eq!(entries(root.path()).len(), 1);
 }
 
 #[test]
@@ -129,7 +141,51 @@ fn missing_key() {
         .arg("127.0.0.1:9")
         .output()
         .unwrap();
-    assert_error(&fails(out), &["no session key", "--key"]);
+    assert_error(&fails(out), &["no session key", "XFER_KEY", "--key-file"]);
+}
+
+/// A key on the command line is refused (any user could read it in `ps`), and so is a key file
+/// others can read; neither reaches the receiver.
+#[test]
+fn keys_others_could_read_are_refused() {
+    let src = tempfile::tempdir().unwrap();
+    let file = one_file(src.path());
+    let root = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(root.path());
+    let out = xfer()
+        .arg("send")
+        .arg(&file)
+        .arg(&receiver.addr)
+        .args(["--key", &receiver.key])
+        .output()
+        .unwrap();
+    assert_error(&fails(out), &["--key is not accepted", "XFER_KEY"]);
+    let key_file = src.path().join("key");
+    std::fs::write(&key_file, &receiver.key).unwrap();
+    chmod(&key_file, 0o644);
+    let out = xfer()
+        .env_remove("XFER_KEY")
+        .arg("send")
+        .arg(&file)
+        .arg(&receiver.addr)
+        .arg("--key-file")
+        .arg(&key_file)
+        .output()
+        .unwrap();
+    assert_error(&fails(out), &["can be read by other users", "chmod 600"]);
+    assert!(entries(root.path()).is_empty());
+    chmod(&key_file, 0o600);
+    let out = xfer()
+        .env_remove("XFER_KEY")
+        .arg("send")
+        .arg(&file)
+        .arg(&receiver.addr)
+        .arg("--key-file")
+        .arg(&key_file)
+        .output()
+        .unwrap();
+    ok(out);
+    assert_eq!(entries(root.path()).len(), 1);
 }
 
 #[test]
@@ -267,7 +323,7 @@ fn malformed_or_oversized_frames_from_the_receiver() {
         .arg("send")
         .arg(&file)
         .arg(&garbage)
-        .args(["--key", "0123456789abcdef0123"])
+        .env("XFER_KEY", "0123456789abcdef0123")
         .output()
         .unwrap();
     assert_error(&fails(out), &["protocol error", "frame"]);
@@ -279,7 +335,7 @@ fn malformed_or_oversized_frames_from_the_receiver() {
         .arg("send")
         .arg(&file)
         .arg(&oversized)
-        .args(["--key", "0123456789abcdef0123"])
+        .env("XFER_KEY", "0123456789abcdef0123")
         .output()
         .unwrap();
     assert_error(&fails(out), &["oversized frame"]);

@@ -90,12 +90,12 @@ impl Drop for Receiver {
     }
 }
 
-/// Runs `xfer send ARGS... --key KEY` to completion.
+/// Runs `xfer send ARGS...` with the receiver's key in `XFER_KEY` to completion.
 pub fn send(receiver: &Receiver, args: &[&str]) -> Output {
     xfer()
         .arg("send")
         .args(args)
-        .args(["--key", &receiver.key])
+        .env("XFER_KEY", &receiver.key)
         .output()
         .expect("run xfer send")
 }

@@ -32,7 +32,8 @@ fn start_paced_send(receiver: &Receiver, path: &Path, streams: u64, mbit: u32) -
         .arg("send")
         .arg(path)
         .arg(&receiver.addr)
-        .args(["--key", &receiver.key, "--unit-size", "1MiB"])
+        .env("XFER_KEY", &receiver.key)
+        .args(["--unit-size", "1MiB"])
         .args([
             "--streams",
             &streams.to_string(),
@@ -168,6 +169,11 @@ fn receiver_killed_at_a_random_point_then_rerun_sends_only_what_is_missing() {
     let keys = tempfile::tempdir().unwrap();
     let key_file = keys.path().join("key");
     std::fs::write(&key_file, "receiver-kill-test-key-0123456789\n").unwrap();
+    std::fs::set_permissions(
+        &key_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     let total = build_tree(&src.path().join("tree"));
     let mut receiver =
         Receiver::start_with(root.path(), &["--key-file", key_file.to_str().unwrap()]);

@@ -282,17 +282,43 @@ fn open_dir_for_metadata(root: &Dir, rel: &Path) -> std::io::Result<File> {
 }
 
 /// Options for opening a part file or journal in its directory: read-write, never through a
-/// symbolic link, private until renamed into place.
+/// symbolic link, never blocking (on a FIFO someone left there), private until renamed into
+/// place.
 fn part_options(create: bool) -> OpenOptions {
     let mut options = OpenOptions::new();
     options.read(true).write(true).create(create);
-    options.mode(0o600).custom_flags(libc::O_NOFOLLOW);
+    options
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
     options
 }
 
+/// The error for a part file or journal name taken by something that is not a regular file.
+fn not_regular(name: &Path) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!(
+            "refusing to write into {}: it is not a regular file",
+            name.display()
+        ),
+    )
+}
+
 impl TreeFile {
+    /// Opens a part file or journal; only a regular file is ever opened, so a device node or
+    /// FIFO under that name is neither written nor even opened.
     fn open(&self, name: &Path, create: bool) -> std::io::Result<File> {
-        Ok(self.dir.open_with(name, &part_options(create))?.into_std())
+        if let Ok(meta) = self.dir.symlink_metadata(name) {
+            if !meta.is_file() {
+                return Err(not_regular(name));
+            }
+        }
+        let file = self.dir.open_with(name, &part_options(create))?.into_std();
+        // The name may have been swapped between the check and the open.
+        if !file.metadata()?.is_file() {
+            return Err(not_regular(name));
+        }
+        Ok(file)
     }
 
     /// The open part file, created (and preallocated, so a full disk shows at once) on first use.
@@ -326,6 +352,12 @@ impl TreeFile {
             if meta.is_dir() {
                 return Err(DestinationError::Refused(format!(
                     "{}: a directory is in the way",
+                    self.rel.display()
+                )));
+            }
+            if !meta.is_file() && !meta.is_symlink() {
+                return Err(DestinationError::Refused(format!(
+                    "{}: a special file (device, FIFO or socket) is in the way; it is not replaced",
                     self.rel.display()
                 )));
             }

@@ -4,107 +4,63 @@
 
 mod destination;
 mod file_tree;
+mod reader;
 
 use std::collections::HashMap;
 use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use destination::check_root_writable;
 use destination::{ActivePaths, Destination, DestinationError};
+use reader::{Activity, ConnReader};
 
-use crate::auth::{self, random_bytes, SessionKey};
+use crate::auth::{self, random_bytes, SessionKey, HANDSHAKE_MESSAGE_LIMIT};
 use crate::wire::{
     self, chunk_checksum, Frame, FrameReader, Message, Role, SessionLimits, WireError,
 };
 
-/// How long a new connection may take to authenticate and, for control, to send its manifest.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Size of the buffer in front of each connection's socket.
+const READ_BUFFER: usize = 64 << 10;
 
-/// The most a data stream's read waits to accumulate before returning (`SO_RCVLOWAT`).
-const RECV_LOWAT_MAX: usize = 512 << 10;
-/// The longest a batched read waits for its batch before it takes what has arrived. The kernel
-/// wakes a sleeping reader only at the low-water mark; when the window closes below the mark,
-/// nothing more arrives, and this bound turns what would be a deadlock into a short pause.
-const RECV_BATCH_WAIT: Duration = Duration::from_millis(5);
-
-/// A data stream's reader: each read waits until `min(requested, RECV_LOWAT_MAX)` bytes have
-/// arrived (or `RECV_BATCH_WAIT` has passed) instead of waking for every packet.
-struct BatchedReader {
-    socket: TcpStream,
-    lowat: usize,
-    batching: bool,
-}
-
-impl BatchedReader {
-    fn new(socket: TcpStream) -> Self {
-        BatchedReader {
-            socket,
-            lowat: 1,
-            batching: false,
-        }
-    }
-
-    /// Switches to batched reads (after the handshake; a data stream has no idle timeout).
-    fn start_batching(&mut self) -> std::io::Result<()> {
-        self.socket.set_read_timeout(Some(RECV_BATCH_WAIT))?;
-        self.batching = true;
-        Ok(())
-    }
-
-    fn set_lowat(&mut self, want: usize) {
-        if want == self.lowat {
-            return;
-        }
-        let rc = crate::sockopt::set(
-            &self.socket,
-            libc::SOL_SOCKET,
-            libc::SO_RCVLOWAT,
-            want as libc::c_int,
-        );
-        // Best effort: if the kernel refuses, reads simply wake more often.
-        self.lowat = if rc.is_ok() { want } else { 1 };
-    }
-}
-
-impl std::io::Read for BatchedReader {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if !self.batching {
-            return self.socket.read(buf);
-        }
-        self.set_lowat(buf.len().clamp(1, RECV_LOWAT_MAX));
-        loop {
-            match self.socket.read(buf) {
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) => {}
-                other => return other,
-            }
-        }
-    }
-}
-
-/// How a receiver is set up.
+/// How a receiver is set up: where files land, the key, and the limits that keep one peer from
+/// taking the receiver down. A peer that breaks a limit loses its connection or its session,
+/// with the reason logged; the receiver goes on serving everyone else.
 #[derive(Debug, Clone)]
 pub struct ReceiverConfig {
     /// Everything received lands under this directory.
     pub root: PathBuf,
     /// The key senders must prove they hold.
     pub key: SessionKey,
-    /// Per-session bounds announced to senders and enforced.
+    /// Per-session bounds announced to senders and enforced: streams and chunk size (the most a
+    /// session may open is further bounded by `session_memory`).
     pub limits: SessionLimits,
     /// Most sessions served at once.
     pub max_sessions: usize,
+    /// Most bytes of chunk buffers one session may hold: each data stream holds up to one
+    /// chunk, so this bounds its streams to `session_memory / max_chunk`.
+    pub session_memory: u64,
+    /// Largest manifest a session may send, in encoded bytes.
+    pub max_manifest: usize,
+    /// Most connections that may be in their handshake at once (not yet authenticated); more
+    /// are closed at once.
+    pub max_handshakes: usize,
+    /// How long a new connection may take to authenticate and, for control, to send its
+    /// manifest.
+    pub handshake_timeout: Duration,
+    /// How long a session may go without receiving a byte on any of its connections (while the
+    /// receiver is not itself busy for it) before it is closed.
+    pub idle_timeout: Duration,
 }
 
 impl ReceiverConfig {
-    /// Defaults: 256 streams per session, 16 MiB chunks, 32 sessions.
+    /// Defaults: 256 streams per session, 16 MiB chunks, 4 GiB of buffers per session,
+    /// 32 sessions, 64 MiB manifests, 64 connections in their handshake, a 30 s handshake and a
+    /// 5 min idle timeout.
     pub fn new(root: PathBuf, key: SessionKey) -> Self {
         ReceiverConfig {
             root,
@@ -114,7 +70,31 @@ impl ReceiverConfig {
                 max_chunk: 16 << 20,
             },
             max_sessions: 32,
+            session_memory: 4 << 30,
+            max_manifest: wire::MAX_MESSAGE_LEN,
+            max_handshakes: 64,
+            handshake_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(300),
         }
+    }
+
+    /// The limits announced to a session: streams bounded by what `session_memory` can buffer.
+    fn announced_limits(&self) -> Result<SessionLimits, String> {
+        let streams = self.session_memory / u64::from(self.limits.max_chunk.max(1));
+        if streams == 0 {
+            return Err(format!(
+                "a session's memory limit of {} bytes cannot hold one stream's chunk of {} bytes",
+                self.session_memory, self.limits.max_chunk
+            ));
+        }
+        Ok(SessionLimits {
+            max_streams: self
+                .limits
+                .max_streams
+                .min(u32::try_from(streams).unwrap_or(u32::MAX))
+                .max(1),
+            max_chunk: self.limits.max_chunk,
+        })
     }
 }
 
@@ -137,11 +117,20 @@ pub enum ReceiverError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The limits contradict each other.
+    #[error("invalid receiver limits: {0}")]
+    Limits(String),
 }
 
 /// A session being served.
 struct Session {
+    id: [u8; 16],
+    /// The key its data streams prove.
+    key: SessionKey,
+    /// Short id for logs.
+    name: String,
     dest: Destination,
+    activity: Arc<Activity>,
     streams: AtomicU32,
     failure: Mutex<Option<String>>,
     /// Clones of the data sockets, shut down when the control connection ends so that no stream
@@ -151,9 +140,35 @@ struct Session {
 
 struct Shared {
     config: ReceiverConfig,
+    limits: SessionLimits,
     sessions: Mutex<HashMap<[u8; 16], Arc<Session>>>,
+    /// Control connections past authentication (a session's slot is taken before its manifest
+    /// is read, so concurrent sessions never exceed the limit).
+    sessions_open: AtomicUsize,
+    handshakes: AtomicUsize,
     active_paths: ActivePaths,
     sessions_ended: AtomicU64,
+}
+
+/// Holds one unit of a counter for as long as it lives.
+struct Slot<'a>(&'a AtomicUsize);
+
+impl<'a> Slot<'a> {
+    /// Takes a unit of `counter` if it is below `max`.
+    fn take(counter: &'a AtomicUsize, max: usize) -> Option<Slot<'a>> {
+        counter
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot(counter))
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// A bound receiver, ready to serve sessions.
@@ -169,6 +184,7 @@ impl Receiver {
             path: config.root.display().to_string(),
             source,
         })?;
+        let limits = config.announced_limits().map_err(ReceiverError::Limits)?;
         let listener = TcpListener::bind(addr).map_err(|source| ReceiverError::Bind {
             addr: addr.to_string(),
             source,
@@ -177,7 +193,10 @@ impl Receiver {
             listener,
             shared: Arc::new(Shared {
                 config,
+                limits,
                 sessions: Mutex::new(HashMap::new()),
+                sessions_open: AtomicUsize::new(0),
+                handshakes: AtomicUsize::new(0),
                 active_paths: ActivePaths::default(),
                 sessions_ended: AtomicU64::new(0),
             }),
@@ -207,6 +226,14 @@ impl Receiver {
             match self.listener.accept() {
                 Ok((stream, peer)) => {
                     let shared = self.shared.clone();
+                    if shared.handshakes.load(Ordering::Acquire) >= shared.config.max_handshakes {
+                        tracing::warn!(
+                            "closing connection from {peer}: {} connections are authenticating already",
+                            shared.config.max_handshakes
+                        );
+                        continue;
+                    }
+                    shared.handshakes.fetch_add(1, Ordering::AcqRel);
                     std::thread::Builder::new()
                         .name(format!("xfer-conn-{peer}"))
                         .spawn(move || serve_connection(&shared, stream, peer))?;
@@ -236,18 +263,21 @@ fn wait_readable(listener: &TcpListener, timeout_ms: i32) {
 }
 
 fn serve_connection(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
-    let setup = || -> std::io::Result<(FrameReader<BufReader<BatchedReader>>, TcpStream)> {
+    let handshake = Slot(&shared.handshakes); // taken by the accept loop
+    let setup = || -> std::io::Result<(FrameReader<BufReader<ConnReader>>, TcpStream)> {
         stream.set_nonblocking(false)?;
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
         let keepalive = socket2::TcpKeepalive::new()
             .with_time(Duration::from_secs(60))
             .with_interval(Duration::from_secs(10))
             .with_retries(6);
         socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
         let reader = FrameReader::new(
-            BufReader::with_capacity(64 << 10, BatchedReader::new(stream.try_clone()?)),
-            shared.config.limits.max_chunk as usize,
+            BufReader::with_capacity(
+                READ_BUFFER,
+                ConnReader::new(stream.try_clone()?, shared.config.handshake_timeout)?,
+            ),
+            shared.limits.max_chunk as usize,
         );
         Ok((reader, stream.try_clone()?))
     };
@@ -255,12 +285,33 @@ fn serve_connection(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
         Ok(rw) => rw,
         Err(e) => return tracing::warn!("connection from {peer}: {e}"),
     };
-    match auth::handshake_as_server(&mut reader, &mut writer, &shared.config.key) {
-        Ok(Role::Control) => {
-            run_control(shared, &mut reader, &mut writer, peer);
+    let mut joined = None;
+    let proven = auth::handshake_as_server(&mut reader, &mut writer, |role| match role {
+        Role::Control => Ok(shared.config.key.clone()),
+        Role::Data { session } => {
+            let found = shared
+                .sessions
+                .lock()
+                .expect("sessions lock")
+                .get(session)
+                .cloned();
+            let session = found.ok_or("unknown or finished session")?;
+            let key = session.key.clone();
+            joined = Some(session);
+            Ok(key)
+        }
+    });
+    drop(handshake);
+    match proven {
+        Ok((Role::Control, nonces)) => {
+            run_control(shared, &mut reader, &mut writer, peer, &nonces);
             shared.sessions_ended.fetch_add(1, Ordering::AcqRel);
         }
-        Ok(Role::Data { session }) => run_data(shared, session, &mut reader, &mut writer, peer),
+        Ok((Role::Data { .. }, _)) => {
+            if let Some(session) = joined {
+                run_data(shared, &session, &mut reader, &mut writer, peer)
+            }
+        }
         Err(e) => tracing::warn!("connection from {peer} refused: {e}"),
     }
 }
@@ -270,25 +321,29 @@ fn refuse(writer: &mut TcpStream, peer: SocketAddr, reason: String) {
     let _ = wire::write_message(writer, &Message::Refused { reason });
 }
 
+type ConnFrames = FrameReader<BufReader<ConnReader>>;
+
 fn run_control(
     shared: &Shared,
-    reader: &mut FrameReader<BufReader<BatchedReader>>,
+    reader: &mut ConnFrames,
     writer: &mut TcpStream,
     peer: SocketAddr,
+    nonces: &auth::Nonces,
 ) {
-    let limits = shared.config.limits;
-    let id = random_bytes::<16>();
-    let short_id: String = id[..4].iter().map(|b| format!("{b:02x}")).collect();
-    if shared.sessions.lock().expect("sessions lock").len() >= shared.config.max_sessions {
+    let config = &shared.config;
+    let Some(_slot) = Slot::take(&shared.sessions_open, config.max_sessions) else {
         return refuse(
             writer,
             peer,
             format!(
                 "the receiver serves {} sessions already",
-                shared.config.max_sessions
+                config.max_sessions
             ),
         );
-    }
+    };
+    let id = random_bytes::<16>();
+    let name: String = id[..4].iter().map(|b| format!("{b:02x}")).collect();
+    let limits = shared.limits;
     if let Err(e) = wire::write_message(
         writer,
         &Message::Welcome {
@@ -296,8 +351,9 @@ fn run_control(
             limits,
         },
     ) {
-        return tracing::warn!("session {short_id} from {peer}: {e}");
+        return tracing::warn!("session {name} from {peer}: {e}");
     }
+    reader.set_message_limit(config.max_manifest);
     let manifest = match reader.read_message() {
         Ok(Message::Manifest(m)) => m,
         Ok(other) => {
@@ -307,22 +363,26 @@ fn run_control(
                 format!("expected Manifest, got {}", auth::name(&other)),
             )
         }
-        Err(e) => return tracing::warn!("session {short_id} from {peer}: {e}"),
+        Err(e) => return tracing::warn!("session {name} from {peer}: {e}"),
     };
     let started = Instant::now();
-    let (dest, plan) =
-        match Destination::prepare(&shared.config.root, &manifest, &shared.active_paths) {
-            Ok(prepared) => prepared,
-            Err(e) => return refuse(writer, peer, e.to_string()),
-        };
+    let (dest, plan) = match Destination::prepare(&config.root, &manifest, &shared.active_paths) {
+        Ok(prepared) => prepared,
+        Err(e) => return refuse(writer, peer, e.to_string()),
+    };
     tracing::info!(
-        "session {short_id} from {peer}: {} files, {} directories, {} bytes",
+        "session {name} from {peer}: {} files, {} directories, {} bytes",
         manifest.files.len(),
         manifest.dirs.len(),
         manifest.total_bytes()
     );
+    drop(manifest);
     let session = Arc::new(Session {
+        id,
+        key: config.key.for_session(nonces, &id),
+        name,
         dest,
+        activity: Activity::new(),
         streams: AtomicU32::new(0),
         failure: Mutex::new(None),
         sockets: Mutex::new(Some(Vec::new())),
@@ -332,38 +392,43 @@ fn run_control(
         .lock()
         .expect("sessions lock")
         .insert(id, session.clone());
-    let outcome = serve_control_messages(&session, reader, writer, plan);
+    let outcome = serve_control_messages(shared, &session, reader, writer, plan);
     shared.sessions.lock().expect("sessions lock").remove(&id);
     let sockets = session.sockets.lock().expect("sockets lock").take();
     for socket in sockets.into_iter().flatten() {
         let _ = socket.shutdown(std::net::Shutdown::Both);
     }
+    let name = &session.name;
     match outcome {
         Ok(()) => tracing::info!(
-            "session {short_id} from {peer} complete in {:.2?}",
+            "session {name} from {peer} complete in {:.2?}",
             started.elapsed()
         ),
-        Err(e) => tracing::warn!("session {short_id} from {peer} ended early: {e}"),
+        Err(e) => tracing::warn!("session {name} from {peer} ended early: {e}"),
     }
 }
 
 fn serve_control_messages(
+    shared: &Shared,
     session: &Session,
-    reader: &mut FrameReader<BufReader<BatchedReader>>,
+    reader: &mut ConnFrames,
     writer: &mut TcpStream,
     plan: Vec<wire::FileStatus>,
 ) -> Result<(), String> {
     wire::write_message(writer, &Message::Plan(plan)).map_err(|e| e.to_string())?;
+    reader.set_message_limit(HANDSHAKE_MESSAGE_LIMIT);
     reader
         .get_mut()
         .get_mut()
-        .socket
-        .set_read_timeout(None)
+        .watch_session(session.activity.clone(), shared.config.idle_timeout)
         .map_err(|e| e.to_string())?;
     loop {
         match reader.read_message().map_err(|e| e.to_string())? {
             Message::Seal { file, blake3 } => {
-                let result = session.dest.seal(file, blake3);
+                let result = {
+                    let _busy = session.activity.busy();
+                    session.dest.seal(file, blake3)
+                };
                 let error = result.as_ref().err().map(ToString::to_string);
                 wire::write_message(
                     writer,
@@ -378,7 +443,11 @@ fn serve_control_messages(
                 }
             }
             Message::Finish => {
-                let reply = match session.dest.finish() {
+                let finished = {
+                    let _busy = session.activity.busy();
+                    session.dest.finish()
+                };
+                let reply = match finished {
                     Ok(()) => Message::Done,
                     Err(e) => Message::Error {
                         message: e.to_string(),
@@ -402,21 +471,12 @@ fn serve_control_messages(
 
 fn run_data(
     shared: &Shared,
-    id: [u8; 16],
-    reader: &mut FrameReader<BufReader<BatchedReader>>,
+    session: &Session,
+    reader: &mut ConnFrames,
     writer: &mut TcpStream,
     peer: SocketAddr,
 ) {
-    let Some(session) = shared
-        .sessions
-        .lock()
-        .expect("sessions lock")
-        .get(&id)
-        .cloned()
-    else {
-        return refuse(writer, peer, "unknown or finished session".into());
-    };
-    let limits = shared.config.limits;
+    let limits = shared.limits;
     if session.streams.fetch_add(1, Ordering::AcqRel) >= limits.max_streams {
         session.streams.fetch_sub(1, Ordering::AcqRel);
         return refuse(
@@ -442,25 +502,41 @@ fn run_data(
     let result = wire::write_message(
         writer,
         &Message::Welcome {
-            session: id,
+            session: session.id,
             limits,
         },
     )
-    .map_err(|e| e.to_string())
+    .map_err(|e| StreamEnd::Closed(e.to_string()))
     .and_then(|()| {
-        reader
-            .get_mut()
-            .get_mut()
-            .start_batching()
-            .map_err(|e| e.to_string())
+        let conn = reader.get_mut().get_mut();
+        conn.watch_session(session.activity.clone(), shared.config.idle_timeout)
+            .and_then(|()| conn.start_batching())
+            .map_err(|e| StreamEnd::Closed(e.to_string()))
     })
-    .and_then(|()| receive_chunks(&session, reader, writer));
+    .and_then(|()| receive_chunks(session, reader, writer));
     session.streams.fetch_sub(1, Ordering::AcqRel);
-    if let Err(e) = result {
-        tracing::debug!("data stream from {peer} closed: {e}");
-        drain_before_close(writer);
+    match result {
+        Ok(()) => {}
+        Err(StreamEnd::Closed(e)) => {
+            tracing::debug!("session {}: stream from {peer} closed: {e}", session.name)
+        }
+        Err(StreamEnd::Failed(e)) => {
+            tracing::warn!(
+                "session {}: stream from {peer} failed the session: {e}",
+                session.name
+            );
+            drain_before_close(writer);
+        }
     }
     let _ = writer.shutdown(std::net::Shutdown::Both);
+}
+
+/// Why a data stream ended early.
+enum StreamEnd {
+    /// The connection closed or broke; the session may go on with other streams.
+    Closed(String),
+    /// The peer broke a rule or the receiver failed: the session cannot go on.
+    Failed(String),
 }
 
 /// After an error reply: half-close, then read and discard what the peer is still sending for a
@@ -485,9 +561,9 @@ fn drain_before_close(socket: &mut TcpStream) {
 /// Verifies, writes and acknowledges chunks until the sender ends the stream.
 fn receive_chunks(
     session: &Session,
-    reader: &mut FrameReader<BufReader<BatchedReader>>,
+    reader: &mut ConnFrames,
     writer: &mut TcpStream,
-) -> Result<(), String> {
+) -> Result<(), StreamEnd> {
     let fail = |writer: &mut TcpStream, message: String| {
         session
             .failure
@@ -501,7 +577,7 @@ fn receive_chunks(
             },
         );
         let _ = writer.flush();
-        Err(message)
+        Err(StreamEnd::Failed(message))
     };
     loop {
         let reply = match reader.read_frame() {
@@ -530,7 +606,7 @@ fn receive_chunks(
             }
             Ok(Frame::Message(Message::EndOfStream)) => {
                 return wire::write_message(writer, &Message::EndOfStream)
-                    .map_err(|e| e.to_string());
+                    .map_err(|e| StreamEnd::Closed(e.to_string()));
             }
             Ok(Frame::Message(other)) => {
                 return fail(
@@ -541,8 +617,8 @@ fn receive_chunks(
             Err(e @ (WireError::Oversized { .. } | WireError::Malformed(_))) => {
                 return fail(writer, e.to_string())
             }
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(StreamEnd::Closed(e.to_string())),
         };
-        wire::write_message(writer, &reply).map_err(|e| e.to_string())?;
+        wire::write_message(writer, &reply).map_err(|e| StreamEnd::Closed(e.to_string()))?;
     }
 }

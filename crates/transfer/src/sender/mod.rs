@@ -231,6 +231,8 @@ struct Shared {
     config: SendConfig,
     addrs: Vec<SocketAddr>,
     session: [u8; 16],
+    /// What this session's data streams prove (derived in the control handshake).
+    session_key: SessionKey,
     manifest: Manifest,
     source: SourceData,
     start: Instant,
@@ -448,8 +450,11 @@ impl Transfer {
             0,
         );
         let mut writer = control.try_clone().map_err(conn_err)?;
-        let (session, limits) =
-            auth::handshake_as_client(&mut reader, &mut writer, &config.key, Role::Control)?;
+        let auth::Welcomed {
+            session,
+            limits,
+            session_key,
+        } = auth::handshake_as_client(&mut reader, &mut writer, &config.key, Role::Control)?;
         wire::write_message(&mut writer, &Message::Manifest(manifest.clone()))
             .map_err(|e| SendError::Connection(e.to_string()))?;
         let plan = match reader
@@ -482,6 +487,7 @@ impl Transfer {
             config,
             addrs,
             session,
+            session_key,
             manifest,
             source: source_data,
             start,

@@ -172,7 +172,7 @@ fn run_stream(shared: &Shared, handle: &StreamHandle) -> Result<(), StreamFailur
     auth::handshake_as_client(
         &mut reader,
         &mut writer,
-        &shared.config.key,
+        &shared.session_key,
         Role::Data {
             session: shared.session,
         },

@@ -1,0 +1,225 @@
+//! How the receiver reads a connection: batched reads on data streams, and an idle clock shared by
+//! every connection of a session, so a peer that holds a session open without sending anything is
+//! cut off while a session whose control connection is quiet because its streams are busy is not.
+
+use std::io::{ErrorKind, Read};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The most a data stream's read waits to accumulate before returning (`SO_RCVLOWAT`).
+const RECV_LOWAT_MAX: usize = 512 << 10;
+/// The longest a batched read waits for its batch before it takes what has arrived. The kernel
+/// wakes a sleeping reader only at the low-water mark; when the window closes below the mark,
+/// nothing more arrives, and this bound turns what would be a deadlock into a short pause.
+const RECV_BATCH_WAIT: Duration = Duration::from_millis(5);
+/// How often a quiet control connection looks at its session's idle clock.
+const CONTROL_POLL: Duration = Duration::from_millis(500);
+
+/// When any connection of a session last received a byte, and whether the receiver itself is
+/// busy for the session (sealing or finishing), which does not count as idle.
+#[derive(Debug)]
+pub(super) struct Activity {
+    epoch: Instant,
+    last_ms: AtomicU64,
+    busy: AtomicU32,
+}
+
+impl Activity {
+    pub(super) fn new() -> Arc<Activity> {
+        Arc::new(Activity {
+            epoch: Instant::now(),
+            last_ms: AtomicU64::new(0),
+            busy: AtomicU32::new(0),
+        })
+    }
+
+    fn touch(&self) {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        // Only ever moves forward; a relaxed max keeps concurrent streams from racing it back.
+        self.last_ms.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// How long nothing has been received, or `None` while the receiver is busy for the session.
+    fn idle_for(&self) -> Option<Duration> {
+        if self.busy.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        Some(self.epoch.elapsed().saturating_sub(last))
+    }
+
+    /// Marks the receiver busy for the session until the guard drops; the clock restarts then.
+    pub(super) fn busy(&self) -> BusyGuard<'_> {
+        self.busy.fetch_add(1, Ordering::AcqRel);
+        BusyGuard(self)
+    }
+}
+
+/// See [`Activity::busy`].
+pub(super) struct BusyGuard<'a>(&'a Activity);
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A connection's reader. Reads fail with `TimedOut` once the watched [`Activity`] has been idle
+/// for the limit. On a data stream, each read waits until `min(requested, RECV_LOWAT_MAX)`
+/// bytes have arrived (or `RECV_BATCH_WAIT` has passed) instead of waking for every packet.
+pub(super) struct ConnReader {
+    socket: TcpStream,
+    lowat: usize,
+    batching: bool,
+    activity: Arc<Activity>,
+    idle_limit: Duration,
+    what: &'static str,
+}
+
+impl ConnReader {
+    /// A reader for the handshake: it fails after `limit` without a byte.
+    pub(super) fn new(socket: TcpStream, limit: Duration) -> std::io::Result<Self> {
+        socket.set_read_timeout(Some(limit))?;
+        Ok(ConnReader {
+            socket,
+            lowat: 1,
+            batching: false,
+            activity: Activity::new(),
+            idle_limit: limit,
+            what: "handshake",
+        })
+    }
+
+    /// From now on, fails once `activity` (the session's) has been idle for `limit`.
+    pub(super) fn watch_session(
+        &mut self,
+        activity: Arc<Activity>,
+        limit: Duration,
+    ) -> std::io::Result<()> {
+        self.socket
+            .set_read_timeout(Some(limit.min(CONTROL_POLL)))?;
+        self.activity = activity;
+        self.idle_limit = limit;
+        self.what = "session";
+        Ok(())
+    }
+
+    /// Switches to batched reads (a data stream after its handshake).
+    pub(super) fn start_batching(&mut self) -> std::io::Result<()> {
+        self.socket.set_read_timeout(Some(RECV_BATCH_WAIT))?;
+        self.batching = true;
+        Ok(())
+    }
+
+    fn set_lowat(&mut self, want: usize) {
+        if want == self.lowat {
+            return;
+        }
+        let rc = crate::sockopt::set(
+            &self.socket,
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            want as libc::c_int,
+        );
+        // Best effort: if the kernel refuses, reads simply wake more often.
+        self.lowat = if rc.is_ok() { want } else { 1 };
+    }
+}
+
+impl Read for ConnReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.batching {
+            self.set_lowat(buf.len().clamp(1, RECV_LOWAT_MAX));
+        }
+        loop {
+            match self.socket.read(buf) {
+                Ok(n) => {
+                    self.activity.touch();
+                    return Ok(n);
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    if self
+                        .activity
+                        .idle_for()
+                        .is_some_and(|idle| idle >= self.idle_limit)
+                    {
+                        return Err(std::io::Error::new(
+                            ErrorKind::TimedOut,
+                            format!(
+                                "{} idle: nothing received for {:.0?}",
+                                self.what, self.idle_limit
+                            ),
+                        ));
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::TcpListener;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        (client, listener.accept().unwrap().0)
+    }
+
+    #[test]
+    fn a_silent_handshake_times_out_with_a_clear_reason() {
+        let (_client, server) = pair();
+        let mut reader = ConnReader::new(server, Duration::from_millis(200)).unwrap();
+        let started = Instant::now();
+        let err = reader.read(&mut [0u8; 8]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::TimedOut);
+        assert!(err.to_string().contains("handshake idle"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    /// A quiet connection lives as long as another connection of its session receives bytes,
+    /// and while the receiver is busy for the session; then it times out.
+    #[test]
+    fn a_session_is_idle_only_when_none_of_its_connections_receives() {
+        let (_quiet_client, quiet) = pair();
+        let (mut busy_client, busy) = pair();
+        let activity = Activity::new();
+        let limit = Duration::from_millis(300);
+        let mut quiet = ConnReader::new(quiet, limit).unwrap();
+        quiet.watch_session(activity.clone(), limit).unwrap();
+        let mut busy = ConnReader::new(busy, limit).unwrap();
+        busy.watch_session(activity.clone(), limit).unwrap();
+        let feeder = std::thread::spawn(move || {
+            let mut got = 0;
+            let mut buf = [0u8; 1];
+            while got < 8 {
+                busy_client.write_all(b"x").unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+                got += busy.read(&mut buf).unwrap();
+            }
+            (busy_client, busy)
+        });
+        let started = Instant::now();
+        {
+            let _guard = activity.busy();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let err = quiet.read(&mut [0u8; 1]).unwrap_err();
+        assert!(err.to_string().contains("session idle"), "{err}");
+        // 8 feeds of 100 ms kept it alive; it died about `limit` after the last one.
+        assert!(
+            started.elapsed() >= Duration::from_millis(800),
+            "{:?}",
+            started.elapsed()
+        );
+        let _ = feeder.join().unwrap();
+    }
+}
