@@ -251,18 +251,28 @@ impl TuningArgs {
                   xfer send --mem 10GiB 127.0.0.1:9000 --key-file ~/.xfer-key --json"
 )]
 pub struct SendArgs {
-    /// Files and directories to send, then the destination HOST:PORT[:DEST] (DEST is a directory
-    /// under the receiver's root; IPv6 hosts in brackets: [::1]:9000).
-    #[arg(required = true, num_args = 1.., value_name = "PATH... HOST:PORT[:DEST]")]
+    /// Files and directories to send, then the destination: HOST:PORT[:DEST] for a running
+    /// receiver (DEST is a directory under its root; IPv6 hosts in brackets: [::1]:9000), or
+    /// [USER@]HOST:[DIR] to start a receiver on HOST over ssh for this transfer (DIR is
+    /// absolute or under the remote home, and is created if missing).
+    #[arg(required = true, num_args = 1.., value_name = "PATH... DESTINATION")]
     pub args: Vec<String>,
     /// Not accepted: a key on the command line is visible to every user in `ps`. Kept only to
     /// say so clearly.
     #[arg(long, hide = true)]
     pub key: Option<String>,
     /// Read the receiver's session key from this file (only its owner may read it: mode 600).
-    /// Otherwise it comes from XFER_KEY, or the terminal asks for it.
+    /// Otherwise it comes from XFER_KEY, or the terminal asks for it. Not used when xfer
+    /// starts the receiver over ssh: its key comes back over the ssh channel.
     #[arg(long)]
     pub key_file: Option<PathBuf>,
+    /// The ssh client that starts a receiver for [USER@]HOST:DIR, with any options, split as a
+    /// shell would (e.g. "ssh -p 2222 -F ~/.ssh/xfer_config"). The user's ssh config applies.
+    #[arg(long, env = "XFER_SSH", default_value = "ssh")]
+    pub ssh_command: String,
+    /// The xfer command on the remote host, as its shell runs it (e.g. /opt/xfer/bin/xfer).
+    #[arg(long, default_value = "xfer")]
+    pub remote_xfer: String,
     /// Parallel TCP streams to start with [default: 4]. Without --optimizer, the count stays
     /// at this for the whole transfer.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -326,6 +336,10 @@ pub struct RecvArgs {
     /// Exit after serving one session.
     #[arg(long)]
     pub once: bool,
+    /// Started by `xfer send` over ssh: create the root if missing, serve one session with a
+    /// one-time key, and exit as soon as the ssh channel (stdin) closes.
+    #[arg(long, conflicts_with = "key_file")]
+    pub over_ssh: bool,
     /// Most data streams one session may open.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_streams: u32,
@@ -346,39 +360,67 @@ pub struct RecvArgs {
 
 /// Where `xfer send` sends to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Destination {
-    /// `HOST:PORT`, ready for name resolution.
-    pub addr: String,
-    /// Directory under the receiver's root (empty: the root).
-    pub dest: String,
+pub enum Destination {
+    /// A running receiver.
+    Direct {
+        /// `HOST:PORT`, ready for name resolution.
+        addr: String,
+        /// Directory under the receiver's root (empty: the root).
+        dest: String,
+    },
+    /// A receiver that `xfer send` starts over ssh for this transfer.
+    Ssh {
+        /// `[USER@]HOST` as given to `ssh` (a host alias of the user's ssh config works).
+        target: String,
+        /// Directory on that host everything lands under: absolute, or relative to the
+        /// remote user's home (empty: the home).
+        dir: String,
+    },
 }
 
-/// Parses `HOST:PORT[:DEST]`, with IPv6 hosts in brackets.
+/// Parses `[USER@]HOST:PORT[:DEST]` (a running receiver) or `[USER@]HOST:[DIR]` (a receiver
+/// started over ssh: a user, or a second field that is not a port number, says so), with IPv6
+/// hosts in brackets.
 pub fn parse_destination(s: &str) -> anyhow::Result<Destination> {
-    let (host, rest) = if let Some(after) = s.strip_prefix('[') {
+    let (user, rest) = match s.split_once('@') {
+        Some((user, rest)) if !user.contains([':', '[']) => (Some(user), rest),
+        _ => (None, s),
+    };
+    let (host, host_for_ssh, rest) = if let Some(after) = rest.strip_prefix('[') {
         let (host, rest) = after
             .split_once(']')
             .with_context(|| format!("destination {s:?}: missing ']' after an IPv6 host"))?;
         let rest = rest
             .strip_prefix(':')
-            .with_context(|| format!("destination {s:?}: expected ':PORT' after the host"))?;
-        (format!("[{host}]"), rest)
+            .with_context(|| format!("destination {s:?}: expected ':' after the host"))?;
+        (format!("[{host}]"), host.to_string(), rest)
     } else {
-        let (host, rest) = s
-            .split_once(':')
-            .with_context(|| format!("destination {s:?} is not HOST:PORT[:DEST]"))?;
-        (host.to_string(), rest)
+        let (host, rest) = rest.split_once(':').with_context(|| {
+            format!("destination {s:?} is neither HOST:PORT[:DEST] nor [USER@]HOST:DIR")
+        })?;
+        (host.to_string(), host.to_string(), rest)
     };
-    if host.is_empty() || host == "[]" {
+    if host_for_ssh.is_empty() || user == Some("") {
         bail!("destination {s:?} has no host");
     }
     let (port, dest) = rest.split_once(':').unwrap_or((rest, ""));
+    let is_port = !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit());
+    if user.is_some() || !is_port {
+        let target = match user {
+            Some(user) => format!("{user}@{host_for_ssh}"),
+            None => host_for_ssh,
+        };
+        return Ok(Destination::Ssh {
+            target,
+            dir: rest.to_string(),
+        });
+    }
     let port: u16 = port
         .parse()
         .ok()
         .filter(|&p| p != 0)
         .with_context(|| format!("destination {s:?}: {port:?} is not a port number"))?;
-    Ok(Destination {
+    Ok(Destination::Direct {
         addr: format!("{host}:{port}"),
         dest: dest.trim_end_matches('/').to_string(),
     })
@@ -504,19 +546,31 @@ mod tests {
 
     #[test]
     fn destinations() {
-        let d = parse_destination("host:9000:in/coming/").unwrap();
+        let direct = |addr: &str, dest: &str| Destination::Direct {
+            addr: addr.into(),
+            dest: dest.into(),
+        };
+        let ssh = |target: &str, dir: &str| Destination::Ssh {
+            target: target.into(),
+            dir: dir.into(),
+        };
+        let parsed = |s| parse_destination(s).unwrap();
         assert_eq!(
-            d,
-            Destination {
-                addr: "host:9000".into(),
-                dest: "in/coming".into()
-            }
+            parsed("host:9000:in/coming/"),
+            direct("host:9000", "in/coming")
         );
-        assert_eq!(parse_destination("[::1]:9000").unwrap().addr, "[::1]:9000");
-        assert_eq!(parse_destination("[::1]:9000:x").unwrap().dest, "x");
+        assert_eq!(parsed("[::1]:9000"), direct("[::1]:9000", ""));
+        assert_eq!(parsed("[::1]:9000:x"), direct("[::1]:9000", "x"));
+        assert_eq!(parsed("alice@host:data/in"), ssh("alice@host", "data/in"));
+        assert_eq!(parsed("alice@host:9000"), ssh("alice@host", "9000"));
+        assert_eq!(parsed("host:/srv/in:coming"), ssh("host", "/srv/in:coming"));
+        assert_eq!(parsed("host:"), ssh("host", ""));
+        assert_eq!(parsed("bob@[fe80::1]:x"), ssh("bob@fe80::1", "x"));
         assert!(parse_destination("host").is_err());
-        assert!(parse_destination("host:http").is_err());
         assert!(parse_destination(":9000").is_err());
+        assert!(parse_destination("@host:x").is_err());
+        assert!(parse_destination("host:0").is_err());
+        assert!(parse_destination("host:70000").is_err());
     }
 
     #[test]

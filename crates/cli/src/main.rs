@@ -11,13 +11,17 @@ mod policy;
 mod recv;
 mod send;
 mod sim;
+mod ssh_start;
+
+use std::io::IsTerminal;
 
 use clap::Parser;
 
 fn main() {
     let cli = args::Cli::parse();
     let default_level = match &cli.command {
-        args::Command::Recv(_) => "info",
+        // Over ssh, the receiver's messages reach the sender's terminal: problems only.
+        args::Command::Recv(a) if !a.over_ssh => "info",
         _ => "warn",
     };
     tracing_subscriber::fmt()
@@ -26,6 +30,10 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        // A closed stderr (the ssh channel of a receiver started over ssh, a daemon's closed
+        // log pipe) must not make logging panic the thread that logs.
+        .log_internal_errors(false)
         .with_target(false)
         .init();
     let result = match cli.command {

@@ -10,6 +10,11 @@ use crate::args::RecvArgs;
 
 /// Binds, prints the address and key on stdout, and serves.
 pub fn run(args: RecvArgs) -> anyhow::Result<()> {
+    if args.over_ssh {
+        std::fs::create_dir_all(&args.root)
+            .with_context(|| format!("creating {}", args.root.display()))?;
+        exit_when_stdin_closes();
+    }
     let (key, key_text) = match &args.key_file {
         Some(path) => (SessionKey::from_file(path)?, None),
         None => {
@@ -37,6 +42,19 @@ pub fn run(args: RecvArgs) -> anyhow::Result<()> {
     }
     out.flush()?;
     drop(out);
-    receiver.serve(args.once.then_some(1)).context("serving")?;
+    receiver
+        .serve((args.once || args.over_ssh).then_some(1))
+        .context("serving")?;
     Ok(())
+}
+
+/// Over ssh, stdin is the sender's lifeline: it closes when the sender ends (also when it was
+/// killed), and a receiver left behind would only hold a port. Exiting mid-session is safe:
+/// verified chunks are journaled, and the next run resumes from them.
+fn exit_when_stdin_closes() {
+    std::thread::spawn(|| {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+        tracing::warn!("the ssh channel to the sender closed before the session ended: exiting");
+        std::process::exit(1);
+    });
 }

@@ -17,8 +17,9 @@ use transfer::sender::{
 };
 use transfer::tcp_info::TcpInfo;
 
-use crate::args::{parse_destination, SendArgs};
+use crate::args::{parse_destination, Destination, SendArgs};
 use crate::controllers::OptimizerSpec;
+use crate::ssh_start::SshStart;
 
 /// How often the progress bar and the stream schedule are updated.
 const TICK: Duration = Duration::from_millis(100);
@@ -69,7 +70,23 @@ struct SummaryReport<'a> {
 pub fn run(args: SendArgs) -> anyhow::Result<()> {
     let (sources, destination) = match args.args.split_last() {
         Some((dest, sources)) => (sources, parse_destination(dest)?),
-        None => bail!("missing destination HOST:PORT[:DEST]"),
+        None => bail!("missing destination HOST:PORT[:DEST] or [USER@]HOST:DIR"),
+    };
+    // Over ssh, the receiver's root is the directory named, so files land directly in it.
+    let (receiver, named_dir, dest) = match destination {
+        Destination::Direct { addr, dest } => (Receiver::Running(addr), dest.clone(), dest),
+        Destination::Ssh { target, dir } => {
+            if args.key_file.is_some() {
+                bail!("--key-file is for a running receiver; one started over ssh sends its key back over the ssh channel");
+            }
+            let start = SshStart {
+                ssh_command: args.ssh_command.clone(),
+                target,
+                dir: dir.clone(),
+                remote_xfer: args.remote_xfer.clone(),
+            };
+            (Receiver::OverSsh(start), dir, String::new())
+        }
     };
     let source = match args.mem {
         Some(size) => {
@@ -79,22 +96,21 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
                     sources.join(", ")
                 );
             }
-            if !destination.dest.is_empty() {
+            if !named_dir.is_empty() {
                 bail!("--mem sends to a discarding sink; a destination directory makes no sense");
             }
             SendSource::Memory { size }
         }
         None => {
             if sources.is_empty() {
-                bail!("nothing to send: name files or directories before HOST:PORT[:DEST], or use --mem SIZE");
+                bail!("nothing to send: name files or directories before the destination, or use --mem SIZE");
             }
             SendSource::Paths {
                 paths: sources.iter().map(PathBuf::from).collect(),
-                dest: std::ffi::OsStr::new(&destination.dest).as_bytes().to_vec(),
+                dest: std::ffi::OsStr::new(&dest).as_bytes().to_vec(),
             }
         }
     };
-    let key = session_key(&args)?;
     let schedule = args.streams_schedule.clone();
     let controller = match args.optimizer.clone() {
         Some(spec) => Some(spec),
@@ -130,8 +146,15 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         Some(mbit) => bail!("--stream-rate-cap must be a positive number of Mbit/s, not {mbit}"),
         None => None,
     };
+    let (addr, key, remote) = match receiver {
+        Receiver::Running(addr) => (addr, session_key(&args)?, None),
+        Receiver::OverSsh(start) => {
+            let remote = start.start()?;
+            (remote.addr.to_string(), remote.key.clone(), Some(remote))
+        }
+    };
     let config = SendConfig {
-        addr: destination.addr,
+        addr,
         key,
         streams: initial as usize,
         unit_size: args.unit_size,
@@ -221,7 +244,18 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         write_mi_records(out, log_rx.try_iter())?;
     }
     let summary = summary?;
+    if let Some(remote) = remote {
+        remote.finish()?;
+    }
     print_summary(&args, &summary, &mut stdout).context("writing the summary")
+}
+
+/// The receiver a transfer goes to.
+enum Receiver {
+    /// One already running at `HOST:PORT`; the key comes from the user.
+    Running(String),
+    /// One to start over ssh for this transfer.
+    OverSsh(SshStart),
 }
 
 /// Appends MI records as JSON lines and flushes, so a killed transfer leaves a usable log.

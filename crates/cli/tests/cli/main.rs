@@ -1,5 +1,6 @@
 //! End-to-end tests of the `xfer` binary over loopback: whole trees byte-identical, live stream
-//! count changes, resume after SIGKILL of either side, and every bad input with its error.
+//! count changes, resume after SIGKILL of either side, every bad input with its error, and the
+//! receiver started over ssh (an sshd in a network namespace).
 
 mod bad_input;
 mod common;
@@ -7,4 +8,5 @@ mod odd_sizes;
 mod optimize;
 mod resume;
 mod sim;
+mod ssh_start;
 mod tree;

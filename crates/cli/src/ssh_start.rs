@@ -1,0 +1,256 @@
+//! Starting the receiver over ssh, the way bbcp, mscp and qcp do: `xfer send PATH...
+//! [USER@]HOST:DIR` runs `xfer recv --over-ssh` on HOST with the system's ssh client (so the
+//! user's ssh config, keys and agent apply), reads the port and the one-time key the receiver
+//! prints over the encrypted ssh channel, and sends over direct TCP streams to that port.
+//!
+//! The ssh channel stays open for the whole transfer as the receiver's lifeline: when it
+//! closes (the sender finished, failed or was killed), the remote receiver exits.
+
+use std::io::{BufRead, BufReader, Lines};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use transfer::auth::SessionKey;
+
+/// How long the remote receiver may take to exit once its session is over.
+const EXIT_GRACE: Duration = Duration::from_secs(30);
+
+/// How to reach the remote host and what to run there.
+#[derive(Debug, Clone)]
+pub struct SshStart {
+    /// The ssh client and its options, as one shell-like string (`ssh -p 2222 -F cfg`).
+    pub ssh_command: String,
+    /// `[USER@]HOST` as given to ssh.
+    pub target: String,
+    /// Directory everything lands under on HOST (absolute, or relative to the home).
+    pub dir: String,
+    /// The `xfer` command on HOST, as the remote shell runs it.
+    pub remote_xfer: String,
+}
+
+/// A receiver started over ssh for one session.
+pub struct RemoteReceiver {
+    ssh: SshChild,
+    /// Where the data streams connect.
+    pub addr: SocketAddr,
+    /// The remote receiver's one-time key.
+    pub key: SessionKey,
+}
+
+/// The running ssh client; stopped when dropped.
+struct SshChild {
+    child: Child,
+    /// Open while the transfer runs; closing it tells the remote receiver to exit.
+    lifeline: Option<ChildStdin>,
+}
+
+impl SshStart {
+    /// The ssh client and its options, split as a shell would.
+    fn ssh(&self) -> anyhow::Result<Command> {
+        let words = shell_words::split(&self.ssh_command)
+            .with_context(|| format!("--ssh-command {:?}", self.ssh_command))?;
+        let Some((program, options)) = words.split_first() else {
+            bail!("--ssh-command is empty");
+        };
+        let mut command = Command::new(program);
+        command.args(options);
+        Ok(command)
+    }
+
+    /// The address ssh itself connects to for the target, after the user's ssh config
+    /// (`Host` aliases, `HostName`), from `ssh -G`.
+    fn host_address(&self) -> anyhow::Result<IpAddr> {
+        let output = self
+            .ssh()?
+            .args(["-G", "--", &self.target])
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running {:?}", self.ssh_command))?;
+        if !output.status.success() {
+            bail!(
+                "`{} -G {}` failed ({}): {}",
+                self.ssh_command,
+                self.target,
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        let config = String::from_utf8_lossy(&output.stdout);
+        let hostname = config
+            .lines()
+            .find_map(|line| line.strip_prefix("hostname "))
+            .with_context(|| format!("`ssh -G {}` names no hostname", self.target))?
+            .trim();
+        let address = (hostname, 0)
+            .to_socket_addrs()
+            .with_context(|| format!("resolving {hostname} (the host of {})", self.target))?
+            .next()
+            .with_context(|| format!("{hostname} (the host of {}) has no address", self.target))?;
+        Ok(address.ip())
+    }
+
+    /// The command the remote shell runs: a receiver for one session under `dir`, listening on
+    /// every address of the family the sender reaches the host by.
+    fn remote_command(&self, family: IpAddr) -> String {
+        let listen = match family {
+            IpAddr::V4(_) => "0.0.0.0:0",
+            IpAddr::V6(_) => "[::]:0",
+        };
+        let dir = if self.dir.is_empty() { "." } else { &self.dir };
+        format!(
+            "{} recv --over-ssh --listen {listen} --root {}",
+            self.remote_xfer,
+            shell_words::quote(dir)
+        )
+    }
+
+    /// Starts the remote receiver and waits until it listens.
+    pub fn start(&self) -> anyhow::Result<RemoteReceiver> {
+        let host = self.host_address()?;
+        let mut child = self
+            .ssh()?
+            .args(["-T", "--", &self.target, &self.remote_command(host)])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {:?}", self.ssh_command))?;
+        let stdout = BufReader::new(child.stdout.take().expect("stdout is piped")).lines();
+        let mut ssh = SshChild {
+            lifeline: child.stdin.take(),
+            child,
+        };
+        match read_announcement(stdout) {
+            Ok((port, key)) => Ok(RemoteReceiver {
+                ssh,
+                addr: SocketAddr::new(host, port),
+                key,
+            }),
+            Err(e) => {
+                let why = match ssh.stop().map(|status| status.code()) {
+                    Some(Some(255)) => format!("ssh to {} failed", self.target),
+                    Some(Some(127)) => format!(
+                        "{:?} was not found on {} (--remote-xfer names the xfer command there)",
+                        self.remote_xfer, self.target
+                    ),
+                    Some(status) => format!(
+                        "the receiver started over ssh on {} ended (exit status {})",
+                        self.target,
+                        status.map_or_else(|| "none: killed".into(), |c| c.to_string())
+                    ),
+                    None => format!("ssh to {} did not end and was killed", self.target),
+                };
+                Err(e.context(format!("{why}; the messages above say more")))
+            }
+        }
+    }
+}
+
+/// Reads what `xfer recv` prints once it listens (`listening on ADDR`, `key KEY`), skipping
+/// anything a login script printed before, then passes its later output on to stderr.
+fn read_announcement(
+    mut lines: Lines<BufReader<ChildStdout>>,
+) -> anyhow::Result<(u16, SessionKey)> {
+    let mut port = None;
+    for line in lines.by_ref() {
+        let line = line.context("reading from ssh")?;
+        if let Some(addr) = line.strip_prefix("listening on ") {
+            let addr: SocketAddr = addr
+                .parse()
+                .with_context(|| format!("the remote receiver announced {addr:?}"))?;
+            port = Some(addr.port());
+        } else if let (Some(port), Some(key)) = (port, line.strip_prefix("key ")) {
+            let key = SessionKey::from_text(key).context("the remote receiver's key")?;
+            std::thread::spawn(move || {
+                for line in lines.map_while(Result::ok) {
+                    eprintln!("xfer recv: {line}");
+                }
+            });
+            return Ok((port, key));
+        }
+    }
+    bail!("ssh ended before the remote receiver announced its port and key")
+}
+
+impl RemoteReceiver {
+    /// After a successful transfer: waits for the remote receiver to exit on its own, and
+    /// fails if it reports an error.
+    pub fn finish(mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + EXIT_GRACE;
+        while Instant::now() < deadline {
+            if let Some(status) = self.ssh.child.try_wait().context("waiting for ssh")? {
+                if !status.success() {
+                    bail!("the remote receiver ended with {status}; its messages are above");
+                }
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bail!(
+            "the remote receiver did not exit within {}s of the end of its session",
+            EXIT_GRACE.as_secs()
+        )
+    }
+}
+
+impl SshChild {
+    /// Closes the lifeline and gives ssh a moment to end; kills it if it does not. Returns
+    /// how it ended on its own, if it did.
+    fn stop(&mut self) -> Option<ExitStatus> {
+        self.lifeline = None;
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for SshChild {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.stop();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start(dir: &str, remote_xfer: &str) -> SshStart {
+        SshStart {
+            ssh_command: "ssh".into(),
+            target: "alice@host".into(),
+            dir: dir.into(),
+            remote_xfer: remote_xfer.into(),
+        }
+    }
+
+    #[test]
+    fn remote_commands_quote_the_directory() {
+        let v4 = IpAddr::from([10, 0, 0, 1]);
+        assert_eq!(
+            start("", "xfer").remote_command(v4),
+            "xfer recv --over-ssh --listen 0.0.0.0:0 --root ."
+        );
+        assert_eq!(
+            start("my data/$HOME;rm -rf x", "/opt/xfer/bin/xfer").remote_command(v4),
+            "/opt/xfer/bin/xfer recv --over-ssh --listen 0.0.0.0:0 --root 'my data/$HOME;rm -rf x'"
+        );
+        assert!(start("d", "xfer")
+            .remote_command(IpAddr::from([0u16, 0, 0, 0, 0, 0, 0, 1]))
+            .contains("--listen [::]:0 "));
+    }
+}

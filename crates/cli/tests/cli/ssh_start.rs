@@ -1,0 +1,378 @@
+//! `xfer send PATH... USER@HOST:DIR` starting its receiver over ssh, for real: OpenSSH's server
+//! runs in a network namespace of the test with a generated host key and client key pair, the
+//! sender runs in a second namespace joined to it by a veth pair, and reaches it through a host
+//! alias of an ssh config file (so the user's ssh config is what names the address).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+/// The sshd's address inside its namespace (the namespaces are the test's own, so fixed
+/// private addresses cannot collide with anything).
+const REMOTE_ADDR: &str = "10.204.0.2";
+/// The host alias the test's ssh config maps to `REMOTE_ADDR`.
+const ALIAS: &str = "xfer-test-peer";
+
+/// An sshd in a namespace of its own, a sender namespace that reaches it, and an ssh config
+/// for the alias. Everything is removed when dropped, also when the test fails.
+struct SshPeer {
+    dir: tempfile::TempDir,
+    sender_ns: String,
+    remote_ns: String,
+    sshd: Option<Child>,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn keygen(path: &Path) {
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "xfer-test", "-f"])
+        .arg(path)
+        .output()
+        .expect("run ssh-keygen");
+    assert!(out.status.success(), "ssh-keygen failed: {out:?}");
+}
+
+impl SshPeer {
+    /// Sets everything up; `None` (with the reason printed) when not root, as namespaces and
+    /// sshd need it.
+    fn start() -> Option<SshPeer> {
+        if !is_root() {
+            eprintln!("not root: skipping the ssh start test (it needs network namespaces)");
+            return None;
+        }
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let tag = format!(
+            "xs{}n{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut peer = SshPeer {
+            dir: tempfile::tempdir().unwrap(),
+            sender_ns: format!("{tag}s"),
+            remote_ns: String::new(),
+            sshd: None,
+        };
+        ip(&["netns", "add", &peer.sender_ns]);
+        peer.remote_ns = format!("{tag}r");
+        ip(&["netns", "add", &peer.remote_ns]);
+        let (a, b) = (format!("{tag}a"), format!("{tag}b"));
+        ip(&[
+            "link",
+            "add",
+            &a,
+            "netns",
+            &peer.sender_ns,
+            "type",
+            "veth",
+            "peer",
+            &b,
+            "netns",
+            &peer.remote_ns,
+        ]);
+        for (ns, dev, addr) in [
+            (&peer.sender_ns, &a, "10.204.0.1/30"),
+            (&peer.remote_ns, &b, "10.204.0.2/30"),
+        ] {
+            ip(&["-n", ns, "addr", "add", addr, "dev", dev]);
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        peer.start_sshd();
+        Some(peer)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Keys, sshd_config, ssh config and known_hosts; then sshd, waited for until it listens.
+    fn start_sshd(&mut self) {
+        let (host_key, client_key) = (self.path("host_key"), self.path("id"));
+        keygen(&host_key);
+        keygen(&client_key);
+        std::fs::copy(self.path("id.pub"), self.path("authorized_keys")).unwrap();
+        let host_pub = std::fs::read_to_string(self.path("host_key.pub")).unwrap();
+        std::fs::write(
+            self.path("known_hosts"),
+            format!("{REMOTE_ADDR} {host_pub}"),
+        )
+        .unwrap();
+        let d = self.dir.path().display();
+        std::fs::write(
+            self.path("sshd_config"),
+            format!(
+                "ListenAddress {REMOTE_ADDR}:22\nHostKey {d}/host_key\nPidFile {d}/sshd.pid\n\
+                 AuthorizedKeysFile {d}/authorized_keys\nPubkeyAuthentication yes\n\
+                 PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n\
+                 PermitRootLogin prohibit-password\nStrictModes no\nLogLevel ERROR\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            self.path("ssh_config"),
+            format!(
+                "Host {ALIAS}\n  HostName {REMOTE_ADDR}\n  IdentityFile {d}/id\n  \
+                 IdentitiesOnly yes\n  UserKnownHostsFile {d}/known_hosts\n  \
+                 GlobalKnownHostsFile /dev/null\n  StrictHostKeyChecking yes\n  BatchMode yes\n  \
+                 ConnectTimeout 10\n  LogLevel ERROR\n"
+            ),
+        )
+        .unwrap();
+        // sshd refuses to start without its privilege-separation directory.
+        std::fs::create_dir_all("/run/sshd").unwrap();
+        let mut sshd = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.remote_ns,
+                "/usr/sbin/sshd",
+                "-D",
+                "-e",
+                "-o",
+            ])
+            .arg("LogLevel=INFO") // for the "Server listening" line; errors only afterwards
+            .arg("-f")
+            .arg(self.path("sshd_config"))
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start sshd (openssh-server is installed by scripts/test)");
+        let mut lines = BufReader::new(sshd.stderr.take().unwrap()).lines();
+        let mut seen = String::new();
+        loop {
+            match lines.next() {
+                Some(Ok(line)) if line.contains("Server listening") => break,
+                Some(Ok(line)) => seen.push_str(&line),
+                _ => panic!("sshd did not start: {seen}"),
+            }
+        }
+        std::thread::spawn(move || lines.for_each(drop));
+        self.sshd = Some(sshd);
+    }
+
+    /// `xfer send ARGS...` in the sender's namespace, with the test's ssh config, running
+    /// `remote_xfer` on the remote side.
+    fn send(&self, args: &[&str], remote_xfer: &str) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.sender_ns])
+            .arg(env!("CARGO_BIN_EXE_xfer"))
+            .arg("send")
+            .args(args)
+            .arg("--ssh-command")
+            .arg(format!("ssh -F {}", self.path("ssh_config").display()))
+            .args(["--remote-xfer", remote_xfer])
+            .env_remove("XFER_KEY");
+        cmd
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.send(args, env!("CARGO_BIN_EXE_xfer"))
+            .output()
+            .expect("run xfer send")
+    }
+
+    /// Processes in the remote namespace other than sshd's listener.
+    fn remote_processes(&self) -> Vec<String> {
+        let out = Command::new("ip")
+            .args(["netns", "pids", &self.remote_ns])
+            .output()
+            .unwrap();
+        let sshd = self.sshd.as_ref().map(Child::id).unwrap_or_default();
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .filter(|pid| pid.parse() != Ok(sshd))
+            .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/cmdline")).ok())
+            .map(|cmd| cmd.replace('\0', " "))
+            .collect()
+    }
+
+    /// Waits until nothing but sshd's listener runs in the remote namespace, `after` an event.
+    fn assert_remote_side_ends(&self, after: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = self.remote_processes();
+            if left.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "still running on the remote side {within:?} after {after}: {left:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for SshPeer {
+    fn drop(&mut self) {
+        if let Some(mut sshd) = self.sshd.take() {
+            let _ = sshd.kill();
+            let _ = sshd.wait();
+        }
+        // Whatever still runs in the namespaces (a remote receiver after a failed assertion)
+        // is killed, then the namespaces, and the veth pair with them, are deleted.
+        for ns in [&self.remote_ns, &self.sender_ns] {
+            if ns.is_empty() {
+                continue;
+            }
+            if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
+                for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                    let _ = Command::new("kill").args(["-9", pid]).status();
+                }
+            }
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+/// A small tree: files of a few sizes (one spanning several units), a subdirectory, modes and
+/// a name with a space.
+fn build_tree(root: &Path) {
+    std::fs::create_dir_all(root.join("sub dir")).unwrap();
+    write_data(&root.join("big.bin"), 9 << 20, 1);
+    write_data(&root.join("sub dir/small"), 1000, 2);
+    write_data(&root.join("empty"), 0, 3);
+    chmod(&root.join("sub dir/small"), 0o640);
+    set_mtime(&root.join("big.bin"), 1_600_000_000, 123_456_789);
+}
+
+#[test]
+fn ssh_start_sends_a_tree_resumes_and_leaves_nothing_running() {
+    let Some(peer) = SshPeer::start() else { return };
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("tree");
+    build_tree(&tree);
+    // The remote directory does not exist yet: the receiver creates it.
+    let remote_dir = peer.path("remote/incoming");
+    let dest = format!("root@{ALIAS}:{}", remote_dir.display());
+    let tree_arg = tree.to_str().unwrap();
+    let first = summary(&ok(peer.run(&[
+        tree_arg,
+        &dest,
+        "--streams",
+        "3",
+        "--json",
+    ])));
+    assert_eq!(first["bytes"], (9 << 20) + 1000);
+    assert_same_tree(&tree, &remote_dir.join("tree"));
+    peer.assert_remote_side_ends("a completed transfer", Duration::from_secs(5));
+
+    // Again: everything is there already, so nothing is sent.
+    let again = summary(&ok(peer.run(&[tree_arg, &dest, "--json"])));
+    assert_eq!(again["bytes_skipped"], (9 << 20) + 1000);
+    assert_same_tree(&tree, &remote_dir.join("tree"));
+    peer.assert_remote_side_ends("a transfer with nothing to send", Duration::from_secs(5));
+}
+
+#[test]
+fn ssh_start_failures_are_clear_and_leave_nothing_running() {
+    let Some(peer) = SshPeer::start() else { return };
+    let src = tempfile::tempdir().unwrap();
+    write_data(&src.path().join("f"), 1000, 4);
+    let file = src.path().join("f");
+    let dest = format!("root@{ALIAS}:{}", peer.path("remote").display());
+
+    let out = peer
+        .send(&[file.to_str().unwrap(), &dest], "/nonexistent/xfer")
+        .output()
+        .unwrap();
+    let err = fails(out);
+    assert!(
+        err.contains("was not found on") && err.contains("--remote-xfer"),
+        "{err}"
+    );
+
+    let err = fails(peer.run(&[file.to_str().unwrap(), "root@no-such-host.invalid:x"]));
+    assert!(err.contains("no-such-host.invalid"), "{err}");
+    assert!(!peer.path("remote").exists());
+    peer.assert_remote_side_ends("failed starts", Duration::from_secs(5));
+}
+
+/// Starts a paced memory-to-memory send (still running seconds later) and waits until its
+/// remote receiver runs.
+fn start_paced_send(peer: &SshPeer) -> Child {
+    let dest = format!("root@{ALIAS}:");
+    let mut sender = peer
+        .send(
+            &[
+                "--mem",
+                "10GiB",
+                &dest,
+                "--streams",
+                "2",
+                "--stream-rate-cap",
+                "50",
+            ],
+            env!("CARGO_BIN_EXE_xfer"),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !peer
+        .remote_processes()
+        .iter()
+        .any(|cmd| cmd.contains("recv --over-ssh"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the remote receiver never started"
+        );
+        assert!(
+            sender.try_wait().unwrap().is_none(),
+            "the sender ended early"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    sender
+}
+
+#[test]
+fn the_remote_receiver_ends_with_its_sender_or_its_ssh_channel() {
+    let Some(peer) = SshPeer::start() else { return };
+    // The sender killed mid-transfer.
+    let mut sender = start_paced_send(&peer);
+    sender.kill().unwrap();
+    sender.wait().unwrap();
+    peer.assert_remote_side_ends("the sender was killed", Duration::from_secs(10));
+
+    // The ssh channel lost while the session's connections stay open (the sender is stopped,
+    // its ssh client killed): the receiver must not wait for them to time out.
+    let mut sender = start_paced_send(&peer);
+    let pid = sender.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let ssh = Command::new("pgrep")
+        .args(["-P", &pid, "ssh"])
+        .output()
+        .unwrap();
+    let ssh = String::from_utf8(ssh.stdout).unwrap();
+    assert!(!ssh.trim().is_empty(), "the sender runs no ssh client");
+    for pid in ssh.split_whitespace() {
+        assert!(Command::new("kill")
+            .args(["-9", pid])
+            .status()
+            .unwrap()
+            .success());
+    }
+    peer.assert_remote_side_ends("its ssh client was killed", Duration::from_secs(10));
+    sender.kill().unwrap();
+    sender.wait().unwrap();
+}
