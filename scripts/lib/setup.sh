@@ -34,6 +34,14 @@ ensure_rust() {
   command -v cargo >/dev/null 2>&1 || { echo "setup: no Rust toolchain (cargo) could be installed" >&2; exit 1; }
 }
 
+# cargo-fuzz (for scripts/fuzz), from crates.io.
+ensure_cargo_fuzz() {
+  if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "setup: installing cargo-fuzz" >&2
+    cargo install --locked cargo-fuzz >/dev/null
+  fi
+}
+
 ensure_python_env() {
   local venv="$repo_root/.venv"
   if [ ! -x "$venv/bin/python" ]; then

@@ -14,6 +14,8 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod journal;
 pub mod manifest;
 pub mod receiver;

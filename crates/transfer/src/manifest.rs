@@ -89,9 +89,11 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    /// Total bytes of all files.
+    /// Total bytes of all files (saturating: a peer's manifest may claim any sizes).
     pub fn total_bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.size).sum()
+        self.files
+            .iter()
+            .fold(0, |sum, f| sum.saturating_add(f.size))
     }
 }
 

@@ -622,3 +622,16 @@ fn receive_chunks(
         wire::write_message(writer, &reply).map_err(|e| StreamEnd::Closed(e.to_string()))?;
     }
 }
+
+/// What the receiver does with a peer's manifest before any data: every path checked, the
+/// directories made under `root`, the resume plan read from what is there.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn prepare_for_fuzzing(
+    root: &Path,
+    manifest: &crate::manifest::Manifest,
+) -> Result<(), String> {
+    manifest.total_bytes();
+    Destination::prepare(root, manifest, &ActivePaths::default())
+        .map(drop)
+        .map_err(|e| e.to_string())
+}

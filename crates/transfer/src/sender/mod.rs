@@ -742,3 +742,18 @@ fn connect(addrs: &[SocketAddr], shown: &str) -> Result<TcpStream, SendError> {
 fn sample_socket(socket: &TcpStream) -> Option<TcpInfo> {
     tcp_info::sample(socket).ok()
 }
+
+/// What the sender does with a receiver's resume plan: the units left to send.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn queue_for_fuzzing(
+    manifest: &Manifest,
+    plan: &[crate::wire::FileStatus],
+    unit_size: u32,
+) -> Result<Vec<(u32, u64, u32)>, String> {
+    build_queue(manifest, plan, unit_size)
+        .map(|(queue, _, _)| {
+            let units = queue.pending.iter();
+            units.map(|u| (u.file, u.offset, u.len)).collect()
+        })
+        .map_err(|e| e.to_string())
+}
