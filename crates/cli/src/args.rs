@@ -303,6 +303,10 @@ pub struct SendArgs {
     /// Also compare a BLAKE3 hash of every whole file end to end.
     #[arg(long, conflicts_with = "mem")]
     pub verify: bool,
+    /// Encrypt the control connection and every data stream (TLS 1.3). The key handshake
+    /// covers each connection's TLS channel, so no one in the middle can relay it.
+    #[arg(long)]
+    pub encrypt: bool,
     /// Cap each stream's sending rate at this many Mbit/s (TCP pacing; paper 001 uses 50).
     #[arg(long, value_name = "MBIT_PER_S")]
     pub stream_rate_cap: Option<f64>,
@@ -340,6 +344,9 @@ pub struct RecvArgs {
     /// one-time key, and exit as soon as the ssh channel (stdin) closes.
     #[arg(long, conflicts_with = "key_file")]
     pub over_ssh: bool,
+    /// Serve only encrypted sessions (xfer send --encrypt); without it both are served.
+    #[arg(long)]
+    pub encrypt: bool,
     /// Most data streams one session may open.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_streams: u32,

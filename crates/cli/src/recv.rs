@@ -28,6 +28,7 @@ pub fn run(args: RecvArgs) -> anyhow::Result<()> {
     config.session_memory = args.session_memory;
     config.idle_timeout = args.idle_timeout;
     config.handshake_timeout = args.handshake_timeout;
+    config.require_encryption = args.encrypt;
     let receiver = Receiver::bind(&args.listen, config)?;
     let addr = receiver.local_addr().context("reading the bound address")?;
     let mut out = std::io::stdout().lock();

@@ -161,6 +161,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         verify: args.verify,
         stream_rate_cap,
         unsent_limit: args.unsent_limit,
+        encrypt: args.encrypt,
     };
     let transfer = Transfer::start(config, source)?;
     if !args.quiet {

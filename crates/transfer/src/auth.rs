@@ -131,12 +131,14 @@ impl SessionKey {
     fn proof(
         &self,
         who: &[u8],
+        channel: &ChannelBinding,
         client_nonce: &[u8; 32],
         server_nonce: &[u8; 32],
         role: &Role,
     ) -> blake3::Hash {
         let mut mac = blake3::Hasher::new_keyed(&self.mac_key);
         mac.update(who);
+        mac.update(&channel.0);
         mac.update(client_nonce);
         mac.update(server_nonce);
         match role {
@@ -145,6 +147,18 @@ impl SessionKey {
         };
         mac.finalize()
     }
+}
+
+/// What the connection under the handshake is, bound into every proof: the TLS exporter value
+/// of an encrypted connection, so that a proof made on one TLS connection verifies on no other
+/// (a man in the middle ending TLS on both sides cannot relay it); [`ChannelBinding::PLAIN`]
+/// on plain TCP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelBinding(pub [u8; 32]);
+
+impl ChannelBinding {
+    /// A plain TCP connection.
+    pub const PLAIN: ChannelBinding = ChannelBinding([0; 32]);
 }
 
 /// The two fresh nonces of one handshake.
@@ -182,10 +196,12 @@ pub fn random_bytes<const N: usize>() -> [u8; N] {
     out
 }
 
-/// The client side of the handshake over a reader and a writer of the same connection.
+/// The client side of the handshake over a reader and a writer of the same connection, whose
+/// `channel` binding the proofs cover.
 pub fn handshake_as_client<R: Read, W: Write>(
     reader: &mut FrameReader<R>,
     writer: &mut W,
+    channel: &ChannelBinding,
     key: &SessionKey,
     role: Role,
 ) -> Result<Welcomed, AuthError> {
@@ -209,7 +225,8 @@ pub fn handshake_as_client<R: Read, W: Write>(
             )))
         }
     };
-    if key.proof(b"server", &client_nonce, &server_nonce, &role) != blake3::Hash::from(server_proof)
+    if key.proof(b"server", channel, &client_nonce, &server_nonce, &role)
+        != blake3::Hash::from(server_proof)
     {
         // Tell the receiver why, so its log says more than that the connection closed.
         let _ = crate::wire::write_message(
@@ -223,7 +240,7 @@ pub fn handshake_as_client<R: Read, W: Write>(
             Role::Data { .. } => "the receiver does not know this session's key".into(),
         }));
     }
-    let proof = key.proof(b"client", &client_nonce, &server_nonce, &role);
+    let proof = key.proof(b"client", channel, &client_nonce, &server_nonce, &role);
     crate::wire::write_message(
         writer,
         &Message::Auth {
@@ -265,6 +282,7 @@ pub fn handshake_as_client<R: Read, W: Write>(
 pub fn handshake_as_server<R: Read, W: Write>(
     reader: &mut FrameReader<R>,
     writer: &mut W,
+    channel: &ChannelBinding,
     key_for: impl FnOnce(&Role) -> Result<SessionKey, String>,
 ) -> Result<(Role, Nonces), AuthError> {
     let refuse = |writer: &mut W, reason: String| {
@@ -306,7 +324,7 @@ pub fn handshake_as_server<R: Read, W: Write>(
     };
     let key = key_for(&role).map_err(|reason| AuthError::Rejected(refuse(writer, reason)))?;
     let server_nonce = random_bytes::<32>();
-    let proof = key.proof(b"server", &client_nonce, &server_nonce, &role);
+    let proof = key.proof(b"server", channel, &client_nonce, &server_nonce, &role);
     crate::wire::write_message(
         writer,
         &Message::Challenge {
@@ -324,7 +342,8 @@ pub fn handshake_as_server<R: Read, W: Write>(
             )))
         }
     };
-    if key.proof(b"client", &client_nonce, &server_nonce, &role) != blake3::Hash::from(client_proof)
+    if key.proof(b"client", channel, &client_nonce, &server_nonce, &role)
+        != blake3::Hash::from(client_proof)
     {
         return Err(AuthError::Rejected(refuse(writer, "wrong key".into())));
     }
@@ -365,6 +384,30 @@ mod tests {
 
     type ServerSide = Result<(Role, Nonces), AuthError>;
 
+    /// A receiver running `handshake_as_server` with `key_for` on one end of a socket pair
+    /// (then `after` on its writer when it succeeds); returns the other end and the thread.
+    fn spawn_server(
+        key_for: impl FnOnce(&Role) -> Result<SessionKey, String> + Send + 'static,
+        after: impl FnOnce(&mut UnixStream) + Send + 'static,
+    ) -> (UnixStream, std::thread::JoinHandle<ServerSide>) {
+        let (a, b) = UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            let mut reader = FrameReader::new(b.try_clone().unwrap(), 0);
+            let mut writer = b;
+            let proven =
+                handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, key_for);
+            if proven.is_ok() {
+                after(&mut writer);
+            }
+            proven
+        });
+        (a, server)
+    }
+
+    fn server_key() -> impl FnOnce(&Role) -> Result<SessionKey, String> {
+        |_| Ok(SessionKey::from_text(KEY).unwrap())
+    }
+
     /// One handshake over a socket pair: the server expects `server_key` for every role and
     /// welcomes session `[9; 16]`.
     fn run(
@@ -372,32 +415,31 @@ mod tests {
         server_key: &str,
         role: Role,
     ) -> (ServerSide, Result<Welcomed, AuthError>) {
-        let (a, b) = UnixStream::pair().unwrap();
         let server_key = SessionKey::from_text(server_key).unwrap();
-        let server = std::thread::spawn(move || {
-            let mut reader = FrameReader::new(b.try_clone().unwrap(), 0);
-            let mut writer = b;
-            let proven = handshake_as_server(&mut reader, &mut writer, |_| Ok(server_key));
-            if proven.is_ok() {
+        let (a, server) = spawn_server(
+            |_| Ok(server_key),
+            |writer| {
                 let limits = SessionLimits {
                     max_streams: 4,
                     max_chunk: 1024,
                 };
-                crate::wire::write_message(
-                    &mut writer,
-                    &Message::Welcome {
-                        session: [9; 16],
-                        limits,
-                    },
-                )
-                .unwrap();
-            }
-            proven
-        });
+                let welcome = Message::Welcome {
+                    session: [9; 16],
+                    limits,
+                };
+                crate::wire::write_message(writer, &welcome).unwrap();
+            },
+        );
         let client_key = SessionKey::from_text(client_key).unwrap();
         let mut reader = FrameReader::new(a.try_clone().unwrap(), 0);
         let mut writer = a;
-        let client = handshake_as_client(&mut reader, &mut writer, &client_key, role);
+        let client = handshake_as_client(
+            &mut reader,
+            &mut writer,
+            &ChannelBinding::PLAIN,
+            &client_key,
+            role,
+        );
         drop((reader, writer)); // the server sees EOF when the client gives up
         (server.join().unwrap(), client)
     }
@@ -448,13 +490,7 @@ mod tests {
     /// receiver's new nonce makes the recorded proof worthless.
     #[test]
     fn a_replayed_handshake_is_refused() {
-        let (a, b) = UnixStream::pair().unwrap();
-        let server = std::thread::spawn(move || {
-            let mut reader = FrameReader::new(b.try_clone().unwrap(), 0);
-            let mut writer = b;
-            let key = SessionKey::from_text(KEY).unwrap();
-            handshake_as_server(&mut reader, &mut writer, |_| Ok(key)).map(|(role, _)| role)
-        });
+        let (a, server) = spawn_server(server_key(), |_| {});
         // Record what the genuine client says on the wire.
         let mut recorded = Vec::new();
         let mut reader = FrameReader::new(a.try_clone().unwrap(), 0);
@@ -471,18 +507,17 @@ mod tests {
         let key = SessionKey::from_text(KEY).unwrap();
         let mut tee = Tee(&mut recorded, a);
         // The server does not send Welcome here, so the client ends with an error after Auth.
-        let _ = handshake_as_client(&mut reader, &mut tee, &key, Role::Control);
+        let _ = handshake_as_client(
+            &mut reader,
+            &mut tee,
+            &ChannelBinding::PLAIN,
+            &key,
+            Role::Control,
+        );
         drop(tee);
-        assert_eq!(server.join().unwrap().unwrap(), Role::Control);
+        assert_eq!(server.join().unwrap().unwrap().0, Role::Control);
 
-        let (a, b) = UnixStream::pair().unwrap();
-        let server = std::thread::spawn(move || {
-            let mut reader = FrameReader::new(b.try_clone().unwrap(), 0);
-            let mut writer = b;
-            let key = SessionKey::from_text(KEY).unwrap();
-            handshake_as_server(&mut reader, &mut writer, |_| Ok(key))
-        });
-        let mut replayer = a;
+        let (mut replayer, server) = spawn_server(server_key(), |_| {});
         replayer.write_all(&recorded).unwrap();
         let err = server.join().unwrap().unwrap_err();
         assert!(err.to_string().contains("wrong key"), "{err}");
@@ -496,18 +531,14 @@ mod tests {
 
     #[test]
     fn a_refused_role_gets_the_reason_before_any_proof() {
-        let (a, b) = UnixStream::pair().unwrap();
-        let server = std::thread::spawn(move || {
-            let mut reader = FrameReader::new(b.try_clone().unwrap(), 0);
-            let mut writer = b;
-            handshake_as_server(&mut reader, &mut writer, |_| Err("unknown session".into()))
-        });
+        let (a, server) = spawn_server(|_| Err("unknown session".into()), |_| {});
         let key = SessionKey::from_text(KEY).unwrap();
         let mut reader = FrameReader::new(a.try_clone().unwrap(), 0);
         let mut writer = a;
         let client = handshake_as_client(
             &mut reader,
             &mut writer,
+            &ChannelBinding::PLAIN,
             &key,
             Role::Data { session: [1; 16] },
         );
@@ -517,14 +548,7 @@ mod tests {
 
     #[test]
     fn a_large_message_before_authentication_is_refused_unread() {
-        let (a, b) = UnixStream::pair().unwrap();
-        let server = std::thread::spawn(move || {
-            let mut reader = FrameReader::new(b.try_clone().unwrap(), 0);
-            let mut writer = b;
-            let key = SessionKey::from_text(KEY).unwrap();
-            handshake_as_server(&mut reader, &mut writer, |_| Ok(key))
-        });
-        let mut writer = a;
+        let (mut writer, server) = spawn_server(server_key(), |_| {});
         let mut frame = ((HANDSHAKE_MESSAGE_LIMIT + 2) as u32)
             .to_le_bytes()
             .to_vec();

@@ -9,7 +9,8 @@
 //!   [`sender::Transfer::optimize`] hands the count to an `optimizer::Controller` that decides
 //!   every monitoring interval on its own thread.
 //! - [`wire`] is the protocol, [`auth`] the key handshake, [`manifest`] what is sent,
-//!   [`journal`] the receiver's record of verified chunks.
+//!   [`journal`] the receiver's record of verified chunks, [`tls`] the optional encryption and
+//!   [`link`] a connection's halves, plain or encrypted.
 
 #![warn(missing_docs)]
 
@@ -17,9 +18,11 @@ pub mod auth;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod journal;
+pub mod link;
 pub mod manifest;
 pub mod receiver;
 pub mod sender;
 mod sockopt;
 pub mod tcp_info;
+pub mod tls;
 pub mod wire;

@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use transfer::auth::{handshake_as_client, SessionKey, Welcomed};
+use transfer::auth::{handshake_as_client, ChannelBinding, SessionKey, Welcomed};
 use transfer::manifest::{DirEntry, FileEntry, Manifest, SinkKind, Timestamp};
 use transfer::receiver::{Receiver, ReceiverConfig};
 use transfer::wire::{
@@ -37,8 +37,8 @@ fn connect_with(addr: &str, role: Role, key: &SessionKey) -> Result<(Conn, Welco
     let socket = TcpStream::connect(addr).unwrap();
     let mut reader = FrameReader::new(BufReader::new(socket.try_clone().unwrap()), 64 << 20);
     let mut writer = socket;
-    let welcomed =
-        handshake_as_client(&mut reader, &mut writer, key, role).map_err(|e| e.to_string())?;
+    let welcomed = handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, key, role)
+        .map_err(|e| e.to_string())?;
     Ok(((reader, writer), welcomed))
 }
 

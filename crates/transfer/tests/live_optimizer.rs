@@ -57,6 +57,7 @@ fn paced_transfer(size: u64, cap: u64, controller: Box<dyn Controller>) -> (u64,
         verify: false,
         stream_rate_cap: Some(cap),
         unsent_limit: transfer::sender::DEFAULT_UNSENT_LIMIT,
+        encrypt: false,
     };
     let transfer = Transfer::start(config, SendSource::Memory { size }).unwrap();
     let (tx, rx) = mpsc::channel();

@@ -162,29 +162,25 @@ fn keys_others_could_read_are_refused() {
     assert_error(&fails(out), &["--key is not accepted", "XFER_KEY"]);
     let key_file = src.path().join("key");
     std::fs::write(&key_file, &receiver.key).unwrap();
+    let send_with_key_file = || {
+        xfer()
+            .env_remove("XFER_KEY")
+            .arg("send")
+            .arg(&file)
+            .arg(&receiver.addr)
+            .arg("--key-file")
+            .arg(&key_file)
+            .output()
+            .unwrap()
+    };
     chmod(&key_file, 0o644);
-    let out = xfer()
-        .env_remove("XFER_KEY")
-        .arg("send")
-        .arg(&file)
-        .arg(&receiver.addr)
-        .arg("--key-file")
-        .arg(&key_file)
-        .output()
-        .unwrap();
-    assert_error(&fails(out), &["can be read by other users", "chmod 600"]);
+    assert_error(
+        &fails(send_with_key_file()),
+        &["can be read by other users", "chmod 600"],
+    );
     assert!(entries(root.path()).is_empty());
     chmod(&key_file, 0o600);
-    let out = xfer()
-        .env_remove("XFER_KEY")
-        .arg("send")
-        .arg(&file)
-        .arg(&receiver.addr)
-        .arg("--key-file")
-        .arg(&key_file)
-        .output()
-        .unwrap();
-    ok(out);
+    ok(send_with_key_file());
     assert_eq!(entries(root.path()).len(), 1);
 }
 

@@ -1,4 +1,4 @@
-//! Trees arrive exact; the stream count follows a schedule mid-transfer.
+//! Trees arrive exact, also encrypted; the stream count follows a schedule mid-transfer.
 
 use crate::common::*;
 
@@ -148,4 +148,34 @@ fn stream_count_follows_a_schedule_mid_transfer() {
         changes.starts_with(&[1, 16, 2, 8]),
         "stream timeline {timeline:?}"
     );
+}
+
+/// `xfer recv --encrypt` serves only encrypted sessions; `xfer send --encrypt` brings a tree
+/// across byte-identical, with a stream count changing mid-transfer.
+#[test]
+fn an_encrypted_tree_arrives_byte_identical_and_plain_senders_are_refused() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let tree = src.path().join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    write_data(&tree.join("big.bin"), 64 * MIB + 3, 11);
+    for i in 0..50u64 {
+        write_data(&tree.join(format!("sub/f{i}")), i * 101, i);
+    }
+    chmod(&tree.join("sub/f7"), 0o640);
+    let receiver = Receiver::start_with(root.path(), &["--encrypt"]);
+    let err = fails(send(&receiver, &[tree.to_str().unwrap(), &receiver.addr]));
+    assert!(err.contains("only encrypted sessions"), "{err}");
+    ok(send(
+        &receiver,
+        &[
+            tree.to_str().unwrap(),
+            &receiver.addr,
+            "--encrypt",
+            "--verify",
+            "--streams-schedule",
+            "0s:2,300ms:6,700ms:3",
+        ],
+    ));
+    assert_same_tree(src.path(), root.path());
 }

@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use transfer::auth::{handshake_as_client, handshake_as_server, SessionKey};
+use transfer::auth::{handshake_as_client, handshake_as_server, ChannelBinding, SessionKey};
 use transfer::wire::{FrameReader, Role};
 
 fuzz_target!(|data: &[u8]| {
@@ -17,13 +17,19 @@ fuzz_target!(|data: &[u8]| {
     let mut reader = FrameReader::new(rest, 1 << 20);
     let mut replies = Vec::new();
     if side & 1 == 0 {
-        let result = handshake_as_server(&mut reader, &mut replies, |role| match role {
+        let result = handshake_as_server(&mut reader, &mut replies, &ChannelBinding::PLAIN, |role| match role {
             Role::Control => Ok(key.clone()),
             Role::Data { .. } => Err("no such session".into()),
         });
         assert!(result.is_err(), "a client without the key was accepted");
     } else {
-        let result = handshake_as_client(&mut reader, &mut replies, &key, Role::Control);
+        let result = handshake_as_client(
+            &mut reader,
+            &mut replies,
+            &ChannelBinding::PLAIN,
+            &key,
+            Role::Control,
+        );
         assert!(result.is_err(), "a receiver without the key was believed");
     }
 });

@@ -19,7 +19,9 @@ pub use destination::check_root_writable;
 use destination::{ActivePaths, Destination, DestinationError};
 use reader::{Activity, ConnReader};
 
-use crate::auth::{self, random_bytes, SessionKey, HANDSHAKE_MESSAGE_LIMIT};
+use crate::auth::{self, random_bytes, ChannelBinding, SessionKey, HANDSHAKE_MESSAGE_LIMIT};
+use crate::link::{self, LinkReader, LinkWriter};
+use crate::tls::ServerIdentity;
 use crate::wire::{
     self, chunk_checksum, Frame, FrameReader, Message, Role, SessionLimits, WireError,
 };
@@ -55,12 +57,14 @@ pub struct ReceiverConfig {
     /// How long a session may go without receiving a byte on any of its connections (while the
     /// receiver is not itself busy for it) before it is closed.
     pub idle_timeout: Duration,
+    /// Refuse sessions that are not encrypted (TLS); encrypted ones are always accepted.
+    pub require_encryption: bool,
 }
 
 impl ReceiverConfig {
     /// Defaults: 256 streams per session, 16 MiB chunks, 4 GiB of buffers per session,
     /// 32 sessions, 64 MiB manifests, 64 connections in their handshake, a 30 s handshake and a
-    /// 5 min idle timeout.
+    /// 5 min idle timeout; plain and encrypted sessions.
     pub fn new(root: PathBuf, key: SessionKey) -> Self {
         ReceiverConfig {
             root,
@@ -75,6 +79,7 @@ impl ReceiverConfig {
             max_handshakes: 64,
             handshake_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(300),
+            require_encryption: false,
         }
     }
 
@@ -120,6 +125,9 @@ pub enum ReceiverError {
     /// The limits contradict each other.
     #[error("invalid receiver limits: {0}")]
     Limits(String),
+    /// No TLS certificate could be made.
+    #[error("{0}")]
+    Tls(std::io::Error),
 }
 
 /// A session being served.
@@ -129,6 +137,8 @@ struct Session {
     key: SessionKey,
     /// Short id for logs.
     name: String,
+    /// Whether its connections are TLS (its data streams must match its control connection).
+    encrypted: bool,
     dest: Destination,
     activity: Arc<Activity>,
     streams: AtomicU32,
@@ -141,6 +151,8 @@ struct Session {
 struct Shared {
     config: ReceiverConfig,
     limits: SessionLimits,
+    /// The certificate encrypted connections are served with.
+    tls: ServerIdentity,
     sessions: Mutex<HashMap<[u8; 16], Arc<Session>>>,
     /// Control connections past authentication (a session's slot is taken before its manifest
     /// is read, so concurrent sessions never exceed the limit).
@@ -185,6 +197,7 @@ impl Receiver {
             source,
         })?;
         let limits = config.announced_limits().map_err(ReceiverError::Limits)?;
+        let tls = ServerIdentity::generate().map_err(ReceiverError::Tls)?;
         let listener = TcpListener::bind(addr).map_err(|source| ReceiverError::Bind {
             addr: addr.to_string(),
             source,
@@ -194,6 +207,7 @@ impl Receiver {
             shared: Arc::new(Shared {
                 config,
                 limits,
+                tls,
                 sessions: Mutex::new(HashMap::new()),
                 sessions_open: AtomicUsize::new(0),
                 handshakes: AtomicUsize::new(0),
@@ -264,7 +278,7 @@ fn wait_readable(listener: &TcpListener, timeout_ms: i32) {
 
 fn serve_connection(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
     let handshake = Slot(&shared.handshakes); // taken by the accept loop
-    let setup = || -> std::io::Result<(FrameReader<BufReader<ConnReader>>, TcpStream)> {
+    let setup = || -> std::io::Result<(ConnFrames, LinkWriter, ChannelBinding, bool)> {
         stream.set_nonblocking(false)?;
         stream.set_nodelay(true)?;
         let keepalive = socket2::TcpKeepalive::new()
@@ -272,21 +286,23 @@ fn serve_connection(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
             .with_interval(Duration::from_secs(10))
             .with_retries(6);
         socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
+        let source = ConnReader::new(stream.try_clone()?, shared.config.handshake_timeout)?;
+        let ((reader, writer, channel), encrypted) = link::server(&stream, source, &shared.tls)?;
         let reader = FrameReader::new(
-            BufReader::with_capacity(
-                READ_BUFFER,
-                ConnReader::new(stream.try_clone()?, shared.config.handshake_timeout)?,
-            ),
+            BufReader::with_capacity(READ_BUFFER, reader),
             shared.limits.max_chunk as usize,
         );
-        Ok((reader, stream.try_clone()?))
+        Ok((reader, writer, channel, encrypted))
     };
-    let (mut reader, mut writer) = match setup() {
-        Ok(rw) => rw,
+    let (mut reader, mut writer, channel, encrypted) = match setup() {
+        Ok(halves) => halves,
         Err(e) => return tracing::warn!("connection from {peer}: {e}"),
     };
     let mut joined = None;
-    let proven = auth::handshake_as_server(&mut reader, &mut writer, |role| match role {
+    let proven = auth::handshake_as_server(&mut reader, &mut writer, &channel, |role| match role {
+        Role::Control if shared.config.require_encryption && !encrypted => {
+            Err("this receiver serves only encrypted sessions: use xfer send --encrypt".into())
+        }
         Role::Control => Ok(shared.config.key.clone()),
         Role::Data { session } => {
             let found = shared
@@ -296,6 +312,13 @@ fn serve_connection(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
                 .get(session)
                 .cloned();
             let session = found.ok_or("unknown or finished session")?;
+            if session.encrypted != encrypted {
+                return Err(format!(
+                    "session {} is {}encrypted, and so must its streams be",
+                    session.name,
+                    if session.encrypted { "" } else { "not " }
+                ));
+            }
             let key = session.key.clone();
             joined = Some(session);
             Ok(key)
@@ -304,31 +327,32 @@ fn serve_connection(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
     drop(handshake);
     match proven {
         Ok((Role::Control, nonces)) => {
-            run_control(shared, &mut reader, &mut writer, peer, &nonces);
+            run_control(shared, &mut reader, &mut writer, peer, &nonces, encrypted);
             shared.sessions_ended.fetch_add(1, Ordering::AcqRel);
         }
         Ok((Role::Data { .. }, _)) => {
             if let Some(session) = joined {
-                run_data(shared, &session, &mut reader, &mut writer, peer)
+                run_data(shared, &session, &mut reader, &mut writer, &stream, peer)
             }
         }
         Err(e) => tracing::warn!("connection from {peer} refused: {e}"),
     }
 }
 
-fn refuse(writer: &mut TcpStream, peer: SocketAddr, reason: String) {
+fn refuse(writer: &mut LinkWriter, peer: SocketAddr, reason: String) {
     tracing::warn!("refusing {peer}: {reason}");
     let _ = wire::write_message(writer, &Message::Refused { reason });
 }
 
-type ConnFrames = FrameReader<BufReader<ConnReader>>;
+type ConnFrames = FrameReader<BufReader<LinkReader<ConnReader>>>;
 
 fn run_control(
     shared: &Shared,
     reader: &mut ConnFrames,
-    writer: &mut TcpStream,
+    writer: &mut LinkWriter,
     peer: SocketAddr,
     nonces: &auth::Nonces,
+    encrypted: bool,
 ) {
     let config = &shared.config;
     let Some(_slot) = Slot::take(&shared.sessions_open, config.max_sessions) else {
@@ -381,6 +405,7 @@ fn run_control(
         id,
         key: config.key.for_session(nonces, &id),
         name,
+        encrypted,
         dest,
         activity: Activity::new(),
         streams: AtomicU32::new(0),
@@ -412,7 +437,7 @@ fn serve_control_messages(
     shared: &Shared,
     session: &Session,
     reader: &mut ConnFrames,
-    writer: &mut TcpStream,
+    writer: &mut LinkWriter,
     plan: Vec<wire::FileStatus>,
 ) -> Result<(), String> {
     wire::write_message(writer, &Message::Plan(plan)).map_err(|e| e.to_string())?;
@@ -420,6 +445,7 @@ fn serve_control_messages(
     reader
         .get_mut()
         .get_mut()
+        .source_mut()
         .watch_session(session.activity.clone(), shared.config.idle_timeout)
         .map_err(|e| e.to_string())?;
     loop {
@@ -473,7 +499,8 @@ fn run_data(
     shared: &Shared,
     session: &Session,
     reader: &mut ConnFrames,
-    writer: &mut TcpStream,
+    writer: &mut LinkWriter,
+    socket: &TcpStream,
     peer: SocketAddr,
 ) {
     let limits = shared.limits;
@@ -486,7 +513,7 @@ fn run_data(
         );
     }
     let registered = match (
-        writer.try_clone(),
+        socket.try_clone(),
         session.sockets.lock().expect("sockets lock").as_mut(),
     ) {
         (Ok(clone), Some(sockets)) => {
@@ -508,7 +535,7 @@ fn run_data(
     )
     .map_err(|e| StreamEnd::Closed(e.to_string()))
     .and_then(|()| {
-        let conn = reader.get_mut().get_mut();
+        let conn = reader.get_mut().get_mut().source_mut();
         conn.watch_session(session.activity.clone(), shared.config.idle_timeout)
             .and_then(|()| conn.start_batching())
             .map_err(|e| StreamEnd::Closed(e.to_string()))
@@ -525,10 +552,10 @@ fn run_data(
                 "session {}: stream from {peer} failed the session: {e}",
                 session.name
             );
-            drain_before_close(writer);
+            drain_before_close(socket);
         }
     }
-    let _ = writer.shutdown(std::net::Shutdown::Both);
+    let _ = socket.shutdown(std::net::Shutdown::Both);
 }
 
 /// Why a data stream ended early.
@@ -542,7 +569,7 @@ enum StreamEnd {
 /// After an error reply: half-close, then read and discard what the peer is still sending for a
 /// bounded time, so its blocked write completes and it reads the error instead of hanging (or
 /// losing the error to a reset).
-fn drain_before_close(socket: &mut TcpStream) {
+fn drain_before_close(mut socket: &TcpStream) {
     const LINGER: Duration = Duration::from_secs(2);
     let _ = socket.shutdown(std::net::Shutdown::Write);
     if socket.set_read_timeout(Some(LINGER)).is_err() {
@@ -551,7 +578,7 @@ fn drain_before_close(socket: &mut TcpStream) {
     let deadline = Instant::now() + LINGER;
     let mut sink = vec![0u8; 256 << 10];
     while Instant::now() < deadline {
-        match std::io::Read::read(socket, &mut sink) {
+        match std::io::Read::read(&mut socket, &mut sink) {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
@@ -562,9 +589,9 @@ fn drain_before_close(socket: &mut TcpStream) {
 fn receive_chunks(
     session: &Session,
     reader: &mut ConnFrames,
-    writer: &mut TcpStream,
+    writer: &mut LinkWriter,
 ) -> Result<(), StreamEnd> {
-    let fail = |writer: &mut TcpStream, message: String| {
+    let fail = |writer: &mut LinkWriter, message: String| {
         session
             .failure
             .lock()

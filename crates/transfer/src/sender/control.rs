@@ -3,6 +3,8 @@
 
 use std::io::BufReader;
 use std::net::TcpStream;
+
+use crate::link::{LinkReader, LinkWriter};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 
@@ -13,7 +15,7 @@ use crate::wire::{self, FrameReader, Message};
 /// Writes `Seal` for each file as it completes, then `Finish` once every file is finalised.
 pub(super) fn run_sealer(
     shared: &Shared,
-    mut writer: TcpStream,
+    mut writer: LinkWriter,
     events: mpsc::Receiver<SealEvent>,
 ) {
     for event in events {
@@ -43,7 +45,7 @@ pub(super) fn run_sealer(
 /// Reads the receiver's answers on the control connection until `Done` or a failure.
 pub(super) fn run_control_reader(
     shared: &Shared,
-    mut reader: FrameReader<BufReader<TcpStream>>,
+    mut reader: FrameReader<BufReader<LinkReader<TcpStream>>>,
     to_seal: u64,
 ) {
     let mut finalized = 0u64;

@@ -21,6 +21,7 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::auth::{self, AuthError, SessionKey};
+use crate::link;
 use crate::manifest::{scan_sources, FileEntry, Manifest, SinkKind, Timestamp};
 use crate::tcp_info::{self, TcpInfo};
 use crate::wire::{self, FileStatus, FrameReader, Message, Role};
@@ -73,6 +74,8 @@ pub struct SendConfig {
     /// promptly; [`DEFAULT_UNSENT_LIMIT`] suits most links; 0 leaves the system default
     /// (`net.ipv4.tcp_notsent_lowat`, unlimited unless set).
     pub unsent_limit: u32,
+    /// TLS 1.3 on the control connection and every data stream.
+    pub encrypt: bool,
 }
 
 /// Default [`SendConfig::unsent_limit`]: 128 KiB. On the development VM it more than doubled
@@ -445,16 +448,20 @@ impl Transfer {
         };
         let addrs = resolve(&config.addr)?;
         let control = connect(&addrs, &config.addr)?;
-        let mut reader = FrameReader::new(
-            std::io::BufReader::new(control.try_clone().map_err(conn_err)?),
-            0,
-        );
-        let mut writer = control.try_clone().map_err(conn_err)?;
+        let (reader, mut writer, channel) =
+            link::client(&control, config.encrypt).map_err(conn_err)?;
+        let mut reader = FrameReader::new(std::io::BufReader::new(reader), 0);
         let auth::Welcomed {
             session,
             limits,
             session_key,
-        } = auth::handshake_as_client(&mut reader, &mut writer, &config.key, Role::Control)?;
+        } = auth::handshake_as_client(
+            &mut reader,
+            &mut writer,
+            &channel,
+            &config.key,
+            Role::Control,
+        )?;
         wire::write_message(&mut writer, &Message::Manifest(manifest.clone()))
             .map_err(|e| SendError::Connection(e.to_string()))?;
         let plan = match reader

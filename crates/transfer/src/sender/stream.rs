@@ -12,6 +12,7 @@ use super::{
     connect, sample_socket, ManagerEvent, SendConfig, SendError, Shared, Unit, MAX_STREAM_FAILURES,
 };
 use crate::auth;
+use crate::link::{self, LinkReader, LinkWriter};
 use crate::sockopt;
 use crate::tcp_info::TcpInfo;
 use crate::wire::{self, ChunkHeader, FrameReader, Message, Role};
@@ -162,23 +163,21 @@ fn run_stream(shared: &Shared, handle: &StreamHandle) -> Result<(), StreamFailur
     };
     let socket = connect(&shared.addrs, &shared.config.addr).map_err(fatal)?;
     tune_data_socket(&socket, &shared.config).map_err(fatal)?;
-    let clone = || {
-        socket
-            .try_clone()
-            .map_err(|e| StreamFailure::Broken(e.to_string()))
-    };
-    let mut reader = FrameReader::new(BufReader::new(clone()?), 0);
-    let mut writer = clone()?;
+    let broken = |e: std::io::Error| StreamFailure::Broken(e.to_string());
+    let (reader, mut writer, channel) =
+        link::client(&socket, shared.config.encrypt).map_err(broken)?;
+    let mut reader = FrameReader::new(BufReader::new(reader), 0);
     auth::handshake_as_client(
         &mut reader,
         &mut writer,
+        &channel,
         &shared.session_key,
         Role::Data {
             session: shared.session,
         },
     )
     .map_err(|e| fatal(e.into()))?;
-    let _ = handle.socket.set(clone()?);
+    let _ = handle.socket.set(socket.try_clone().map_err(broken)?);
     if shared.is_over() {
         handle.shutdown();
     }
@@ -224,7 +223,7 @@ fn tune_data_socket(socket: &TcpStream, config: &SendConfig) -> Result<(), SendE
 fn write_units(
     shared: &Shared,
     handle: &StreamHandle,
-    writer: &mut TcpStream,
+    writer: &mut LinkWriter,
     in_flight: &Mutex<VecDeque<Unit>>,
 ) -> Result<(), StreamFailure> {
     let mut buf = Vec::new();
@@ -255,7 +254,7 @@ fn write_units(
 /// Matches acknowledgements to the units in flight, in order, until `EndOfStream`.
 fn read_acks(
     shared: &Shared,
-    mut reader: FrameReader<BufReader<TcpStream>>,
+    mut reader: FrameReader<BufReader<LinkReader<TcpStream>>>,
     in_flight: &Mutex<VecDeque<Unit>>,
 ) -> Result<(), StreamFailure> {
     let fatal = |e: SendError| {
@@ -330,6 +329,7 @@ mod tests {
             verify: false,
             stream_rate_cap: Some(1_000_000),
             unsent_limit: 96 << 10,
+            encrypt: false,
         };
         tune_data_socket(&socket, &config).unwrap();
         let sock = socket2::SockRef::from(&socket);

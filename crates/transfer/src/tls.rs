@@ -1,0 +1,345 @@
+//! TLS 1.3 on a TCP connection (`--encrypt`), with rustls.
+//!
+//! The receiver makes a self-signed certificate when it starts; the sender accepts any
+//! certificate (it checks the handshake's signature with it, but no chain): what
+//! authenticates the two sides is the key handshake of [`crate::auth`], whose proofs cover
+//! this connection's TLS exporter value ([`ChannelBinding`]). A man in the middle who ends TLS
+//! on both sides has two different exporter values, so no proof it relays verifies.
+//!
+//! Both halves of a connection are used at once from two threads (a writer of chunks and a
+//! reader of acknowledgements), so the rustls connection sits behind a mutex that is never held
+//! across socket I/O: the writer encrypts under the lock and writes the records after it; the
+//! reader reads ciphertext without the lock and decrypts under it. Records the reader's side
+//! makes (a key update) wait in the connection until the writer's next write sends them, so
+//! records always reach the socket in the order rustls made them.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::TcpStream;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{verify_tls13_signature, CryptoProvider};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::{ClientConfig, ClientConnection, Connection, DigitallySignedStruct, ServerConfig};
+use rustls::{ServerConnection, SignatureScheme};
+
+use crate::auth::ChannelBinding;
+
+/// First bytes of a TLS handshake record (content type 22, major version 3): how the receiver
+/// tells a TLS client from a plain one on its single port. A plain connection starts with its
+/// first frame's length, which is never this.
+pub const TLS_RECORD_START: [u8; 2] = [0x16, 0x03];
+
+/// Label of the TLS exporter value bound into the key handshake (RFC 8446 section 7.5).
+const EXPORTER_LABEL: &[u8] = b"EXPORTER-xfer-channel-binding";
+
+/// Ciphertext read from the socket at once.
+const READ_CHUNK: usize = 64 << 10;
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn tls_error(e: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
+}
+
+/// The receiver's TLS identity: a fresh self-signed certificate and its key.
+#[derive(Clone)]
+pub struct ServerIdentity {
+    config: Arc<ServerConfig>,
+}
+
+impl std::fmt::Debug for ServerIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServerIdentity(..)")
+    }
+}
+
+impl ServerIdentity {
+    /// Generates a certificate for this receiver's lifetime.
+    pub fn generate() -> io::Result<Self> {
+        let certified = rcgen::generate_simple_self_signed(vec!["xfer-receiver".to_string()])
+            .map_err(|e| io::Error::other(format!("generating the TLS certificate: {e}")))?;
+        let key =
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(certified.key_pair.serialize_der()));
+        let config = ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(tls_error)?
+            .with_no_client_auth()
+            .with_single_cert(vec![certified.cert.der().clone()], key)
+            .map_err(tls_error)?;
+        Ok(ServerIdentity {
+            config: Arc::new(config),
+        })
+    }
+}
+
+/// Accepts any certificate the receiver shows, but checks that the receiver holds its key
+/// (the handshake signature); the key handshake's channel binding authenticates the receiver.
+#[derive(Debug)]
+struct AnyCertificate(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        // Only TLS 1.3 is offered.
+        Err(rustls::Error::PeerIncompatible(
+            rustls::PeerIncompatible::Tls12NotOffered,
+        ))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+fn client_config() -> io::Result<Arc<ClientConfig>> {
+    let provider = provider();
+    let config = ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls_error)?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+/// True when the peer on `socket` opens with a TLS handshake. Waits for its first two bytes at
+/// most the socket's read timeout (a peer that sends one byte and stalls times out too).
+pub fn peer_starts_tls(socket: &TcpStream) -> io::Result<bool> {
+    let limit = socket
+        .read_timeout()?
+        .unwrap_or(std::time::Duration::from_secs(30));
+    let deadline = std::time::Instant::now() + limit;
+    let mut first = [0u8; 2];
+    loop {
+        let n = socket.peek(&mut first)?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        if n == first.len() || first[0] != TLS_RECORD_START[0] {
+            return Ok(first == TLS_RECORD_START);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the peer sent one byte and stopped",
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Runs the TLS handshake as the sender over `socket` and splits the connection.
+pub fn connect<R: Read>(
+    socket: &TcpStream,
+    ciphertext: R,
+) -> io::Result<(TlsReader<R>, TlsWriter, ChannelBinding)> {
+    let name = ServerName::try_from("xfer-receiver").expect("a valid DNS name");
+    let conn = ClientConnection::new(client_config()?, name).map_err(tls_error)?;
+    finish_handshake(conn.into(), socket, ciphertext)
+}
+
+/// Runs the TLS handshake as the receiver: ciphertext comes from `ciphertext` (the
+/// connection's reader, with its timeouts), replies go to `socket`.
+pub fn accept<R: Read>(
+    identity: &ServerIdentity,
+    socket: &TcpStream,
+    ciphertext: R,
+) -> io::Result<(TlsReader<R>, TlsWriter, ChannelBinding)> {
+    let conn = ServerConnection::new(identity.config.clone()).map_err(tls_error)?;
+    finish_handshake(conn.into(), socket, ciphertext)
+}
+
+fn finish_handshake<R: Read>(
+    mut conn: Connection,
+    socket: &TcpStream,
+    source: R,
+) -> io::Result<(TlsReader<R>, TlsWriter, ChannelBinding)> {
+    let mut ciphertext = Ciphertext {
+        source,
+        pending: Vec::new(),
+        scratch: vec![0u8; READ_CHUNK].into_boxed_slice(),
+    };
+    let mut writer_socket = socket.try_clone()?;
+    loop {
+        while conn.wants_write() {
+            conn.write_tls(&mut writer_socket)?;
+        }
+        if !conn.is_handshaking() {
+            break;
+        }
+        if ciphertext.pending.is_empty() && ciphertext.read_more()? == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the peer closed the connection during the TLS handshake",
+            ));
+        }
+        ciphertext.decrypt(&mut conn)?;
+    }
+    let mut binding = [0u8; 32];
+    conn.export_keying_material(&mut binding, EXPORTER_LABEL, None)
+        .map_err(tls_error)?;
+    let shared = Arc::new(Mutex::new(conn));
+    let reader = TlsReader {
+        ciphertext,
+        shared: shared.clone(),
+    };
+    let writer = TlsWriter {
+        socket: writer_socket,
+        shared,
+        records: Vec::new(),
+    };
+    Ok((reader, writer, ChannelBinding(binding)))
+}
+
+/// Ciphertext on its way from the socket to rustls.
+struct Ciphertext<R> {
+    source: R,
+    /// Read but not yet taken by rustls.
+    pending: Vec<u8>,
+    scratch: Box<[u8]>,
+}
+
+impl<R: Read> Ciphertext<R> {
+    /// Reads more from the source (never under the connection's lock); 0 at its end.
+    fn read_more(&mut self) -> io::Result<usize> {
+        let n = self.source.read(&mut self.scratch)?;
+        self.pending.extend_from_slice(&self.scratch[..n]);
+        Ok(n)
+    }
+
+    /// Hands pending ciphertext to `conn` until it takes no more or has plaintext to give.
+    fn decrypt(&mut self, conn: &mut Connection) -> io::Result<()> {
+        while !self.pending.is_empty() {
+            let taken = conn.read_tls(&mut &self.pending[..])?;
+            self.pending.drain(..taken);
+            let state = conn.process_new_packets().map_err(tls_error)?;
+            if taken == 0 || state.plaintext_bytes_to_read() > 0 {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The reading half of a TLS connection: plaintext out, ciphertext in from its source.
+pub struct TlsReader<R> {
+    ciphertext: Ciphertext<R>,
+    shared: Arc<Mutex<Connection>>,
+}
+
+impl<R> TlsReader<R> {
+    /// Where the ciphertext comes from.
+    pub fn source_mut(&mut self) -> &mut R {
+        &mut self.ciphertext.source
+    }
+}
+
+impl<R: Read> Read for TlsReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            {
+                let mut conn = lock(&self.shared);
+                self.ciphertext.decrypt(&mut conn)?;
+                match conn.reader().read(buf) {
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+                if !self.ciphertext.pending.is_empty() {
+                    return Err(io::Error::other("TLS: rustls takes no more ciphertext"));
+                }
+            }
+            if self.ciphertext.read_more()? == 0 {
+                // The peer closed without close_notify: an end of stream like TCP's; the
+                // protocol's own messages say whether it came at a clean point.
+                return Ok(0);
+            }
+        }
+    }
+}
+
+fn lock(shared: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+    shared.lock().expect("TLS connection lock")
+}
+
+/// The writing half of a TLS connection.
+pub struct TlsWriter {
+    socket: TcpStream,
+    shared: Arc<Mutex<Connection>>,
+    /// Records made under the lock, written after it.
+    records: Vec<u8>,
+}
+
+impl TlsWriter {
+    /// Encrypts `plaintext` (all of it) and sends every record the connection has made.
+    fn send(&mut self, plaintext: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.records.clear();
+        let mut written = 0;
+        {
+            let mut conn = lock(&self.shared);
+            for slice in plaintext {
+                let mut rest: &[u8] = slice;
+                while !rest.is_empty() {
+                    let n = conn.writer().write(rest)?;
+                    rest = &rest[n..];
+                    written += n;
+                    while conn.wants_write() {
+                        conn.write_tls(&mut self.records)?;
+                    }
+                }
+            }
+            while conn.wants_write() {
+                conn.write_tls(&mut self.records)?;
+            }
+        }
+        self.socket.write_all(&self.records)?;
+        Ok(written)
+    }
+}
+
+impl Write for TlsWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.send(&[IoSlice::new(buf)])
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.send(bufs)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.send(&[])?;
+        Ok(())
+    }
+}
