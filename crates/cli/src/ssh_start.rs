@@ -178,42 +178,48 @@ impl RemoteReceiver {
     /// After a successful transfer: waits for the remote receiver to exit on its own, and
     /// fails if it reports an error.
     pub fn finish(mut self) -> anyhow::Result<()> {
-        let deadline = Instant::now() + EXIT_GRACE;
-        while Instant::now() < deadline {
-            if let Some(status) = self.ssh.child.try_wait().context("waiting for ssh")? {
-                if !status.success() {
-                    bail!("the remote receiver ended with {status}; its messages are above");
-                }
-                return Ok(());
+        match self
+            .ssh
+            .exited_within(EXIT_GRACE)
+            .context("waiting for ssh")?
+        {
+            Some(status) if status.success() => Ok(()),
+            Some(status) => {
+                bail!("the remote receiver ended with {status}; its messages are above")
             }
-            std::thread::sleep(Duration::from_millis(20));
+            None => bail!(
+                "the remote receiver did not exit within {}s of the end of its session",
+                EXIT_GRACE.as_secs()
+            ),
         }
-        bail!(
-            "the remote receiver did not exit within {}s of the end of its session",
-            EXIT_GRACE.as_secs()
-        )
     }
 }
 
 impl SshChild {
+    /// How ssh ended, if it does within `limit`.
+    fn exited_within(&mut self, limit: Duration) -> std::io::Result<Option<ExitStatus>> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(Some(status));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Closes the lifeline and gives ssh a moment to end; kills it if it does not. Returns
     /// how it ended on its own, if it did.
     fn stop(&mut self) -> Option<ExitStatus> {
         self.lifeline = None;
-        let deadline = Instant::now() + Duration::from_secs(2);
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => return Some(status),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                _ => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    return None;
-                }
-            }
+        let ended = self.exited_within(Duration::from_secs(2)).ok().flatten();
+        if ended.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
+        ended
     }
 }
 

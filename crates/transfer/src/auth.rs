@@ -404,6 +404,13 @@ mod tests {
         (a, server)
     }
 
+    /// The client side of a handshake over `socket`, on a plain channel.
+    fn client(socket: UnixStream, key: &SessionKey, role: Role) -> Result<Welcomed, AuthError> {
+        let mut reader = FrameReader::new(socket.try_clone().unwrap(), 0);
+        let mut writer = socket;
+        handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, key, role)
+    }
+
     fn server_key() -> impl FnOnce(&Role) -> Result<SessionKey, String> {
         |_| Ok(SessionKey::from_text(KEY).unwrap())
     }
@@ -430,17 +437,8 @@ mod tests {
                 crate::wire::write_message(writer, &welcome).unwrap();
             },
         );
-        let client_key = SessionKey::from_text(client_key).unwrap();
-        let mut reader = FrameReader::new(a.try_clone().unwrap(), 0);
-        let mut writer = a;
-        let client = handshake_as_client(
-            &mut reader,
-            &mut writer,
-            &ChannelBinding::PLAIN,
-            &client_key,
-            role,
-        );
-        drop((reader, writer)); // the server sees EOF when the client gives up
+        // The client's socket closes when it returns, so the server sees EOF if it gave up.
+        let client = client(a, &SessionKey::from_text(client_key).unwrap(), role);
         (server.join().unwrap(), client)
     }
 
@@ -533,15 +531,7 @@ mod tests {
     fn a_refused_role_gets_the_reason_before_any_proof() {
         let (a, server) = spawn_server(|_| Err("unknown session".into()), |_| {});
         let key = SessionKey::from_text(KEY).unwrap();
-        let mut reader = FrameReader::new(a.try_clone().unwrap(), 0);
-        let mut writer = a;
-        let client = handshake_as_client(
-            &mut reader,
-            &mut writer,
-            &ChannelBinding::PLAIN,
-            &key,
-            Role::Data { session: [1; 16] },
-        );
+        let client = client(a, &key, Role::Data { session: [1; 16] });
         assert!(matches!(client, Err(AuthError::Refused(r)) if r == "unknown session"));
         assert!(server.join().unwrap().is_err());
     }

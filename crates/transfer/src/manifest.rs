@@ -89,6 +89,21 @@ pub struct Manifest {
 }
 
 impl Manifest {
+    /// The manifest of `size` bytes of generated data for a discarding sink (memory to memory).
+    pub fn memory(size: u64) -> Manifest {
+        Manifest {
+            dest: Vec::new(),
+            sink: SinkKind::Discard,
+            dirs: Vec::new(),
+            files: vec![FileEntry {
+                path: b"memory".to_vec(),
+                size,
+                mode: 0,
+                mtime: Timestamp { secs: 0, nanos: 0 },
+            }],
+        }
+    }
+
     /// Total bytes of all files (saturating: a peer's manifest may claim any sizes).
     pub fn total_bytes(&self) -> u64 {
         self.files

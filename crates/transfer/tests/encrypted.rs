@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use transfer::auth::{handshake_as_client, SessionKey};
 use transfer::link;
-use transfer::manifest::{FileEntry, Manifest, SinkKind, Timestamp};
+use transfer::manifest::Manifest;
 use transfer::receiver::{Receiver, ReceiverConfig};
 use transfer::sender::{SendConfig, SendSource, Transfer, DEFAULT_UNSENT_LIMIT};
 use transfer::tls::ServerIdentity;
@@ -146,17 +146,7 @@ fn a_receiver_that_requires_encryption_refuses_plain_sessions_and_streams() {
     let (welcomed, mut control_reader, mut control_writer) =
         open(Role::Control, &key, true).unwrap();
     // The session exists once its manifest is in.
-    let manifest = Manifest {
-        dest: Vec::new(),
-        sink: SinkKind::Discard,
-        dirs: Vec::new(),
-        files: vec![FileEntry {
-            path: b"memory".to_vec(),
-            size: 10,
-            mode: 0,
-            mtime: Timestamp { secs: 0, nanos: 0 },
-        }],
-    };
+    let manifest = Manifest::memory(10);
     write_message(&mut control_writer, &Message::Manifest(manifest)).unwrap();
     assert!(matches!(
         control_reader.read_message(),

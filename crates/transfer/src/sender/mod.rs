@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::auth::{self, AuthError, SessionKey};
 use crate::link;
-use crate::manifest::{scan_sources, FileEntry, Manifest, SinkKind, Timestamp};
+use crate::manifest::{scan_sources, Manifest};
 use crate::tcp_info::{self, TcpInfo};
 use crate::wire::{self, FileStatus, FrameReader, Message, Role};
 pub use optimize::{MiRecord, OptimizerSettings};
@@ -431,20 +431,11 @@ impl Transfer {
                     scanned.skipped,
                 )
             }
-            SendSource::Memory { size } => {
-                let manifest = Manifest {
-                    dest: Vec::new(),
-                    sink: SinkKind::Discard,
-                    dirs: Vec::new(),
-                    files: vec![FileEntry {
-                        path: b"memory".to_vec(),
-                        size: *size,
-                        mode: 0,
-                        mtime: Timestamp { secs: 0, nanos: 0 },
-                    }],
-                };
-                (manifest, SourceData::pattern(config.unit_size), Vec::new())
-            }
+            SendSource::Memory { size } => (
+                Manifest::memory(*size),
+                SourceData::pattern(config.unit_size),
+                Vec::new(),
+            ),
         };
         let addrs = resolve(&config.addr)?;
         let control = connect(&addrs, &config.addr)?;
