@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use optimizer::env::{InitialStreams, RewardKind};
 use optimizer::policy::ObservationLayout;
 use optimizer::{RewardParams, UtilityParams};
-use transfer::sender::DEFAULT_UNSENT_LIMIT;
+use transfer::sender::{DEFAULT_UNSENT_LIMIT, MIN_STALL_TIMEOUT};
 
 /// Move data fast between sites over parallel TCP streams.
 #[derive(Debug, Parser)]
@@ -317,6 +317,11 @@ pub struct SendArgs {
     /// is not counted, so this does not limit the window).
     #[arg(long, value_name = "SIZE", default_value_t = DEFAULT_UNSENT_LIMIT, value_parser = parse_unsent_limit)]
     pub unsent_limit: u32,
+    /// Give up on the receiver after this long without a word from it: the control connection
+    /// (where it says it is working every second) fails the transfer; a data stream whose
+    /// chunks go unacknowledged is closed and its chunks go to the other streams. At least 2s.
+    #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_stall_timeout)]
+    pub stall_timeout: Duration,
     /// Print one JSON object per second and a JSON summary instead of the progress bar.
     #[arg(long, conflicts_with = "quiet")]
     pub json: bool,
@@ -533,6 +538,16 @@ fn parse_positive_time(s: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("{s:?} is not a positive time like 200s, 500ms or 2m"))
 }
 
+fn parse_stall_timeout(s: &str) -> Result<Duration, String> {
+    let timeout = parse_positive_time(s)?;
+    if timeout < MIN_STALL_TIMEOUT {
+        return Err(format!(
+            "{s:?} is too short: the receiver's heartbeat comes every second, so allow at least 2s"
+        ));
+    }
+    Ok(timeout)
+}
+
 fn parse_time(s: &str) -> Option<Duration> {
     let (number, scale) = if let Some(n) = s.strip_suffix("ms") {
         (n, 1e-3)
@@ -591,5 +606,16 @@ mod tests {
         assert!(parse_schedule("5s").is_err());
         assert!(parse_schedule("xs:3").is_err());
         assert!(parse_schedule("1s:0").is_err());
+    }
+
+    #[test]
+    fn stall_timeouts() {
+        assert_eq!(parse_stall_timeout("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_stall_timeout("5m"), Ok(Duration::from_secs(300)));
+        assert!(parse_stall_timeout("1500ms")
+            .unwrap_err()
+            .contains("at least 2s"));
+        assert!(parse_stall_timeout("0s").is_err());
+        assert!(parse_stall_timeout("soon").is_err());
     }
 }

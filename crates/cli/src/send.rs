@@ -162,6 +162,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         stream_rate_cap,
         unsent_limit: args.unsent_limit,
         encrypt: args.encrypt,
+        stall_timeout: args.stall_timeout,
     };
     let transfer = Transfer::start(config, source)?;
     if !args.quiet {

@@ -370,6 +370,7 @@ pub fn name(msg: &Message) -> &'static str {
         Message::Finalized { .. } => "Finalized",
         Message::Finish => "Finish",
         Message::Done => "Done",
+        Message::Working => "Working",
         Message::Ack { .. } => "Ack",
         Message::Nack { .. } => "Nack",
         Message::EndOfStream => "EndOfStream",
@@ -539,7 +540,7 @@ mod tests {
     #[test]
     fn a_large_message_before_authentication_is_refused_unread() {
         let (mut writer, server) = spawn_server(server_key(), |_| {});
-        let mut frame = ((HANDSHAKE_MESSAGE_LIMIT + 2) as u32)
+        let mut frame = ((HANDSHAKE_MESSAGE_LIMIT + 2 + crate::wire::CHECK_LEN) as u32)
             .to_le_bytes()
             .to_vec();
         frame.push(1);

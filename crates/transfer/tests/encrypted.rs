@@ -36,6 +36,7 @@ fn send(addr: &str, file: &Path, encrypt: bool) -> Result<(), String> {
         stream_rate_cap: None,
         unsent_limit: DEFAULT_UNSENT_LIMIT,
         encrypt,
+        stall_timeout: transfer::sender::DEFAULT_STALL_TIMEOUT,
     };
     let source = SendSource::Paths {
         paths: vec![file.to_path_buf()],

@@ -58,6 +58,7 @@ fn paced_transfer(size: u64, cap: u64, controller: Box<dyn Controller>) -> (u64,
         stream_rate_cap: Some(cap),
         unsent_limit: transfer::sender::DEFAULT_UNSENT_LIMIT,
         encrypt: false,
+        stall_timeout: transfer::sender::DEFAULT_STALL_TIMEOUT,
     };
     let transfer = Transfer::start(config, SendSource::Memory { size }).unwrap();
     let (tx, rx) = mpsc::channel();

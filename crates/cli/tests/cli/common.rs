@@ -196,41 +196,45 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 /// Asserts that `got` is an exact copy of `want`: same entries, types, bytes, permission bits and
 /// mtimes (files to the nanosecond, directories too).
 pub fn assert_same_tree(want: &Path, got: &Path) {
+    if let Some(difference) = tree_difference(want, got) {
+        panic!("{difference}");
+    }
+}
+
+/// The first way in which `got` is not an exact copy of `want` (see [`assert_same_tree`]).
+pub fn tree_difference(want: &Path, got: &Path) -> Option<String> {
     let (w, g) = (entries(want), entries(got));
-    assert_eq!(
-        w,
-        g,
-        "different entries under {} and {}",
-        want.display(),
-        got.display()
-    );
+    if w != g {
+        return Some(format!(
+            "different entries under {} and {}: {w:?} and {g:?}",
+            want.display(),
+            got.display()
+        ));
+    }
     for rel in std::iter::once(PathBuf::new()).chain(w) {
         let (a, b) = (want.join(&rel), got.join(&rel));
         let (ma, mb) = (
             std::fs::symlink_metadata(&a).unwrap(),
             std::fs::symlink_metadata(&b).unwrap(),
         );
-        assert_eq!(ma.file_type(), mb.file_type(), "{}", rel.display());
+        let shown = rel.display();
+        if ma.file_type() != mb.file_type() {
+            return Some(format!("type of {shown}"));
+        }
         if rel.as_os_str().is_empty() {
             continue; // the roots themselves are not part of the transfer
         }
-        assert_eq!(
-            ma.mode() & 0o777,
-            mb.mode() & 0o777,
-            "mode of {}",
-            rel.display()
-        );
-        assert_eq!(
-            (ma.mtime(), ma.mtime_nsec()),
-            (mb.mtime(), mb.mtime_nsec()),
-            "mtime of {}",
-            rel.display()
-        );
-        if ma.is_file() {
-            assert_eq!(ma.len(), mb.len(), "size of {}", rel.display());
-            assert!(same_bytes(&a, &b), "bytes of {} differ", rel.display());
+        if ma.mode() & 0o777 != mb.mode() & 0o777 {
+            return Some(format!("mode of {shown}"));
+        }
+        if (ma.mtime(), ma.mtime_nsec()) != (mb.mtime(), mb.mtime_nsec()) {
+            return Some(format!("mtime of {shown}"));
+        }
+        if ma.is_file() && (ma.len() != mb.len() || !same_bytes(&a, &b)) {
+            return Some(format!("bytes of {shown} differ"));
         }
     }
+    None
 }
 
 /// Compares two files block by block.

@@ -1,9 +1,11 @@
 //! End-to-end tests of the `xfer` binary over loopback: whole trees byte-identical, live stream
-//! count changes, resume after SIGKILL of either side, every bad input with its error, and the
-//! receiver started over ssh (an sshd in a network namespace).
+//! count changes, resume after SIGKILL of either side, every bad input with its error, the
+//! receiver started over ssh (an sshd in a network namespace), and the fault-injection suite.
 
 mod bad_input;
+mod chaos;
 mod common;
+mod faults;
 mod odd_sizes;
 mod optimize;
 mod resume;

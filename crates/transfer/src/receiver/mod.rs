@@ -4,6 +4,7 @@
 
 mod destination;
 mod file_tree;
+mod heartbeat;
 mod reader;
 
 use std::collections::HashMap;
@@ -281,6 +282,8 @@ fn serve_connection(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
     let setup = || -> std::io::Result<(ConnFrames, LinkWriter, ChannelBinding, bool)> {
         stream.set_nonblocking(false)?;
         stream.set_nodelay(true)?;
+        // A peer that stops reading must not hold a session's thread in a write for ever.
+        stream.set_write_timeout(Some(shared.config.idle_timeout))?;
         let keepalive = socket2::TcpKeepalive::new()
             .with_time(Duration::from_secs(60))
             .with_interval(Duration::from_secs(10))
@@ -339,7 +342,7 @@ fn serve_connection(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
     }
 }
 
-fn refuse(writer: &mut LinkWriter, peer: SocketAddr, reason: String) {
+fn refuse(writer: &mut impl Write, peer: SocketAddr, reason: String) {
     tracing::warn!("refusing {peer}: {reason}");
     let _ = wire::write_message(writer, &Message::Refused { reason });
 }
@@ -366,7 +369,7 @@ fn run_control(
         );
     };
     let id = random_bytes::<16>();
-    let name: String = id[..4].iter().map(|b| format!("{b:02x}")).collect();
+    let name = session_name(&id);
     let limits = shared.limits;
     if let Err(e) = wire::write_message(
         writer,
@@ -377,6 +380,29 @@ fn run_control(
     ) {
         return tracing::warn!("session {name} from {peer}: {e}");
     }
+    heartbeat::with_heartbeat(writer, |writer| {
+        serve_session(shared, reader, writer, peer, nonces, encrypted, id)
+    })
+}
+
+/// How logs name a session: the first bytes of its id in hex.
+fn session_name(id: &[u8; 16]) -> String {
+    id[..4].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A control connection from `Welcome` on: the manifest, the plan, then the session's seals
+/// until it finishes or fails.
+fn serve_session(
+    shared: &Shared,
+    reader: &mut ConnFrames,
+    writer: &mut impl Write,
+    peer: SocketAddr,
+    nonces: &auth::Nonces,
+    encrypted: bool,
+    id: [u8; 16],
+) {
+    let config = &shared.config;
+    let name = session_name(&id);
     reader.set_message_limit(config.max_manifest);
     let manifest = match reader.read_message() {
         Ok(Message::Manifest(m)) => m,
@@ -437,7 +463,7 @@ fn serve_control_messages(
     shared: &Shared,
     session: &Session,
     reader: &mut ConnFrames,
-    writer: &mut LinkWriter,
+    writer: &mut impl Write,
     plan: Vec<wire::FileStatus>,
 ) -> Result<(), String> {
     wire::write_message(writer, &Message::Plan(plan)).map_err(|e| e.to_string())?;

@@ -42,7 +42,8 @@ pub(super) fn run_sealer(
     }
 }
 
-/// Reads the receiver's answers on the control connection until `Done` or a failure.
+/// Reads the receiver's answers and heartbeats on the control connection until `Done` or a
+/// failure (the socket's read timeout is the stall timeout).
 pub(super) fn run_control_reader(
     shared: &Shared,
     mut reader: FrameReader<BufReader<LinkReader<TcpStream>>>,
@@ -55,9 +56,10 @@ pub(super) fn run_control_reader(
     loop {
         let message = match reader.read_message() {
             Ok(m) => m,
-            Err(e) => return shared.fail(SendError::Connection(e.to_string())),
+            Err(e) => return shared.fail(SendError::reading(e, shared.config.stall_timeout)),
         };
         match message {
+            Message::Working => {}
             Message::Finalized { file, error: None } => {
                 finalized += 1;
                 shared.files_done.fetch_add(1, Ordering::Relaxed);

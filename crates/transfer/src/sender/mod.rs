@@ -24,7 +24,7 @@ use crate::auth::{self, AuthError, SessionKey};
 use crate::link;
 use crate::manifest::{scan_sources, Manifest};
 use crate::tcp_info::{self, TcpInfo};
-use crate::wire::{self, FileStatus, FrameReader, Message, Role};
+use crate::wire::{self, FileStatus, FrameReader, Message, Role, WireError};
 pub use optimize::{MiRecord, OptimizerSettings};
 use optimizer::Controller;
 use source::SourceData;
@@ -76,7 +76,18 @@ pub struct SendConfig {
     pub unsent_limit: u32,
     /// TLS 1.3 on the control connection and every data stream.
     pub encrypt: bool,
+    /// How long the receiver may stay silent before its connection is given up (raised to
+    /// [`MIN_STALL_TIMEOUT`]): on the control connection, where it says `Working` every
+    /// [`wire::HEARTBEAT`] however busy it is, the transfer then fails with a clear error; on a
+    /// data stream with units in flight and no acknowledgement, the stream is closed and its
+    /// units go to the other streams. [`DEFAULT_STALL_TIMEOUT`] suits most links.
+    pub stall_timeout: Duration,
 }
+
+/// Default [`SendConfig::stall_timeout`]: one minute.
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Shortest [`SendConfig::stall_timeout`]: two heartbeats.
+pub const MIN_STALL_TIMEOUT: Duration = Duration::from_secs(2 * wire::HEARTBEAT.as_secs());
 
 /// Default [`SendConfig::unsent_limit`]: 128 KiB. On the development VM it more than doubled
 /// single-stream throughput over a veth pair (21 to 51 Gbit/s) against the kernel's default of no
@@ -117,6 +128,33 @@ pub enum SendError {
     /// The live optimiser could not be started.
     #[error("optimizer: {0}")]
     Optimizer(String),
+}
+
+impl SendError {
+    /// The error for a failed read from the receiver's control connection: a read that timed
+    /// out says for how long the receiver was silent.
+    fn reading(e: WireError, stall_timeout: Duration) -> SendError {
+        match e {
+            WireError::Io(io) if is_timeout(&io) => SendError::Connection(format!(
+                "the receiver sent nothing for {} s, not even its heartbeat",
+                stall_timeout.as_secs_f64()
+            )),
+            WireError::Io(io) if io.kind() == std::io::ErrorKind::UnexpectedEof => {
+                SendError::Connection(
+                    "the connection closed (if the receiver closed it, its log says why)".into(),
+                )
+            }
+            other => SendError::Connection(other.to_string()),
+        }
+    }
+}
+
+/// Whether a read failed because its timeout passed.
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
 }
 
 impl From<AuthError> for SendError {
@@ -419,8 +457,10 @@ pub struct Transfer {
 impl Transfer {
     /// Scans the sources, connects and authenticates, exchanges manifest and plan, and starts the
     /// streams. Returns once data is flowing; errors up to that point are returned here.
-    pub fn start(config: SendConfig, source: SendSource) -> Result<Transfer, SendError> {
+    pub fn start(mut config: SendConfig, source: SendSource) -> Result<Transfer, SendError> {
         let start = Instant::now();
+        config.stall_timeout = config.stall_timeout.max(MIN_STALL_TIMEOUT);
+        let stall_timeout = config.stall_timeout;
         let (manifest, source_data, skipped_sources) = match &source {
             SendSource::Paths { paths, dest } => {
                 let scanned =
@@ -439,6 +479,9 @@ impl Transfer {
         };
         let addrs = resolve(&config.addr)?;
         let control = connect(&addrs, &config.addr)?;
+        control
+            .set_read_timeout(Some(stall_timeout))
+            .map_err(conn_err)?;
         let (reader, mut writer, channel) =
             link::client(&control, config.encrypt).map_err(conn_err)?;
         let mut reader = FrameReader::new(std::io::BufReader::new(reader), 0);
@@ -452,13 +495,20 @@ impl Transfer {
             &channel,
             &config.key,
             Role::Control,
-        )?;
+        )
+        .map_err(|e| match e {
+            AuthError::Wire(w @ WireError::Io(_)) => SendError::reading(w, stall_timeout),
+            other => other.into(),
+        })?;
         wire::write_message(&mut writer, &Message::Manifest(manifest.clone()))
             .map_err(|e| SendError::Connection(e.to_string()))?;
-        let plan = match reader
-            .read_message()
-            .map_err(|e| SendError::Connection(e.to_string()))?
-        {
+        let answer = loop {
+            match reader.read_message() {
+                Ok(Message::Working) => {}
+                answer => break answer.map_err(|e| SendError::reading(e, stall_timeout))?,
+            }
+        };
+        let plan = match answer {
             Message::Plan(plan) if plan.len() == manifest.files.len() => plan,
             Message::Plan(_) => {
                 return Err(SendError::Protocol(

@@ -4,18 +4,18 @@
 use std::collections::VecDeque;
 use std::io::BufReader;
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use super::{
     connect, sample_socket, ManagerEvent, SendConfig, SendError, Shared, Unit, MAX_STREAM_FAILURES,
 };
-use crate::auth;
+use crate::auth::{self, AuthError};
 use crate::link::{self, LinkReader, LinkWriter};
 use crate::sockopt;
 use crate::tcp_info::TcpInfo;
-use crate::wire::{self, ChunkHeader, FrameReader, Message, Role};
+use crate::wire::{self, ChunkHeader, FrameReader, Message, Role, WireError};
 
 /// Most checksum failures tolerated in one transfer before it is abandoned.
 const MAX_NACKS: u64 = 64;
@@ -34,9 +34,59 @@ pub(super) struct StreamHandle {
     pub(super) id: u64,
     retire: AtomicBool,
     socket: OnceLock<TcpStream>,
+    /// The ack clock: since when (ms after the transfer's start) the stream has been waiting
+    /// for the receiver's next answer, or `u64::MAX` while it waits for nothing.
+    waiting_since_ms: AtomicU64,
+    /// The stream was closed for having waited longer than the stall timeout.
+    stalled: AtomicBool,
 }
 
 impl StreamHandle {
+    fn new(id: u64) -> StreamHandle {
+        StreamHandle {
+            id,
+            retire: AtomicBool::new(false),
+            socket: OnceLock::new(),
+            waiting_since_ms: AtomicU64::new(u64::MAX),
+            stalled: AtomicBool::new(false),
+        }
+    }
+
+    /// Starts the ack clock afresh when `waiting` (an answer is due), stops it otherwise. Called
+    /// under the stream's in-flight lock, so the clock always matches the queue.
+    fn set_ack_clock(&self, shared: &Shared, waiting: bool) {
+        let since = if waiting {
+            shared.start.elapsed().as_millis() as u64
+        } else {
+            u64::MAX
+        };
+        self.waiting_since_ms.store(since, Ordering::Release);
+    }
+
+    /// Closes the stream if it has waited for an answer longer than the stall timeout, once.
+    fn close_if_stalled(&self, shared: &Shared) {
+        let since = self.waiting_since_ms.load(Ordering::Acquire);
+        let now = shared.start.elapsed().as_millis() as u64;
+        let limit = shared.config.stall_timeout;
+        if now.saturating_sub(since) > limit.as_millis() as u64
+            && !self.stalled.swap(true, Ordering::AcqRel)
+        {
+            tracing::warn!(
+                "stream {} had no answer from the receiver for {} s; closing it, its units go to the other streams",
+                self.id,
+                limit.as_secs_f64()
+            );
+            self.shutdown();
+        }
+    }
+
+    /// Marks the stream for removal: it takes no new unit (a writer waiting for one wakes up).
+    fn retire(&self, shared: &Shared) {
+        let _q = shared.queue();
+        self.retire.store(true, Ordering::Release);
+        shared.queue_cv.notify_all();
+    }
+
     pub(super) fn is_retiring(&self) -> bool {
         self.retire.load(Ordering::Acquire)
     }
@@ -52,7 +102,9 @@ impl StreamHandle {
     }
 }
 
-/// Keeps the number of non-retiring streams equal to the target until all units are acknowledged.
+/// Keeps the number of non-retiring streams equal to the target until all units are
+/// acknowledged, closes streams that stall, and returns once the transfer is over and every
+/// stream has closed.
 pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEvent>) {
     let mut threads = std::collections::HashMap::new();
     let mut next_id = 1u64;
@@ -60,9 +112,14 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
     let mut last_active = usize::MAX;
     loop {
         if shared.is_over() {
-            break;
-        }
-        if !shared.all_units_acked() {
+            let streams = shared.streams.lock().expect("streams lock");
+            if streams.is_empty() {
+                break;
+            }
+            for handle in streams.values() {
+                handle.retire(shared);
+            }
+        } else if !shared.all_units_acked() {
             let target = shared.target.load(Ordering::Acquire);
             let mut streams = shared.streams.lock().expect("streams lock");
             let active: Vec<_> = streams
@@ -75,18 +132,12 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                 .rev()
                 .take(active.len().saturating_sub(target))
             {
-                let _q = shared.queue();
-                handle.retire.store(true, Ordering::Release);
-                shared.queue_cv.notify_all();
+                handle.retire(shared);
             }
             // Streams still draining count against the receiver's limit; top up once they exit.
             let room = shared.max_streams.saturating_sub(streams.len());
             for _ in active.len()..target.min(active.len() + room) {
-                let handle = Arc::new(StreamHandle {
-                    id: next_id,
-                    retire: AtomicBool::new(false),
-                    socket: OnceLock::new(),
-                });
+                let handle = Arc::new(StreamHandle::new(next_id));
                 next_id += 1;
                 streams.insert(handle.id, handle.clone());
                 let thread_shared = shared.clone();
@@ -111,13 +162,13 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                 }
             }
         }
-        let active = shared
-            .streams
-            .lock()
-            .expect("streams lock")
-            .values()
-            .filter(|h| !h.is_retiring())
-            .count();
+        let active = {
+            let streams = shared.streams.lock().expect("streams lock");
+            for handle in streams.values() {
+                handle.close_if_stalled(shared);
+            }
+            streams.values().filter(|h| !h.is_retiring()).count()
+        };
         if active != last_active {
             last_active = active;
             shared
@@ -146,10 +197,6 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }
-    for handle in shared.streams.lock().expect("streams lock").values() {
-        handle.retire.store(true, Ordering::Release);
-    }
-    shared.queue_cv.notify_all();
     for (_, t) in threads {
         let _ = t.join();
     }
@@ -164,6 +211,10 @@ fn run_stream(shared: &Shared, handle: &StreamHandle) -> Result<(), StreamFailur
     let socket = connect(&shared.addrs, &shared.config.addr).map_err(fatal)?;
     tune_data_socket(&socket, &shared.config).map_err(fatal)?;
     let broken = |e: std::io::Error| StreamFailure::Broken(e.to_string());
+    // The handshake is bounded by the stall timeout; afterwards the ack clock watches the stream.
+    socket
+        .set_read_timeout(Some(shared.config.stall_timeout))
+        .map_err(broken)?;
     let (reader, mut writer, channel) =
         link::client(&socket, shared.config.encrypt).map_err(broken)?;
     let mut reader = FrameReader::new(BufReader::new(reader), 0);
@@ -176,14 +227,28 @@ fn run_stream(shared: &Shared, handle: &StreamHandle) -> Result<(), StreamFailur
             session: shared.session,
         },
     )
-    .map_err(|e| fatal(e.into()))?;
+    .map_err(|e| match e {
+        // Damaged or cut off on the way: another stream may do better.
+        AuthError::Wire(w @ (WireError::Io(_) | WireError::Corrupted(_))) => {
+            StreamFailure::Broken(w.to_string())
+        }
+        other => fatal(other.into()),
+    })?;
+    socket.set_read_timeout(None).map_err(broken)?;
     let _ = handle.socket.set(socket.try_clone().map_err(broken)?);
     if shared.is_over() {
         handle.shutdown();
     }
     let in_flight = Mutex::new(VecDeque::new());
     let result = std::thread::scope(|scope| {
-        let acks = scope.spawn(|| read_acks(shared, reader, &in_flight));
+        let acks = scope.spawn(|| {
+            let acked = read_acks(shared, handle, reader, &in_flight);
+            if acked.is_err() {
+                // A writer waiting for a unit would otherwise wait for this stream's own.
+                handle.retire(shared);
+            }
+            acked
+        });
         let written = write_units(shared, handle, &mut writer, &in_flight);
         if written.is_err() {
             let _ = socket.shutdown(Shutdown::Both);
@@ -229,8 +294,15 @@ fn write_units(
     let mut buf = Vec::new();
     let mut open = None;
     let broken = |e: wire::WireError| StreamFailure::Broken(e.to_string());
+    let in_flight_push = |unit: Option<Unit>| {
+        let mut units = in_flight.lock().expect("in-flight lock");
+        if units.is_empty() {
+            handle.set_ack_clock(shared, true);
+        }
+        units.extend(unit);
+    };
     while let Some(unit) = shared.next_unit(&handle.retire) {
-        in_flight.lock().expect("in-flight lock").push_back(unit);
+        in_flight_push(Some(unit));
         let (data, checksum) = shared
             .source
             .unit_data(unit, &mut buf, &mut open)
@@ -248,18 +320,27 @@ fn write_units(
             .bytes_sent
             .fetch_add(unit.len as u64, Ordering::Relaxed);
     }
+    // The receiver's answer to `EndOfStream` is due too.
+    in_flight_push(None);
     wire::write_message(writer, &Message::EndOfStream).map_err(broken)
 }
 
 /// Matches acknowledgements to the units in flight, in order, until `EndOfStream`.
 fn read_acks(
     shared: &Shared,
+    handle: &StreamHandle,
     mut reader: FrameReader<BufReader<LinkReader<TcpStream>>>,
     in_flight: &Mutex<VecDeque<Unit>>,
 ) -> Result<(), StreamFailure> {
     let fatal = |e: SendError| {
         shared.fail(e);
         StreamFailure::Fatal
+    };
+    let answered = || {
+        let mut units = in_flight.lock().expect("in-flight lock");
+        let unit = units.pop_front();
+        handle.set_ack_clock(shared, !units.is_empty());
+        unit
     };
     loop {
         let message = reader.read_message().map_err(|e| {
@@ -270,36 +351,30 @@ fn read_acks(
             }
         })?;
         match message {
-            Message::Ack { file, offset, len } => {
-                let unit = in_flight.lock().expect("in-flight lock").pop_front();
-                match unit {
-                    Some(u) if u == (Unit { file, offset, len }) => shared.unit_acked(u),
-                    _ => {
-                        return Err(fatal(SendError::Protocol(
-                            "acknowledgement for a chunk that was not sent".into(),
-                        )))
+            Message::Ack { file, offset, len } => match answered() {
+                Some(u) if u == (Unit { file, offset, len }) => shared.unit_acked(u),
+                _ => {
+                    return Err(fatal(SendError::Protocol(
+                        "acknowledgement for a chunk that was not sent".into(),
+                    )))
+                }
+            },
+            Message::Nack { file, offset } => match answered() {
+                Some(u) if u.file == file && u.offset == offset => {
+                    tracing::warn!("chunk {offset} of {} failed its checksum at the receiver; sending it again", shared.file_shown(file));
+                    shared.hand_back(std::iter::once(u));
+                    if shared.nacks.fetch_add(1, Ordering::Relaxed) >= MAX_NACKS {
+                        return Err(fatal(SendError::Connection(
+                            "too many chunks arrived corrupted".into(),
+                        )));
                     }
                 }
-            }
-            Message::Nack { file, offset } => {
-                let unit = in_flight.lock().expect("in-flight lock").pop_front();
-                match unit {
-                    Some(u) if u.file == file && u.offset == offset => {
-                        tracing::warn!("chunk {offset} of {} failed its checksum at the receiver; sending it again", shared.file_shown(file));
-                        shared.hand_back(std::iter::once(u));
-                        if shared.nacks.fetch_add(1, Ordering::Relaxed) >= MAX_NACKS {
-                            return Err(fatal(SendError::Connection(
-                                "too many chunks arrived corrupted".into(),
-                            )));
-                        }
-                    }
-                    _ => {
-                        return Err(fatal(SendError::Protocol(
-                            "negative acknowledgement for a chunk that was not sent".into(),
-                        )))
-                    }
+                _ => {
+                    return Err(fatal(SendError::Protocol(
+                        "negative acknowledgement for a chunk that was not sent".into(),
+                    )))
                 }
-            }
+            },
             Message::EndOfStream => return Ok(()),
             Message::Error { message } => return Err(fatal(SendError::Receiver(message))),
             other => {
@@ -330,6 +405,7 @@ mod tests {
             stream_rate_cap: Some(1_000_000),
             unsent_limit: 96 << 10,
             encrypt: false,
+            stall_timeout: crate::sender::DEFAULT_STALL_TIMEOUT,
         };
         tune_data_socket(&socket, &config).unwrap();
         let sock = socket2::SockRef::from(&socket);

@@ -1,0 +1,96 @@
+//! The receiver's heartbeat on a session's control connection: a `Working` message every
+//! [`HEARTBEAT`] from the session's `Welcome` to its end, so that the sender can tell a receiver
+//! that is busy for it (preparing a large tree, sealing and verifying a large file) from one that
+//! is gone or cut off, however long the busy step takes.
+
+use std::io::{self, Write};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Mutex;
+
+use crate::link::LinkWriter;
+use crate::wire::{self, Message, HEARTBEAT};
+
+/// The control connection's writer, shared by the session and its heartbeat. Every frame goes
+/// out whole under the lock (the frame writers make one `write_all` per frame), so heartbeats
+/// never land inside another message.
+pub(super) struct SharedWriter<'a>(Mutex<&'a mut LinkWriter>);
+
+impl Write for &SharedWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.lock().expect("control writer lock").write(buf)
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.0.lock().expect("control writer lock").write_all(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.lock().expect("control writer lock").flush()
+    }
+}
+
+/// Runs `session` with a heartbeat on `writer` until it returns. The heartbeat stops at the
+/// first write that fails (the session's own reads and writes then fail too).
+pub(super) fn with_heartbeat<T>(
+    writer: &mut LinkWriter,
+    session: impl FnOnce(&mut &SharedWriter<'_>) -> T,
+) -> T {
+    let shared = SharedWriter(Mutex::new(writer));
+    let (stop, stopped) = mpsc::channel::<()>();
+    let heart = &shared;
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(HEARTBEAT) {
+                let mut writer = heart;
+                let beat = wire::write_message(&mut writer, &Message::Working)
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| writer.flush().map_err(|e| e.to_string()));
+                if let Err(e) = beat {
+                    tracing::debug!("heartbeat stopped: {e}");
+                    break;
+                }
+            }
+        });
+        let result = session(&mut &shared);
+        drop(stop);
+        result
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::FrameReader;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::Instant;
+
+    /// A session that works for a while without writing is heard from every `HEARTBEAT`, and
+    /// its own messages arrive whole between the beats.
+    #[test]
+    fn a_busy_session_is_heard_from_every_heartbeat() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let mut writer = LinkWriter::Plain(listener.accept().unwrap().0);
+        let started = Instant::now();
+        with_heartbeat(&mut writer, |writer| {
+            std::thread::sleep(HEARTBEAT * 3 + HEARTBEAT / 2);
+            wire::write_message(writer, &Message::Done).unwrap();
+        });
+        drop(writer);
+        let mut reader = FrameReader::new(client, 0);
+        let mut messages = Vec::new();
+        while let Ok(m) = reader.read_message() {
+            messages.push(m);
+        }
+        assert_eq!(
+            messages,
+            [
+                Message::Working,
+                Message::Working,
+                Message::Working,
+                Message::Done
+            ]
+        );
+        assert!(started.elapsed() < HEARTBEAT * 5);
+    }
+}
