@@ -46,13 +46,13 @@ const MODIFIED: &str = "sub/c.bin";
 
 #[test]
 fn faults_short() {
-    let kinds = if is_root() {
+    let faults = if is_root() {
         14
     } else {
         eprintln!("not root: no disk-full trials (they mount a small tmpfs)");
         12
     };
-    run_suite(kinds, 40);
+    run_suite(faults, 40);
 }
 
 #[test]
