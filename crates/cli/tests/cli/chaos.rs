@@ -5,7 +5,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -120,7 +120,7 @@ fn accept_loop(
     injected: &Arc<AtomicBool>,
     stop: &Arc<AtomicBool>,
 ) {
-    let accepted = AtomicUsize::new(0);
+    let mut accepted = 0;
     let mut links: Vec<Weak<Link>> = Vec::new();
     let mut pumps = Vec::new();
     while !stop.load(Ordering::Acquire) {
@@ -132,7 +132,8 @@ fn accept_loop(
             }
             Err(_) => continue,
         };
-        let index = accepted.fetch_add(1, Ordering::AcqRel);
+        let index = accepted;
+        accepted += 1;
         let Ok(receiver) = TcpStream::connect(upstream) else {
             continue; // the receiver is gone: the sender sees its connection close
         };

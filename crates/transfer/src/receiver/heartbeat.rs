@@ -42,10 +42,7 @@ pub(super) fn with_heartbeat<T>(
         scope.spawn(move || {
             while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(HEARTBEAT) {
                 let mut writer = heart;
-                let beat = wire::write_message(&mut writer, &Message::Working)
-                    .map_err(|e| e.to_string())
-                    .and_then(|()| writer.flush().map_err(|e| e.to_string()));
-                if let Err(e) = beat {
+                if let Err(e) = wire::write_message(&mut writer, &Message::Working) {
                     tracing::debug!("heartbeat stopped: {e}");
                     break;
                 }

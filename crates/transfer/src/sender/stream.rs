@@ -35,10 +35,9 @@ pub(super) struct StreamHandle {
     retire: AtomicBool,
     socket: OnceLock<TcpStream>,
     /// The ack clock: since when (ms after the transfer's start) the stream has been waiting
-    /// for the receiver's next answer, or `u64::MAX` while it waits for nothing.
+    /// for the receiver's next answer, or `u64::MAX` while it waits for nothing (or was closed
+    /// for having waited too long).
     waiting_since_ms: AtomicU64,
-    /// The stream was closed for having waited longer than the stall timeout.
-    stalled: AtomicBool,
 }
 
 impl StreamHandle {
@@ -48,7 +47,6 @@ impl StreamHandle {
             retire: AtomicBool::new(false),
             socket: OnceLock::new(),
             waiting_since_ms: AtomicU64::new(u64::MAX),
-            stalled: AtomicBool::new(false),
         }
     }
 
@@ -63,13 +61,17 @@ impl StreamHandle {
         self.waiting_since_ms.store(since, Ordering::Release);
     }
 
-    /// Closes the stream if it has waited for an answer longer than the stall timeout, once.
+    /// Closes the stream if it has waited for an answer longer than the stall timeout (and
+    /// stops its clock, so that it is closed once; an answer that arrives meanwhile wins).
     fn close_if_stalled(&self, shared: &Shared) {
         let since = self.waiting_since_ms.load(Ordering::Acquire);
         let now = shared.start.elapsed().as_millis() as u64;
         let limit = shared.config.stall_timeout;
         if now.saturating_sub(since) > limit.as_millis() as u64
-            && !self.stalled.swap(true, Ordering::AcqRel)
+            && self
+                .waiting_since_ms
+                .compare_exchange(since, u64::MAX, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
         {
             tracing::warn!(
                 "stream {} had no answer from the receiver for {} s; closing it, its units go to the other streams",
