@@ -127,8 +127,13 @@ def test_an_rtt_schedule_changes_the_delay_on_time():
         rtts = []
         for wait in (0, 2.5):
             time.sleep(wait)
-            argv = ["ping", "-n", "-c", "3", "-i", "0.1", wan.RECEIVER_ADDR]
+            argv = ["ping", "-n", "-c", "5", "-i", "0.05", wan.RECEIVER_ADDR]
             out = subprocess.run(w.sender_cmd(0, argv), capture_output=True, text=True).stdout
-            rtts.append([float(m) for m in re.findall(r"time=([\d.]+) ms", out)])
-    assert all(10 <= r < 11 for r in rtts[0]), rtts
-    assert all(40 <= r < 41 for r in rtts[1]), rtts
+            rtts.append(sorted(float(m) for m in re.findall(r"time=([\d.]+) ms", out)))
+    # The delay line is a user-space process: on a busy machine a single packet can be
+    # a millisecond late, so the claim is about the fastest and the median packet, as in
+    # test_idle_rtt_is_within_1ms_of_the_setting; no packet may be early.
+    for want, got in zip((10, 40), rtts, strict=True):
+        assert len(got) == 5, rtts
+        assert want <= got[0] < want + 1, rtts
+        assert got[len(got) // 2] < want + 1, rtts
