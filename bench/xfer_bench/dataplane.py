@@ -150,14 +150,17 @@ def xfer_receiver(
     root: Path | str,
     log: Path | None = None,
     port: int = 0,
+    options: Sequence[str] = (),
+    listen_host: str | None = None,
 ) -> Iterator[XferReceiver]:
-    """Starts `xfer recv` writing under `root` on port `port` (0: any), its log to `log` if
-    given, supervised so that it stops on exit wherever it runs."""
-    listen = f"{topo.receiver_addr}:{port}"
+    """Starts `xfer recv OPTIONS` writing under `root` on port `port` (0: any) of
+    `listen_host` (default: the receiver's address on the path), its log to `log` if given,
+    supervised so that it stops on exit wherever it runs. The address it yields is where
+    senders connect: the receiver's address on the path, with the port bound."""
+    listen = f"{listen_host or topo.receiver_addr}:{port}"
+    argv = [str(xfer), "recv", "--listen", listen, "--root", str(root), *options]
     proc = supervise.start(
-        topo.receiver_cmd(
-            supervise.supervised([str(xfer), "recv", "--listen", listen, "--root", str(root)])
-        ),
+        topo.receiver_cmd(supervise.supervised(argv)),
         stdout=subprocess.PIPE,
         stderr=log.open("w") if log else subprocess.DEVNULL,
     )
@@ -167,6 +170,8 @@ def xfer_receiver(
         key = proc.stdout.readline().decode().strip().removeprefix("key ")
         if not addr or not key:
             raise RuntimeError(f"xfer recv did not start (exit {proc.poll()})")
+        if listen_host:
+            addr = f"{topo.receiver_addr}:{addr.rsplit(':', 1)[1]}"
         yield XferReceiver(proc, addr, key, Path(root))
     finally:
         supervise.stop(proc)
@@ -371,6 +376,15 @@ def topology(name: str) -> Iterator[Topology]:
         yield LOOPBACK
 
 
+def print_report(command: str, table: str, rows: Sequence[object], json_path: Path | None) -> None:
+    """Prints the command that reproduces a benchmark and its table, and writes the rows (data
+    classes) as JSON to `json_path` when given."""
+    print(f"reproduce: {command.strip()}\n")
+    print(table)
+    if json_path:
+        json_path.write_text(json.dumps([asdict(r) for r in rows], indent=2))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the benchmark and prints the table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -402,10 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     rows += measure(
                         topo, args.xfer, streams, args.reps, args.seconds, file_size, Path(scratch)
                     )
-    print(f"\nreproduce: {command.strip()}\n")
-    print(format_table(rows))
-    if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
+    print()
+    print_report(command, format_table(rows), rows, args.json)
     return 0
 
 

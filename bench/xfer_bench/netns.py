@@ -40,8 +40,26 @@ def _in_ns(ns: str | None, argv: Sequence[str]) -> list[str]:
 LOOPBACK = Topology(name="loopback", receiver_addr="127.0.0.1")
 
 
-def _ip(*args: str) -> None:
+def run_ip(*args: str) -> None:
+    """Runs `ip ARGS...`, raising on failure."""
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@contextmanager
+def namespace_pair(tag: str) -> Iterator[tuple[str, str]]:
+    """A sender's and a receiver's namespace (`TAGs`, `TAGr`) with loopback up; deleted on
+    exit, also when the body raises, and every link in them with them. Needs root."""
+    snd, rcv = f"{tag}s", f"{tag}r"
+    made: list[str] = []
+    try:
+        for ns in (snd, rcv):
+            run_ip("netns", "add", ns)
+            made.append(ns)
+            run_ip("-n", ns, "link", "set", "lo", "up")
+        yield snd, rcv
+    finally:
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 @contextmanager
@@ -51,22 +69,15 @@ def veth_pair(prefix: str = "xb") -> Iterator[Topology]:
     Needs root. Everything made here is removed on exit, also when the body raises.
     """
     tag = f"{prefix}{os.getpid() % 100000}"
-    snd, rcv = f"{tag}s", f"{tag}r"
-    made: list[str] = []
-    try:
-        for ns in (snd, rcv):
-            _ip("netns", "add", ns)
-            made.append(ns)
-            _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("link", "add", f"{tag}a", "netns", snd, "type", "veth", "peer", f"{tag}b", "netns", rcv)
-        _ip("-n", snd, "addr", "add", "10.201.0.1/30", "dev", f"{tag}a")
-        _ip("-n", rcv, "addr", "add", "10.201.0.2/30", "dev", f"{tag}b")
-        _ip("-n", snd, "link", "set", f"{tag}a", "up")
-        _ip("-n", rcv, "link", "set", f"{tag}b", "up")
+    with namespace_pair(tag) as (snd, rcv):
+        run_ip(
+            "link", "add", f"{tag}a", "netns", snd, "type", "veth", "peer", f"{tag}b", "netns", rcv
+        )
+        run_ip("-n", snd, "addr", "add", "10.201.0.1/30", "dev", f"{tag}a")
+        run_ip("-n", rcv, "addr", "add", "10.201.0.2/30", "dev", f"{tag}b")
+        run_ip("-n", snd, "link", "set", f"{tag}a", "up")
+        run_ip("-n", rcv, "link", "set", f"{tag}b", "up")
         yield Topology(name="veth", receiver_addr="10.201.0.2", sender_ns=snd, receiver_ns=rcv)
-    finally:
-        for ns in made:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 def tear_down_on_signals() -> None:

@@ -11,6 +11,7 @@ use optimizer::env::{InitialStreams, RewardKind};
 use optimizer::policy::ObservationLayout;
 use optimizer::{RewardParams, UtilityParams};
 use transfer::sender::{DEFAULT_UNSENT_LIMIT, MIN_STALL_TIMEOUT};
+use transfer::transport::Transport;
 
 /// Move data fast between sites over parallel TCP streams.
 #[derive(Debug, Parser)]
@@ -307,6 +308,11 @@ pub struct SendArgs {
     /// covers each connection's TLS channel, so no one in the middle can relay it.
     #[arg(long)]
     pub encrypt: bool,
+    /// tcp: one TCP connection per stream. mptcp: one Multipath TCP connection per stream,
+    /// with subflows over every path the kernel's path manager is set up for (see the
+    /// README); falls back to TCP, with a warning, where this host or the receiver lacks it.
+    #[arg(long, value_name = "tcp|mptcp", default_value = "tcp")]
+    pub transport: Transport,
     /// Cap each stream's sending rate at this many Mbit/s (TCP pacing; paper 001 uses 50).
     #[arg(long, value_name = "MBIT_PER_S")]
     pub stream_rate_cap: Option<f64>,
@@ -352,6 +358,10 @@ pub struct RecvArgs {
     /// Serve only encrypted sessions (xfer send --encrypt); without it both are served.
     #[arg(long)]
     pub encrypt: bool,
+    /// Listen for tcp, or for mptcp (Multipath TCP, which also serves plain TCP senders;
+    /// falls back to TCP, with a warning, where this host lacks it).
+    #[arg(long, value_name = "tcp|mptcp", default_value = "tcp")]
+    pub transport: Transport,
     /// Most data streams one session may open.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_streams: u32,

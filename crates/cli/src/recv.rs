@@ -29,7 +29,9 @@ pub fn run(args: RecvArgs) -> anyhow::Result<()> {
     config.idle_timeout = args.idle_timeout;
     config.handshake_timeout = args.handshake_timeout;
     config.require_encryption = args.encrypt;
+    config.transport = args.transport;
     let receiver = Receiver::bind(&args.listen, config)?;
+    tracing::info!("serving over {}", receiver.transport());
     let addr = receiver.local_addr().context("reading the bound address")?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "listening on {addr}")?;

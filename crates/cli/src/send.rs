@@ -12,10 +12,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 use optimizer::ControllerSpec;
 use serde::Serialize;
 use transfer::auth::SessionKey;
+use transfer::mptcp_info::Subflow;
 use transfer::sender::{
     MiRecord, OptimizerSettings, Progress, SendConfig, SendSource, StreamSample, Summary, Transfer,
 };
 use transfer::tcp_info::TcpInfo;
+use transfer::transport::Transport;
 
 use crate::args::{parse_destination, Destination, SendArgs};
 use crate::controllers::OptimizerSpec;
@@ -51,6 +53,9 @@ struct StreamReport {
     retiring: bool,
     #[serde(flatten)]
     tcp: TcpInfo,
+    /// An MPTCP stream's subflows.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    subflows: Vec<Subflow>,
 }
 
 /// The final JSON summary.
@@ -64,6 +69,7 @@ struct SummaryReport<'a> {
     gbit_per_s: f64,
     streams_timeline: &'a [(f64, usize)],
     retransmits: u64,
+    transport: Transport,
 }
 
 /// Runs `xfer send`.
@@ -84,6 +90,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
                 target,
                 dir: dir.clone(),
                 remote_xfer: args.remote_xfer.clone(),
+                transport: args.transport,
             };
             (Receiver::OverSsh(start), dir, String::new())
         }
@@ -163,11 +170,12 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         unsent_limit: args.unsent_limit,
         encrypt: args.encrypt,
         stall_timeout: args.stall_timeout,
+        transport: args.transport,
     };
     let transfer = Transfer::start(config, source)?;
     if !args.quiet {
-        for skipped in transfer.skipped_sources() {
-            eprintln!("xfer: warning: {skipped}");
+        for warning in transfer.skipped_sources().iter().chain(transfer.notices()) {
+            eprintln!("xfer: warning: {warning}");
         }
     }
     let (log_tx, log_rx) = mpsc::channel();
@@ -206,10 +214,12 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
                          stream,
                          retiring,
                          tcp,
+                         subflows,
                      }| StreamReport {
                         stream,
                         retiring,
                         tcp,
+                        subflows,
                     },
                 )
                 .collect();
@@ -308,6 +318,7 @@ fn print_summary(args: &SendArgs, summary: &Summary, out: &mut impl Write) -> st
             gbit_per_s: summary.gbit_per_s(),
             streams_timeline: &summary.streams_timeline,
             retransmits: summary.retransmits,
+            transport: summary.transport,
         };
         serde_json::to_writer(&mut *out, &report)?;
         writeln!(out)?;

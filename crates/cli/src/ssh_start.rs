@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use transfer::auth::SessionKey;
+use transfer::transport::Transport;
 
 /// How long the remote receiver may take to exit once its session is over.
 const EXIT_GRACE: Duration = Duration::from_secs(30);
@@ -28,6 +29,8 @@ pub struct SshStart {
     pub dir: String,
     /// The `xfer` command on HOST, as the remote shell runs it.
     pub remote_xfer: String,
+    /// What the remote receiver listens for.
+    pub transport: Transport,
 }
 
 /// A receiver started over ssh for one session.
@@ -100,8 +103,9 @@ impl SshStart {
         };
         let dir = if self.dir.is_empty() { "." } else { &self.dir };
         format!(
-            "{} recv --over-ssh --listen {listen} --root {}",
+            "{} recv --over-ssh --listen {listen} --transport {} --root {}",
             self.remote_xfer,
+            self.transport,
             shell_words::quote(dir)
         )
     }
@@ -241,6 +245,7 @@ mod tests {
             target: "alice@host".into(),
             dir: dir.into(),
             remote_xfer: remote_xfer.into(),
+            transport: Transport::Tcp,
         }
     }
 
@@ -249,14 +254,19 @@ mod tests {
         let v4 = IpAddr::from([10, 0, 0, 1]);
         assert_eq!(
             start("", "xfer").remote_command(v4),
-            "xfer recv --over-ssh --listen 0.0.0.0:0 --root ."
+            "xfer recv --over-ssh --listen 0.0.0.0:0 --transport tcp --root ."
         );
         assert_eq!(
             start("my data/$HOME;rm -rf x", "/opt/xfer/bin/xfer").remote_command(v4),
-            "/opt/xfer/bin/xfer recv --over-ssh --listen 0.0.0.0:0 --root 'my data/$HOME;rm -rf x'"
+            "/opt/xfer/bin/xfer recv --over-ssh --listen 0.0.0.0:0 --transport tcp --root 'my data/$HOME;rm -rf x'"
         );
         assert!(start("d", "xfer")
             .remote_command(IpAddr::from([0u16, 0, 0, 0, 0, 0, 0, 1]))
             .contains("--listen [::]:0 "));
+        let mptcp = SshStart {
+            transport: Transport::Mptcp,
+            ..start("d", "xfer")
+        };
+        assert!(mptcp.remote_command(v4).contains(" --transport mptcp "));
     }
 }

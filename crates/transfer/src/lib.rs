@@ -1,6 +1,7 @@
 //! The xfer data plane: move files and directory trees (or generated test data) from a sender to
-//! a receiver over N parallel TCP streams whose count may change at any moment, with per-chunk
-//! checksums, journaled resume, and per-stream `TCP_INFO` statistics for an optimiser.
+//! a receiver over N parallel TCP or MPTCP streams ([`transport`]) whose count may change at any
+//! moment, with per-chunk checksums, journaled resume, and per-stream `TCP_INFO` statistics
+//! (per subflow for MPTCP, [`mptcp_info`]) for an optimiser.
 //!
 //! - [`receiver::Receiver`] serves sessions on one port ([`receiver::ReceiverConfig`]).
 //! - [`sender::Transfer`] runs one transfer ([`sender::SendConfig`], [`sender::SendSource`]);
@@ -20,9 +21,11 @@ pub mod fuzzing;
 pub mod journal;
 pub mod link;
 pub mod manifest;
+pub mod mptcp_info;
 pub mod receiver;
 pub mod sender;
 mod sockopt;
 pub mod tcp_info;
 pub mod tls;
+pub mod transport;
 pub mod wire;

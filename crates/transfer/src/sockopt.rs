@@ -1,4 +1,5 @@
-//! Socket options that neither `std` nor `socket2` exposes (`SO_RCVLOWAT`, `SO_MAX_PACING_RATE`).
+//! Socket options that neither `std` nor `socket2` exposes: setting `SO_RCVLOWAT` or
+//! `SO_MAX_PACING_RATE`, reading `TCP_INFO` or `MPTCP_FULL_INFO`.
 
 use std::os::fd::AsRawFd;
 
@@ -27,24 +28,48 @@ pub(crate) fn set<T: Copy>(
     }
 }
 
+/// Reads socket option `name` at `level` into `value` (the kernel fills at most its size and
+/// may fill less: an older kernel's shorter struct leaves the rest as it was). Returns how many
+/// bytes the kernel wrote.
+///
+/// # Safety
+/// Every bit pattern the kernel may write must be a valid `T` (plain integers and arrays of
+/// them), and for options that take input (such as `MPTCP_FULL_INFO`) any pointers inside
+/// `value` must point to live buffers of the sizes `value` states.
+pub(crate) unsafe fn get<T>(
+    socket: &impl AsRawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &mut T,
+) -> std::io::Result<usize> {
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `value`, a live exclusive borrow; the
+    // caller vouches for the contents (see above).
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            level,
+            name,
+            (value as *mut T).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(len as usize)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn get_int(socket: &impl AsRawFd, level: libc::c_int, name: libc::c_int) -> libc::c_int {
         let mut value: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: getsockopt writes at most `len` bytes into `value`, a live local.
-        let rc = unsafe {
-            libc::getsockopt(
-                socket.as_raw_fd(),
-                level,
-                name,
-                (&mut value as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        // SAFETY: any bits are a valid integer.
+        let len = unsafe { get(socket, level, name, &mut value) }.unwrap();
+        assert_eq!(len, std::mem::size_of::<libc::c_int>());
         value
     }
 

@@ -11,9 +11,11 @@ use std::os::fd::AsRawFd;
 
 use serde::Serialize;
 
+use crate::sockopt;
+
 #[repr(C)]
-#[derive(Default)]
-struct KernelTcpInfo {
+#[derive(Default, Clone, Copy)]
+pub(crate) struct KernelTcpInfo {
     state_and_flags: [u8; 8],
     rto: u32,
     ato: u32,
@@ -83,35 +85,28 @@ pub struct TcpInfo {
     pub snd_mss: u32,
 }
 
-/// Reads `TCP_INFO` of a connected TCP socket.
+/// Reads `TCP_INFO` of a connected TCP socket (of an MPTCP socket: of its first subflow).
 pub fn sample(socket: &impl AsRawFd) -> std::io::Result<TcpInfo> {
     let mut raw = KernelTcpInfo::default();
-    let mut len = std::mem::size_of::<KernelTcpInfo>() as libc::socklen_t;
-    // SAFETY: `raw` is a plain-old-data buffer of `len` bytes that the kernel fills in (at most
-    // `len` bytes; it writes back how many), and the fd is a live socket owned by the caller.
-    let rc = unsafe {
-        libc::getsockopt(
-            socket.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut raw as *mut KernelTcpInfo).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
+    // SAFETY: every bit pattern is a valid `KernelTcpInfo` (integers only).
+    unsafe { sockopt::get(socket, libc::IPPROTO_TCP, libc::TCP_INFO, &mut raw)? };
+    Ok(TcpInfo::from(&raw))
+}
+
+impl From<&KernelTcpInfo> for TcpInfo {
+    fn from(raw: &KernelTcpInfo) -> TcpInfo {
+        TcpInfo {
+            rtt_us: raw.rtt,
+            min_rtt_us: raw.min_rtt,
+            total_retrans: raw.total_retrans,
+            data_segs_out: raw.data_segs_out,
+            bytes_acked: raw.bytes_acked,
+            bytes_retrans: raw.bytes_retrans,
+            delivery_rate: raw.delivery_rate,
+            snd_cwnd: raw.snd_cwnd,
+            snd_mss: raw.snd_mss,
+        }
     }
-    Ok(TcpInfo {
-        rtt_us: raw.rtt,
-        min_rtt_us: raw.min_rtt,
-        total_retrans: raw.total_retrans,
-        data_segs_out: raw.data_segs_out,
-        bytes_acked: raw.bytes_acked,
-        bytes_retrans: raw.bytes_retrans,
-        delivery_rate: raw.delivery_rate,
-        snd_cwnd: raw.snd_cwnd,
-        snd_mss: raw.snd_mss,
-    })
 }
 
 #[cfg(test)]

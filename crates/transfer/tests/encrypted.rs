@@ -37,6 +37,7 @@ fn send(addr: &str, file: &Path, encrypt: bool) -> Result<(), String> {
         unsent_limit: DEFAULT_UNSENT_LIMIT,
         encrypt,
         stall_timeout: transfer::sender::DEFAULT_STALL_TIMEOUT,
+        transport: transfer::transport::Transport::Tcp,
     };
     let source = SendSource::Paths {
         paths: vec![file.to_path_buf()],

@@ -59,6 +59,7 @@ fn paced_transfer(size: u64, cap: u64, controller: Box<dyn Controller>) -> (u64,
         unsent_limit: transfer::sender::DEFAULT_UNSENT_LIMIT,
         encrypt: false,
         stall_timeout: transfer::sender::DEFAULT_STALL_TIMEOUT,
+        transport: transfer::transport::Transport::Tcp,
     };
     let transfer = Transfer::start(config, SendSource::Memory { size }).unwrap();
     let (tx, rx) = mpsc::channel();

@@ -27,10 +27,18 @@ impl Receiver {
 
     /// Starts a receiver with extra arguments (`--key-file`, ...).
     pub fn start_with(root: &Path, extra: &[&str]) -> Receiver {
-        let mut child = xfer()
+        let mut command = xfer();
+        command
             .args(["recv", "--listen", "127.0.0.1:0", "--root"])
             .arg(root)
-            .args(extra)
+            .args(extra);
+        Receiver::spawn(command)
+    }
+
+    /// Starts `command`, an `xfer recv` (in a network namespace, say), and reads its address
+    /// and key.
+    pub fn spawn(mut command: Command) -> Receiver {
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -556,3 +556,36 @@ fn a_stream_stalled_for_good_is_replaced() {
         None
     );
 }
+
+/// A data stream that stops forwarding for a while (well within the stall timeout) does not
+/// hold up the end of the transfer: once the other streams run out of work, they carry copies
+/// of its unacknowledged units, and the transfer ends long before the stall does.
+#[test]
+fn the_tail_of_a_stalled_stream_is_reissued_on_the_others() {
+    const STALL: Duration = Duration::from_secs(40);
+    let suite = Suite::new(seed());
+    let plan = Plan {
+        connection: 2,
+        direction: Direction::ToReceiver,
+        after_bytes: suite.tree_bytes / STREAMS as u64 - (1 << 20),
+        fault: Fault::Stall(Some(STALL)),
+    };
+    let proxy = ChaosProxy::start(&suite.receiver.addr, plan);
+    let started = Instant::now();
+    let options = ["--stall-timeout", "50s"];
+    let child = suite.send_to(&suite.tree, &proxy.addr, &suite.receiver.key, "t", &options);
+    let Run::Exited(status, stderr) = finish(child) else {
+        panic!("the transfer hung")
+    };
+    let took = started.elapsed();
+    assert!(proxy.injected());
+    assert!(status.success(), "{stderr}");
+    assert_eq!(
+        tree_difference(&suite.tree, &suite.root.join("t/tree")),
+        None
+    );
+    assert!(
+        took < STALL / 4,
+        "the transfer took {took:?}: it waited for the stalled stream"
+    );
+}

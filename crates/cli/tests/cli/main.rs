@@ -6,6 +6,8 @@ mod bad_input;
 mod chaos;
 mod common;
 mod faults;
+mod mptcp;
+mod netns;
 mod odd_sizes;
 mod optimize;
 mod resume;

@@ -6,10 +6,10 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::common::*;
+use crate::netns::Namespaces;
 
 /// The sshd's address inside its namespace (the namespaces are the test's own, so fixed
 /// private addresses cannot collide with anything).
@@ -17,24 +17,20 @@ const REMOTE_ADDR: &str = "10.204.0.2";
 /// The host alias the test's ssh config maps to `REMOTE_ADDR`.
 const ALIAS: &str = "xfer-test-peer";
 
-/// An sshd in a namespace of its own, a sender namespace that reaches it, and an ssh config
-/// for the alias. Everything is removed when dropped, also when the test fails.
+/// An sshd in a namespace of its own (1), a sender namespace (0) that reaches it, and an ssh
+/// config for the alias. Everything is removed when dropped, also when the test fails.
 struct SshPeer {
-    dir: tempfile::TempDir,
-    sender_ns: String,
-    remote_ns: String,
     sshd: Option<Child>,
+    // Dropped in this order: sshd is stopped first (in `drop`), then whatever still runs in
+    // the namespaces, and the directory goes last.
+    hosts: Namespaces,
+    dir: tempfile::TempDir,
 }
 
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+/// The sender's namespace.
+const SENDER: usize = 0;
+/// The sshd's namespace.
+const REMOTE: usize = 1;
 
 fn keygen(path: &Path) {
     let out = Command::new("ssh-keygen")
@@ -49,47 +45,13 @@ impl SshPeer {
     /// Sets everything up; `None` (with the reason printed) when not root, as namespaces and
     /// sshd need it.
     fn start() -> Option<SshPeer> {
-        if !is_root() {
-            eprintln!("not root: skipping the ssh start test (it needs network namespaces)");
-            return None;
-        }
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let tag = format!(
-            "xs{}n{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
+        let hosts = Namespaces::new(2, "the ssh start test")?;
+        hosts.link(0, (SENDER, "10.204.0.1/30"), (REMOTE, "10.204.0.2/30"));
         let mut peer = SshPeer {
-            dir: tempfile::tempdir().unwrap(),
-            sender_ns: format!("{tag}s"),
-            remote_ns: String::new(),
             sshd: None,
+            hosts,
+            dir: tempfile::tempdir().unwrap(),
         };
-        ip(&["netns", "add", &peer.sender_ns]);
-        peer.remote_ns = format!("{tag}r");
-        ip(&["netns", "add", &peer.remote_ns]);
-        let (a, b) = (format!("{tag}a"), format!("{tag}b"));
-        ip(&[
-            "link",
-            "add",
-            &a,
-            "netns",
-            &peer.sender_ns,
-            "type",
-            "veth",
-            "peer",
-            &b,
-            "netns",
-            &peer.remote_ns,
-        ]);
-        for (ns, dev, addr) in [
-            (&peer.sender_ns, &a, "10.204.0.1/30"),
-            (&peer.remote_ns, &b, "10.204.0.2/30"),
-        ] {
-            ip(&["-n", ns, "addr", "add", addr, "dev", dev]);
-            ip(&["-n", ns, "link", "set", dev, "up"]);
-            ip(&["-n", ns, "link", "set", "lo", "up"]);
-        }
         peer.start_sshd();
         Some(peer)
     }
@@ -133,16 +95,10 @@ impl SshPeer {
         .unwrap();
         // sshd refuses to start without its privilege-separation directory.
         std::fs::create_dir_all("/run/sshd").unwrap();
-        let mut sshd = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &self.remote_ns,
-                "/usr/sbin/sshd",
-                "-D",
-                "-e",
-                "-o",
-            ])
+        let mut sshd = self
+            .hosts
+            .command(REMOTE, "/usr/sbin/sshd")
+            .args(["-D", "-e", "-o"])
             .arg("LogLevel=INFO") // for the "Server listening" line; errors only afterwards
             .arg("-f")
             .arg(self.path("sshd_config"))
@@ -165,10 +121,8 @@ impl SshPeer {
     /// `xfer send ARGS...` in the sender's namespace, with the test's ssh config, running
     /// `remote_xfer` on the remote side.
     fn send(&self, args: &[&str], remote_xfer: &str) -> Command {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.sender_ns])
-            .arg(env!("CARGO_BIN_EXE_xfer"))
-            .arg("send")
+        let mut cmd = self.hosts.command(SENDER, env!("CARGO_BIN_EXE_xfer"));
+        cmd.arg("send")
             .args(args)
             .arg("--ssh-command")
             .arg(format!("ssh -F {}", self.path("ssh_config").display()))
@@ -185,14 +139,11 @@ impl SshPeer {
 
     /// Processes in the remote namespace other than sshd's listener.
     fn remote_processes(&self) -> Vec<String> {
-        let out = Command::new("ip")
-            .args(["netns", "pids", &self.remote_ns])
-            .output()
-            .unwrap();
         let sshd = self.sshd.as_ref().map(Child::id).unwrap_or_default();
-        String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .filter(|pid| pid.parse() != Ok(sshd))
+        self.hosts
+            .pids(REMOTE)
+            .into_iter()
+            .filter(|&pid| pid != sshd)
             .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/cmdline")).ok())
             .map(|cmd| cmd.replace('\0', " "))
             .collect()
@@ -220,19 +171,6 @@ impl Drop for SshPeer {
         if let Some(mut sshd) = self.sshd.take() {
             let _ = sshd.kill();
             let _ = sshd.wait();
-        }
-        // Whatever still runs in the namespaces (a remote receiver after a failed assertion)
-        // is killed, then the namespaces, and the veth pair with them, are deleted.
-        for ns in [&self.remote_ns, &self.sender_ns] {
-            if ns.is_empty() {
-                continue;
-            }
-            if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
-                for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                    let _ = Command::new("kill").args(["-9", pid]).status();
-                }
-            }
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
     }
 }

@@ -23,6 +23,7 @@ use reader::{Activity, ConnReader};
 use crate::auth::{self, random_bytes, ChannelBinding, SessionKey, HANDSHAKE_MESSAGE_LIMIT};
 use crate::link::{self, LinkReader, LinkWriter};
 use crate::tls::ServerIdentity;
+use crate::transport::{self, Transport};
 use crate::wire::{
     self, chunk_checksum, Frame, FrameReader, Message, Role, SessionLimits, WireError,
 };
@@ -60,12 +61,15 @@ pub struct ReceiverConfig {
     pub idle_timeout: Duration,
     /// Refuse sessions that are not encrypted (TLS); encrypted ones are always accepted.
     pub require_encryption: bool,
+    /// Listen for TCP, or for MPTCP (which also takes plain TCP senders); where this host
+    /// cannot make MPTCP sockets the receiver listens for TCP and logs why.
+    pub transport: Transport,
 }
 
 impl ReceiverConfig {
     /// Defaults: 256 streams per session, 16 MiB chunks, 4 GiB of buffers per session,
     /// 32 sessions, 64 MiB manifests, 64 connections in their handshake, a 30 s handshake and a
-    /// 5 min idle timeout; plain and encrypted sessions.
+    /// 5 min idle timeout; plain and encrypted sessions; TCP.
     pub fn new(root: PathBuf, key: SessionKey) -> Self {
         ReceiverConfig {
             root,
@@ -81,6 +85,7 @@ impl ReceiverConfig {
             handshake_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(300),
             require_encryption: false,
+            transport: Transport::Tcp,
         }
     }
 
@@ -187,6 +192,7 @@ impl Drop for Slot<'_> {
 /// A bound receiver, ready to serve sessions.
 pub struct Receiver {
     listener: TcpListener,
+    transport: Transport,
     shared: Arc<Shared>,
 }
 
@@ -199,12 +205,17 @@ impl Receiver {
         })?;
         let limits = config.announced_limits().map_err(ReceiverError::Limits)?;
         let tls = ServerIdentity::generate().map_err(ReceiverError::Tls)?;
-        let listener = TcpListener::bind(addr).map_err(|source| ReceiverError::Bind {
-            addr: addr.to_string(),
-            source,
-        })?;
+        let (listener, transport, fallback) =
+            transport::listen(config.transport, addr).map_err(|source| ReceiverError::Bind {
+                addr: addr.to_string(),
+                source,
+            })?;
+        if let Some(why) = fallback {
+            tracing::warn!("{why}");
+        }
         Ok(Receiver {
             listener,
+            transport,
             shared: Arc::new(Shared {
                 config,
                 limits,
@@ -221,6 +232,11 @@ impl Receiver {
     /// The address actually bound (useful with port 0).
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+
+    /// The transport it listens for: the one configured, or TCP where MPTCP could not be had.
+    pub fn transport(&self) -> Transport {
+        self.transport
     }
 
     /// The root directory in use (canonical).

@@ -12,6 +12,7 @@ mod meter;
 mod optimize;
 mod source;
 mod stream;
+mod work_queue;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -23,12 +24,16 @@ use std::time::{Duration, Instant};
 use crate::auth::{self, AuthError, SessionKey};
 use crate::link;
 use crate::manifest::{scan_sources, Manifest};
+use crate::mptcp_info::{self, Subflow};
 use crate::tcp_info::{self, TcpInfo};
+use crate::transport::{self, Transport};
 use crate::wire::{self, FileStatus, FrameReader, Message, Role, WireError};
+pub use meter::PathStats;
 pub use optimize::{MiRecord, OptimizerSettings};
 use optimizer::Controller;
 use source::SourceData;
 use stream::StreamHandle;
+use work_queue::{Next, Unit, WorkQueue};
 
 /// How long connecting one TCP connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -76,6 +81,9 @@ pub struct SendConfig {
     pub unsent_limit: u32,
     /// TLS 1.3 on the control connection and every data stream.
     pub encrypt: bool,
+    /// TCP or MPTCP. MPTCP falls back to TCP where this host or the receiver lacks it
+    /// ([`Transfer::transport`] says which is used, [`Transfer::notices`] why).
+    pub transport: Transport,
     /// How long the receiver may stay silent before its connection is given up (raised to
     /// [`MIN_STALL_TIMEOUT`]): on the control connection, where it says `Working` every
     /// [`wire::HEARTBEAT`] however busy it is, the transfer then fails with a clear error; on a
@@ -97,6 +105,9 @@ pub const DEFAULT_UNSENT_LIMIT: u32 = 128 << 10;
 /// Why a transfer failed. Every variant's text is a complete one-line explanation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SendError {
+    /// The settings cannot work together.
+    #[error("{0}")]
+    Settings(String),
     /// A source could not be scanned.
     #[error("{0}")]
     Source(String),
@@ -171,21 +182,6 @@ impl From<AuthError> for SendError {
     }
 }
 
-/// One unit of work: a byte range of one manifest file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Unit {
-    file: u32,
-    offset: u64,
-    len: u32,
-}
-
-/// Units waiting to be sent, units in flight, and bytes not yet acknowledged per file.
-struct WorkQueue {
-    pending: VecDeque<Unit>,
-    in_flight: usize,
-    remaining: Vec<u64>,
-}
-
 /// A snapshot of a transfer's progress.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Progress {
@@ -210,14 +206,16 @@ pub struct Progress {
 }
 
 /// TCP statistics of one open stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamSample {
     /// Stream number within the transfer (1, 2, ...).
     pub stream: u64,
     /// The stream is being removed: it sends no new unit and closes once its units are acked.
     pub retiring: bool,
-    /// Kernel counters.
+    /// Kernel counters (of an MPTCP stream: of its first subflow).
     pub tcp: TcpInfo,
+    /// An MPTCP stream's subflows, one per path in use; empty for TCP.
+    pub subflows: Vec<Subflow>,
 }
 
 /// The result of a finished transfer.
@@ -235,6 +233,8 @@ pub struct Summary {
     pub streams_timeline: Vec<(f64, usize)>,
     /// TCP segments retransmitted over all streams.
     pub retransmits: u64,
+    /// The transport the streams used.
+    pub transport: Transport,
 }
 
 impl Summary {
@@ -271,6 +271,8 @@ enum ManagerEvent {
 struct Shared {
     config: SendConfig,
     addrs: Vec<SocketAddr>,
+    /// The transport in use: the one asked for, or TCP where MPTCP could not be had.
+    transport: Transport,
     session: [u8; 16],
     /// What this session's data streams prove (derived in the control handshake).
     session_key: SessionKey,
@@ -303,33 +305,31 @@ impl Shared {
         self.queue.lock().expect("work queue lock")
     }
 
-    /// The next unit for a stream, waiting while others have units in flight that may come back.
-    /// `None` when the stream should close: it is being removed, the transfer failed, or all
-    /// units are acknowledged.
-    fn next_unit(&self, retire: &AtomicBool) -> Option<Unit> {
+    /// The next unit for `stream`, waiting while others have units in flight that may come
+    /// back (or become stragglers it may carry too, see [`work_queue`]). `None` when the stream
+    /// should close: it is being removed, the transfer failed, or all units are acknowledged.
+    fn next_unit(&self, stream: u64, retire: &AtomicBool) -> Option<Unit> {
         let mut q = self.queue();
         loop {
             if self.failed.load(Ordering::Acquire) || retire.load(Ordering::Acquire) {
                 return None;
             }
-            if let Some(unit) = q.pending.pop_front() {
-                q.in_flight += 1;
-                return Some(unit);
-            }
-            if q.in_flight == 0 {
-                return None;
-            }
-            q = self.queue_cv.wait(q).expect("work queue lock");
+            q = match q.next(stream, Instant::now()) {
+                Next::Unit(unit) => return Some(unit),
+                Next::Done => return None,
+                Next::Wait(None) => self.queue_cv.wait(q).expect("work queue lock"),
+                Next::Wait(Some(at_most)) => {
+                    let waited = self.queue_cv.wait_timeout(q, at_most);
+                    waited.expect("work queue lock").0
+                }
+            };
         }
     }
 
+    /// A unit's acknowledgement arrived; the first of its copies counts.
     fn unit_acked(&self, unit: Unit) {
-        let file_done = {
-            let mut q = self.queue();
-            q.in_flight -= 1;
-            let left = &mut q.remaining[unit.file as usize];
-            *left -= unit.len as u64;
-            *left == 0
+        let Some(file_done) = self.queue().acked(unit, Instant::now()) else {
+            return;
         };
         self.bytes_acked
             .fetch_add(unit.len as u64, Ordering::Relaxed);
@@ -339,19 +339,18 @@ impl Shared {
         self.queue_cv.notify_all();
     }
 
-    fn hand_back(&self, units: impl DoubleEndedIterator<Item = Unit>) {
+    /// `stream` gives up `units` unacknowledged; they wait again in their order.
+    fn hand_back(&self, stream: u64, units: impl DoubleEndedIterator<Item = Unit>) {
         let mut q = self.queue();
         for unit in units.rev() {
-            q.in_flight -= 1;
-            q.pending.push_front(unit);
+            q.give_back(unit, stream);
         }
         drop(q);
         self.queue_cv.notify_all();
     }
 
     fn all_units_acked(&self) -> bool {
-        let q = self.queue();
-        q.pending.is_empty() && q.in_flight == 0
+        self.queue().is_done()
     }
 
     fn send_seal(&self, event: SealEvent) {
@@ -431,11 +430,13 @@ impl Shared {
         handles
             .iter()
             .filter_map(|h| {
-                h.sample().map(|tcp| StreamSample {
-                    stream: h.id,
-                    retiring: h.is_retiring(),
-                    tcp,
-                })
+                h.sample(self.transport)
+                    .map(|(tcp, subflows)| StreamSample {
+                        stream: h.id,
+                        retiring: h.is_retiring(),
+                        tcp,
+                        subflows,
+                    })
             })
             .collect()
     }
@@ -452,6 +453,7 @@ pub struct Transfer {
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     optimized: AtomicBool,
     skipped_sources: Vec<String>,
+    notices: Vec<String>,
 }
 
 impl Transfer {
@@ -459,6 +461,13 @@ impl Transfer {
     /// streams. Returns once data is flowing; errors up to that point are returned here.
     pub fn start(mut config: SendConfig, source: SendSource) -> Result<Transfer, SendError> {
         let start = Instant::now();
+        if config.transport == Transport::Mptcp && config.stream_rate_cap.is_some() {
+            return Err(SendError::Settings(
+                "a per-stream rate cap needs TCP: Linux cannot pace MPTCP connections \
+                 (SO_MAX_PACING_RATE)"
+                    .into(),
+            ));
+        }
         config.stall_timeout = config.stall_timeout.max(MIN_STALL_TIMEOUT);
         let stall_timeout = config.stall_timeout;
         let (manifest, source_data, skipped_sources) = match &source {
@@ -478,7 +487,8 @@ impl Transfer {
             ),
         };
         let addrs = resolve(&config.addr)?;
-        let control = connect(&addrs, &config.addr)?;
+        let (control, transport, fallback) = connect(&addrs, &config.addr, config.transport)?;
+        let notices = Vec::from_iter(fallback);
         control
             .set_read_timeout(Some(stall_timeout))
             .map_err(conn_err)?;
@@ -525,7 +535,7 @@ impl Transfer {
         };
         let unit_size = config.unit_size.clamp(1, limits.max_chunk);
         let (queue, to_seal, files_complete) = build_queue(&manifest, &plan, unit_size)?;
-        let bytes_total = queue.pending.iter().map(|u| u.len as u64).sum();
+        let bytes_total = queue.pending().map(|u| u.len as u64).sum();
         let bytes_skipped = manifest.total_bytes() - bytes_total;
         let (seal_tx, seal_rx) = mpsc::channel();
         let (manager_tx, manager_rx) = mpsc::channel();
@@ -534,6 +544,7 @@ impl Transfer {
             target: AtomicUsize::new(config.streams.clamp(1, max_streams)),
             config,
             addrs,
+            transport,
             session,
             session_key,
             manifest,
@@ -586,6 +597,7 @@ impl Transfer {
             threads: Mutex::new(threads),
             optimized: AtomicBool::new(false),
             skipped_sources,
+            notices,
         })
     }
 
@@ -620,6 +632,17 @@ impl Transfer {
     /// Sources that were left out of the manifest (links, special files), with why.
     pub fn skipped_sources(&self) -> &[String] {
         &self.skipped_sources
+    }
+
+    /// The transport the streams use: the one asked for, or TCP where MPTCP could not be had.
+    pub fn transport(&self) -> Transport {
+        self.shared.transport
+    }
+
+    /// Things the user should know that did not stop the transfer (such as why MPTCP was not
+    /// used).
+    pub fn notices(&self) -> &[String] {
+        &self.notices
     }
 
     /// A snapshot of progress counters (cheap: reads atomics and two small locks).
@@ -676,6 +699,7 @@ impl Transfer {
             seconds,
             streams_timeline,
             retransmits: shared.closed_retransmits.load(Ordering::Relaxed),
+            transport: shared.transport,
         })
     }
 }
@@ -691,11 +715,8 @@ fn build_queue(
     plan: &[FileStatus],
     unit_size: u32,
 ) -> Result<(WorkQueue, SealPlan, u64), SendError> {
-    let mut queue = WorkQueue {
-        pending: VecDeque::new(),
-        in_flight: 0,
-        remaining: Vec::with_capacity(plan.len()),
-    };
+    let mut pending = VecDeque::new();
+    let mut remaining_per_file = Vec::with_capacity(plan.len());
     let mut seal = SealPlan {
         total: 0,
         immediately: Vec::new(),
@@ -707,7 +728,7 @@ fn build_queue(
         match status {
             FileStatus::Complete => {
                 complete += 1;
-                queue.remaining.push(0);
+                remaining_per_file.push(0);
                 continue;
             }
             FileStatus::Missing => {}
@@ -733,18 +754,18 @@ fn build_queue(
             let mut offset = gap.start;
             while offset < gap.end {
                 let len = (gap.end - offset).min(unit_size as u64) as u32;
-                queue.pending.push_back(Unit { file, offset, len });
+                pending.push_back(Unit { file, offset, len });
                 offset += len as u64;
                 remaining += len as u64;
             }
         }
-        queue.remaining.push(remaining);
+        remaining_per_file.push(remaining);
         seal.total += 1;
         if remaining == 0 {
             seal.immediately.push(file);
         }
     }
-    Ok((queue, seal, complete))
+    Ok((WorkQueue::new(pending, remaining_per_file), seal, complete))
 }
 
 fn conn_err(e: std::io::Error) -> SendError {
@@ -768,14 +789,19 @@ fn resolve(addr: &str) -> Result<Vec<SocketAddr>, SendError> {
     Ok(addrs)
 }
 
-/// Opens one TCP connection to the first address that answers.
-fn connect(addrs: &[SocketAddr], shown: &str) -> Result<TcpStream, SendError> {
+/// Opens one connection over `transport` to the first address that answers, with the
+/// transport it really uses and, when that is not `transport`, why.
+fn connect(
+    addrs: &[SocketAddr],
+    shown: &str,
+    transport: Transport,
+) -> Result<(TcpStream, Transport, Option<String>), SendError> {
     let mut last = None;
     for addr in addrs {
-        match TcpStream::connect_timeout(addr, CONNECT_TIMEOUT) {
-            Ok(s) => {
+        match transport::connect(transport, addr, CONNECT_TIMEOUT) {
+            Ok((s, used, why)) => {
                 s.set_nodelay(true).map_err(conn_err)?;
-                return Ok(s);
+                return Ok((s, used, why));
             }
             Err(e) => last = Some(e),
         }
@@ -786,9 +812,16 @@ fn connect(addrs: &[SocketAddr], shown: &str) -> Result<TcpStream, SendError> {
     })
 }
 
-/// Samples a socket's TCP counters, ignoring a socket that is already closed.
-fn sample_socket(socket: &TcpStream) -> Option<TcpInfo> {
-    tcp_info::sample(socket).ok()
+/// Samples a stream socket's TCP counters and, over MPTCP, its subflows; `None` when the
+/// socket is already closed.
+fn sample_socket(socket: &TcpStream, transport: Transport) -> Option<(TcpInfo, Vec<Subflow>)> {
+    let tcp = tcp_info::sample(socket).ok()?;
+    let subflows = match transport {
+        // A stream that fell back to TCP on its own has none.
+        Transport::Mptcp => mptcp_info::subflows(socket).unwrap_or_default(),
+        Transport::Tcp => Vec::new(),
+    };
+    Some((tcp, subflows))
 }
 
 /// What the sender does with a receiver's resume plan: the units left to send.
@@ -800,7 +833,7 @@ pub(crate) fn queue_for_fuzzing(
 ) -> Result<Vec<(u32, u64, u32)>, String> {
     build_queue(manifest, plan, unit_size)
         .map(|(queue, _, _)| {
-            let units = queue.pending.iter();
+            let units = queue.pending();
             units.map(|u| (u.file, u.offset, u.len)).collect()
         })
         .map_err(|e| e.to_string())

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use optimizer::{Controller, Observation, RewardParams, SignalTracker, UtilityParams};
 use serde::Serialize;
 
-use super::meter::IntervalMeter;
+use super::meter::{IntervalMeter, PathStats};
 use super::Shared;
 
 /// How the live optimiser measures and judges the transfer.
@@ -53,10 +53,13 @@ pub struct MiRecord {
     pub decision: Option<usize>,
     /// Seconds from the end of the interval until the decision was applied.
     pub decision_latency: Option<f64>,
+    /// What each path did, for MPTCP streams (empty, and left out of the log, for TCP).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<PathStats>,
 }
 
-/// An observation on its way to the decider, with the instant its interval ended.
-type Pending = (Observation, Instant);
+/// An observation on its way to the decider, with its paths and the instant its interval ended.
+type Pending = (Observation, Vec<PathStats>, Instant);
 
 /// Starts the sampler and decider threads of `controller` on a running transfer.
 pub(super) fn spawn(
@@ -89,7 +92,7 @@ fn sample_intervals(shared: &Shared, settings: OptimizerSettings, tx: mpsc::Send
     let mut deadline = last + interval;
     while !shared.wait_over_until(deadline) {
         let now = Instant::now();
-        let stats = meter.measure(
+        let (stats, paths) = meter.measure(
             &shared.sample_streams(),
             now.duration_since(shared.start).as_secs_f64(),
             now.duration_since(last).as_secs_f64(),
@@ -103,7 +106,7 @@ fn sample_intervals(shared: &Shared, settings: OptimizerSettings, tx: mpsc::Send
             // No stream was open (the transfer is finishing): nothing to observe or decide.
             continue;
         }
-        if tx.send((tracker.observe(&stats), now)).is_err() {
+        if tx.send((tracker.observe(&stats), paths, now)).is_err() {
             return;
         }
     }
@@ -117,25 +120,26 @@ fn decide(
     log: Option<mpsc::Sender<MiRecord>>,
 ) {
     let name = controller.name();
-    let record = |observation, decision, latency: Option<Duration>| {
+    let record = |(observation, paths, _): Pending, decision, latency: Option<Duration>| {
         if let Some(log) = &log {
             let _ = log.send(MiRecord {
                 observation,
                 controller: name.clone(),
                 decision,
                 decision_latency: latency.map(|l| l.as_secs_f64()),
+                paths,
             });
         }
     };
     while let Ok(mut newest) = rx.recv() {
         while let Ok(newer) = rx.try_recv() {
-            record(std::mem::replace(&mut newest, newer).0, None, None);
+            record(std::mem::replace(&mut newest, newer), None, None);
         }
-        let (observation, ended) = newest;
-        let streams = controller.decide(&observation);
+        let streams = controller.decide(&newest.0);
         if !shared.is_over() {
             shared.set_target(streams);
         }
-        record(observation, Some(streams), Some(ended.elapsed()));
+        let latency = newest.2.elapsed();
+        record(newest, Some(streams), Some(latency));
     }
 }

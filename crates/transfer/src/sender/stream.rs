@@ -13,8 +13,10 @@ use super::{
 };
 use crate::auth::{self, AuthError};
 use crate::link::{self, LinkReader, LinkWriter};
+use crate::mptcp_info::Subflow;
 use crate::sockopt;
 use crate::tcp_info::TcpInfo;
+use crate::transport::Transport;
 use crate::wire::{self, ChunkHeader, FrameReader, Message, Role, WireError};
 
 /// Most checksum failures tolerated in one transfer before it is abandoned.
@@ -93,8 +95,8 @@ impl StreamHandle {
         self.retire.load(Ordering::Acquire)
     }
 
-    pub(super) fn sample(&self) -> Option<TcpInfo> {
-        self.socket.get().and_then(sample_socket)
+    pub(super) fn sample(&self, transport: Transport) -> Option<(TcpInfo, Vec<Subflow>)> {
+        sample_socket(self.socket.get()?, transport)
     }
 
     pub(super) fn shutdown(&self) {
@@ -210,7 +212,11 @@ fn run_stream(shared: &Shared, handle: &StreamHandle) -> Result<(), StreamFailur
         shared.fail(e);
         StreamFailure::Fatal
     };
-    let socket = connect(&shared.addrs, &shared.config.addr).map_err(fatal)?;
+    let (socket, _, fallback) =
+        connect(&shared.addrs, &shared.config.addr, shared.transport).map_err(fatal)?;
+    if let Some(why) = fallback {
+        tracing::info!("stream {}: {why}", handle.id);
+    }
     tune_data_socket(&socket, &shared.config).map_err(fatal)?;
     let broken = |e: std::io::Error| StreamFailure::Broken(e.to_string());
     // The handshake is bounded by the stall timeout; afterwards the ack clock watches the stream.
@@ -264,12 +270,20 @@ fn run_stream(shared: &Shared, handle: &StreamHandle) -> Result<(), StreamFailur
         .drain(..)
         .collect();
     if !leftover.is_empty() {
-        shared.hand_back(leftover.into_iter());
+        shared.hand_back(handle.id, leftover.into_iter());
     }
-    if let Some(info) = sample_socket(&socket) {
+    if let Some((tcp, subflows)) = sample_socket(&socket, shared.transport) {
+        let retransmits = if subflows.is_empty() {
+            u64::from(tcp.total_retrans)
+        } else {
+            subflows
+                .iter()
+                .map(|s| u64::from(s.tcp.total_retrans))
+                .sum()
+        };
         shared
             .closed_retransmits
-            .fetch_add(info.total_retrans as u64, Ordering::Relaxed);
+            .fetch_add(retransmits, Ordering::Relaxed);
     }
     result
 }
@@ -303,7 +317,7 @@ fn write_units(
         }
         units.extend(unit);
     };
-    while let Some(unit) = shared.next_unit(&handle.retire) {
+    while let Some(unit) = shared.next_unit(handle.id, &handle.retire) {
         in_flight_push(Some(unit));
         let (data, checksum) = shared
             .source
@@ -364,7 +378,7 @@ fn read_acks(
             Message::Nack { file, offset } => match answered() {
                 Some(u) if u.file == file && u.offset == offset => {
                     tracing::warn!("chunk {offset} of {} failed its checksum at the receiver; sending it again", shared.file_shown(file));
-                    shared.hand_back(std::iter::once(u));
+                    shared.hand_back(handle.id, std::iter::once(u));
                     if shared.nacks.fetch_add(1, Ordering::Relaxed) >= MAX_NACKS {
                         return Err(fatal(SendError::Connection(
                             "too many chunks arrived corrupted".into(),
@@ -408,6 +422,7 @@ mod tests {
             unsent_limit: 96 << 10,
             encrypt: false,
             stall_timeout: crate::sender::DEFAULT_STALL_TIMEOUT,
+            transport: crate::transport::Transport::Tcp,
         };
         tune_data_socket(&socket, &config).unwrap();
         let sock = socket2::SockRef::from(&socket);

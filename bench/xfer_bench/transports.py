@@ -1,0 +1,216 @@
+"""Transports benchmark (issue 7): TCP beside MPTCP on the same two emulated paths, throughput
+and CPU seconds per Gbit moved, as ratios within one run.
+
+Two namespaces are joined by two veth pairs, paths A and B, each held by htb on the sender's
+side to its own rate (B is the faster). TCP runs over path B alone (the best any single-path
+transport can do here) and over path A; MPTCP runs with the receiver's path manager
+announcing its path-B address, so that every connection gets a subflow on each path. Each cell
+is `xfer send --mem SIZE --streams N --transport T --json`; runs are interleaved and repeated,
+and the median is reported. CPU is user + system seconds of the sender and of the receiver
+during the run, from the supervisor that runs each of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from xfer_bench import supervise
+from xfer_bench.dataplane import (
+    DEFAULT_XFER,
+    parse_size,
+    print_report,
+    write_key_file,
+    xfer_receiver,
+    xfer_summary_gbps,
+)
+from xfer_bench.netns import Topology, namespace_pair, run_ip, tear_down_on_signals
+
+#: The receiver's address on each path; the sender's is .1 of the same /30.
+PATH_A = "10.213.1.2"
+PATH_B = "10.213.2.2"
+
+
+def _limit(ns: str, dev: str, mbit: float) -> None:
+    rate = f"{mbit}mbit"
+    run_ip("netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb",
+        "default", "1")  # fmt: skip
+    run_ip("netns", "exec", ns, "tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:1",
+        "htb", "rate", rate, "ceil", rate)  # fmt: skip
+
+
+@contextmanager
+def two_paths(rate_a: float, rate_b: float, prefix: str = "xm") -> Iterator[dict[str, Topology]]:
+    """Two namespaces joined by paths A and B at the given rates (Mbit/s), with MPTCP's path
+    managers set up; yields the topology that reaches the receiver over each path ("A", "B").
+
+    Needs root. Everything made here is removed on exit, also when the body raises."""
+    tag = f"{prefix}{os.getpid() % 100000}"
+    with namespace_pair(tag) as (snd, rcv):
+        for ns in (snd, rcv):
+            run_ip("-n", ns, "mptcp", "limits", "set", "subflows", "2", "add_addr_accepted", "2")
+        for path, rate in (("1", rate_a), ("2", rate_b)):
+            a, b = f"{tag}{path}a", f"{tag}{path}b"
+            run_ip("link", "add", a, "netns", snd, "type", "veth", "peer", b, "netns", rcv)
+            run_ip("-n", snd, "addr", "add", f"10.213.{path}.1/30", "dev", a)
+            run_ip("-n", rcv, "addr", "add", f"10.213.{path}.2/30", "dev", b)
+            for ns, dev in ((snd, a), (rcv, b)):
+                run_ip("-n", ns, "link", "set", dev, "up")
+            _limit(snd, a, rate)
+        run_ip("-n", rcv, "mptcp", "endpoint", "add", PATH_B, "dev", f"{tag}2b", "signal")
+        yield {
+            name: Topology(name=f"path {name}", receiver_addr=addr, sender_ns=snd, receiver_ns=rcv)
+            for name, addr in (("A", PATH_A), ("B", PATH_B))
+        }
+
+
+@dataclass(frozen=True)
+class Case:
+    """One way to send: a transport, over the path its receiver address is on."""
+
+    transport: str
+    path: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.transport} via {self.path}" if self.transport == "tcp" else self.transport
+
+
+CASES = (Case("tcp", "B"), Case("tcp", "A"), Case("mptcp", "A"))
+
+
+@dataclass
+class Run:
+    """One measured transfer."""
+
+    gbps: float
+    sender_cpu: float
+    receiver_cpu: float
+
+
+@dataclass
+class Row:
+    """The median of a case's runs, with ratios to TCP over the faster path."""
+
+    case: str
+    streams: int
+    gbps: float
+    vs_tcp_b: float
+    sender_cpu_per_gbit: float
+    receiver_cpu_per_gbit: float
+
+
+def run_once(
+    paths: dict[str, Topology], xfer: Path, case: Case, streams: int, size: int, tmp: Path
+) -> Run:
+    """One `xfer send --mem` of `case` with a receiver of its own (so that its CPU time is the
+    run's)."""
+    topo = paths[case.path]
+    logs = {side: tmp / f"{side}.log" for side in ("sender", "receiver")}
+    options = ["--transport", case.transport]
+    # Listening on every address lets MPTCP subflows join on the announced path-B address.
+    with xfer_receiver(
+        xfer, topo, tmp / "root", logs["receiver"], options=options, listen_host="0.0.0.0"
+    ) as rx:
+        key = write_key_file(rx, tmp / "key")
+        cmd = [str(xfer), "send", "--mem", str(size), rx.addr, "--key-file", str(key)]
+        cmd += ["--streams", str(streams), "--json", *options]
+        with logs["sender"].open("w") as err:
+            # The supervisor's stdin stays open until the sender is done (closing it stops it).
+            sender = supervise.start(
+                topo.sender_cmd(supervise.supervised(cmd)), stdout=subprocess.PIPE, stderr=err
+            )
+            assert sender.stdout is not None
+            stdout = sender.stdout.read().decode()
+            returncode = sender.wait()
+            supervise.stop(sender)
+    if returncode != 0:
+        raise RuntimeError(f"xfer send ({case.name}) failed: {logs['sender'].read_text()}")
+    cpu = {side: supervise.cpu_seconds(log) for side, log in logs.items()}
+    if None in cpu.values():
+        raise RuntimeError(f"no CPU report from the supervisor: {cpu}")
+    return Run(xfer_summary_gbps(stdout), cpu["sender"] or 0.0, cpu["receiver"] or 0.0)
+
+
+def measure(
+    paths: dict[str, Topology], xfer: Path, streams: Sequence[int], reps: int, size: int, tmp: Path
+) -> list[Row]:
+    """Every case at every stream count, runs interleaved, `reps` each."""
+    runs: dict[tuple[Case, int], list[Run]] = {}
+    (tmp / "root").mkdir(exist_ok=True)
+    for _ in range(reps):
+        for n in streams:
+            for case in CASES:
+                runs.setdefault((case, n), []).append(run_once(paths, xfer, case, n, size, tmp))
+    rows = []
+    for n in streams:
+        base = statistics.median(r.gbps for r in runs[(CASES[0], n)])
+        for case in CASES:
+            got = runs[(case, n)]
+            gbps = statistics.median(r.gbps for r in got)
+            gbit = size * 8 / 1e9
+            rows.append(
+                Row(
+                    case=case.name,
+                    streams=n,
+                    gbps=gbps,
+                    vs_tcp_b=gbps / base if base else 0.0,
+                    sender_cpu_per_gbit=statistics.median(r.sender_cpu for r in got) / gbit,
+                    receiver_cpu_per_gbit=statistics.median(r.receiver_cpu for r in got) / gbit,
+                )
+            )
+    return rows
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """The rows as an aligned text table."""
+    head = f"{'case':<12} {'streams':>7} {'Gbit/s':>8} {'vs tcp B':>9} {'snd CPU s/Gbit':>15} "
+    head += f"{'rcv CPU s/Gbit':>15}"
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"{r.case:<12} {r.streams:>7} {r.gbps:>8.3f} {r.vs_tcp_b:>9.2f} "
+            f"{r.sender_cpu_per_gbit:>15.3f} {r.receiver_cpu_per_gbit:>15.3f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the benchmark and prints the table."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rate-a", type=float, default=300, help="path A's rate, Mbit/s")
+    p.add_argument("--rate-b", type=float, default=600, help="path B's rate, Mbit/s")
+    p.add_argument("--streams", default="1,4", help="stream counts, comma-separated")
+    p.add_argument("--reps", type=int, default=3, help="repetitions per cell (median reported)")
+    p.add_argument("--size", default="256MiB", help="bytes of generated data per run")
+    p.add_argument("--xfer", type=Path, default=DEFAULT_XFER, help="the xfer binary")
+    p.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = p.parse_args(argv)
+    if os.geteuid() != 0:
+        p.error("needs root (network namespaces)")
+    if not args.xfer.exists():
+        p.error(f"{args.xfer} does not exist: build it with cargo build --release")
+    if not 0 < args.rate_a < args.rate_b:
+        p.error("path B must be the faster: 0 < --rate-a < --rate-b")
+    tear_down_on_signals()
+    streams = [int(s) for s in args.streams.split(",")]
+    command = "scripts/bench-transports " + shlex.join(sys.argv[1:] if argv is None else argv)
+    with tempfile.TemporaryDirectory(prefix="xfer-transports-") as tmp:
+        with two_paths(args.rate_a, args.rate_b) as paths:
+            rows = measure(paths, args.xfer, streams, args.reps, parse_size(args.size), Path(tmp))
+    print(f"\npaths: A {args.rate_a:g} Mbit/s, B {args.rate_b:g} Mbit/s (htb)")
+    print_report(command, format_table(rows), rows, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+//! The units of a transfer and who carries them. Streams pull units from one queue, so a
+//! stream that can take more takes more (paper 004: round-robin fails when paths differ). At
+//! the tail, when nothing waits any more, a stream that would sit idle takes a copy of a
+//! straggler instead: the oldest unit in flight on another stream, once it has been in flight
+//! for [`STRAGGLER_FACTOR`] times as long as units usually take to be acknowledged. The first
+//! acknowledgement of a unit counts and the other copy's is ignored (the receiver writes a
+//! chunk it already holds no second time). A unit is carried by at most two streams.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// A unit in flight for this many times the usual time from hand-out to acknowledgement is a
+/// straggler that an idle stream may carry too.
+pub(super) const STRAGGLER_FACTOR: u32 = 3;
+
+/// One unit of work: a byte range of one manifest file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Unit {
+    pub(super) file: u32,
+    pub(super) offset: u64,
+    pub(super) len: u32,
+}
+
+/// A unit handed out and not yet acknowledged.
+#[derive(Debug)]
+struct InFlight {
+    unit: Unit,
+    since: Instant,
+    /// The streams carrying it: one, or two once it was re-issued.
+    streams: Vec<u64>,
+}
+
+/// What a stream asking for work gets.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Next {
+    /// A unit to send.
+    Unit(Unit),
+    /// Nothing now: units are in flight on other streams. Ask again when one is acknowledged
+    /// or handed back, or after the time given, when a unit will have become a straggler.
+    Wait(Option<Duration>),
+    /// Every unit is acknowledged.
+    Done,
+}
+
+/// Units waiting, units in flight, and bytes not yet acknowledged per file.
+#[derive(Debug)]
+pub(super) struct WorkQueue {
+    pending: VecDeque<Unit>,
+    /// In flight, by the order in which they were first handed out (oldest first).
+    in_flight: BTreeMap<u64, InFlight>,
+    /// Each unit in flight's key in `in_flight`.
+    keys: HashMap<Unit, u64>,
+    next_key: u64,
+    remaining: Vec<u64>,
+    /// Moving average of the time from hand-out to acknowledgement.
+    unit_time: Option<Duration>,
+}
+
+impl WorkQueue {
+    /// A queue of `pending` units; `remaining` has each file's bytes still to acknowledge.
+    pub(super) fn new(pending: VecDeque<Unit>, remaining: Vec<u64>) -> WorkQueue {
+        WorkQueue {
+            pending,
+            in_flight: BTreeMap::new(),
+            keys: HashMap::new(),
+            next_key: 0,
+            remaining,
+            unit_time: None,
+        }
+    }
+
+    /// The units waiting to be sent, in order.
+    pub(super) fn pending(&self) -> impl Iterator<Item = &Unit> {
+        self.pending.iter()
+    }
+
+    /// Whether every unit is acknowledged.
+    pub(super) fn is_done(&self) -> bool {
+        self.pending.is_empty() && self.in_flight.is_empty()
+    }
+
+    /// The next unit for `stream` at `now`: a waiting one, else a copy of the oldest straggler
+    /// that only another stream carries.
+    pub(super) fn next(&mut self, stream: u64, now: Instant) -> Next {
+        if let Some(unit) = self.pending.pop_front() {
+            self.in_flight.insert(
+                self.next_key,
+                InFlight {
+                    unit,
+                    since: now,
+                    streams: vec![stream],
+                },
+            );
+            self.keys.insert(unit, self.next_key);
+            self.next_key += 1;
+            return Next::Unit(unit);
+        }
+        if self.in_flight.is_empty() {
+            return Next::Done;
+        }
+        let Some(usual) = self.unit_time else {
+            // Nothing was acknowledged yet: no measure of what is slow.
+            return Next::Wait(None);
+        };
+        let patience = usual * STRAGGLER_FACTOR;
+        let candidate = self
+            .in_flight
+            .values_mut()
+            .find(|f| f.streams.len() == 1 && f.streams[0] != stream);
+        match candidate {
+            Some(f) if now.duration_since(f.since) >= patience => {
+                f.streams.push(stream);
+                Next::Unit(f.unit)
+            }
+            Some(f) => Next::Wait(Some(patience - now.duration_since(f.since))),
+            None => Next::Wait(None),
+        }
+    }
+
+    /// `stream` received the acknowledgement of `unit` at `now`. `Some(done)` for the first
+    /// acknowledgement, where `done` says whether it completed its file; `None` when the
+    /// other copy was acknowledged before.
+    pub(super) fn acked(&mut self, unit: Unit, now: Instant) -> Option<bool> {
+        let key = self.keys.remove(&unit)?;
+        let flight = self.in_flight.remove(&key).expect("keys match in_flight");
+        let took = now.duration_since(flight.since);
+        self.unit_time = Some(match self.unit_time {
+            None => took,
+            Some(avg) => (avg * 7 + took) / 8,
+        });
+        let left = &mut self.remaining[unit.file as usize];
+        *left -= u64::from(unit.len);
+        Some(*left == 0)
+    }
+
+    /// `stream` gives `unit` up unacknowledged (it broke, or the chunk arrived damaged): the
+    /// unit waits again, first in line, unless another stream carries it or it was acknowledged.
+    pub(super) fn give_back(&mut self, unit: Unit, stream: u64) {
+        let Some(&key) = self.keys.get(&unit) else {
+            return;
+        };
+        let flight = self.in_flight.get_mut(&key).expect("keys match in_flight");
+        flight.streams.retain(|&s| s != stream);
+        if flight.streams.is_empty() {
+            self.in_flight.remove(&key);
+            self.keys.remove(&unit);
+            self.pending.push_front(unit);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(offset: u64) -> Unit {
+        Unit {
+            file: 0,
+            offset,
+            len: 10,
+        }
+    }
+
+    fn queue(units: u64) -> WorkQueue {
+        WorkQueue::new((0..units).map(|i| unit(i * 10)).collect(), vec![units * 10])
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn units_go_out_in_order_and_count_once() {
+        let t0 = Instant::now();
+        let mut q = queue(2);
+        assert_eq!(q.next(1, t0), Next::Unit(unit(0)));
+        assert_eq!(q.next(2, t0), Next::Unit(unit(10)));
+        assert_eq!(q.next(1, t0), Next::Wait(None), "nothing acknowledged yet");
+        assert_eq!(q.acked(unit(0), t0 + 10 * MS), Some(false));
+        assert_eq!(
+            q.acked(unit(0), t0 + 10 * MS),
+            None,
+            "a second ack counts for nothing"
+        );
+        assert_eq!(q.acked(unit(10), t0 + 10 * MS), Some(true));
+        assert!(q.is_done());
+        assert_eq!(q.next(1, t0), Next::Done);
+    }
+
+    #[test]
+    fn an_idle_stream_takes_a_copy_of_a_straggler_and_the_first_ack_wins() {
+        let t0 = Instant::now();
+        let mut q = queue(3);
+        assert_eq!(q.next(1, t0), Next::Unit(unit(0)));
+        assert_eq!(q.next(2, t0), Next::Unit(unit(10)));
+        assert_eq!(q.acked(unit(10), t0 + 10 * MS), Some(false)); // units take 10 ms
+        assert_eq!(q.next(2, t0 + 10 * MS), Next::Unit(unit(20)));
+        // Unit 0 (on stream 1) becomes a straggler at 30 ms; its own stream does not copy it but
+        // waits for unit 20 (on stream 2, handed out at 10 ms).
+        assert_eq!(q.next(1, t0 + 12 * MS), Next::Wait(Some(28 * MS)));
+        assert_eq!(q.next(3, t0 + 20 * MS), Next::Wait(Some(10 * MS)));
+        assert_eq!(q.next(3, t0 + 30 * MS), Next::Unit(unit(0)));
+        // Carried twice already: nobody else copies it; unit 20 is not a straggler yet.
+        assert_eq!(q.next(4, t0 + 31 * MS), Next::Wait(Some(9 * MS)));
+        // The copy on stream 3 is acknowledged first; stream 1's late ack is ignored.
+        assert_eq!(q.acked(unit(0), t0 + 32 * MS), Some(false));
+        assert_eq!(q.acked(unit(0), t0 + 90 * MS), None);
+        assert_eq!(q.acked(unit(20), t0 + 40 * MS), Some(true));
+        assert!(q.is_done());
+    }
+
+    #[test]
+    fn a_unit_given_back_waits_again_only_when_no_other_stream_carries_it() {
+        let t0 = Instant::now();
+        let mut q = queue(2);
+        assert_eq!(q.next(1, t0), Next::Unit(unit(0)));
+        assert_eq!(q.next(2, t0), Next::Unit(unit(10)));
+        assert_eq!(q.acked(unit(10), t0 + MS), Some(false));
+        assert_eq!(
+            q.next(2, t0 + 10 * MS),
+            Next::Unit(unit(0)),
+            "a straggler copy"
+        );
+        q.give_back(unit(0), 1);
+        assert_eq!(q.pending().count(), 0, "stream 2 still carries it");
+        q.give_back(unit(0), 2);
+        assert_eq!(q.pending().copied().collect::<Vec<_>>(), vec![unit(0)]);
+        assert_eq!(q.next(3, t0 + 11 * MS), Next::Unit(unit(0)));
+        assert_eq!(q.acked(unit(0), t0 + 12 * MS), Some(true));
+        q.give_back(unit(0), 3);
+        assert!(q.is_done(), "a unit acknowledged is never given back");
+    }
+}
