@@ -207,9 +207,17 @@ fn ssh_start_sends_a_tree_resumes_and_leaves_nothing_running() {
     assert_same_tree(&tree, &remote_dir.join("tree"));
     peer.assert_remote_side_ends("a completed transfer", Duration::from_secs(5));
 
-    // Again: everything is there already, so nothing is sent.
-    let again = summary(&ok(peer.run(&[tree_arg, &dest, "--json"])));
+    // Again, over MPTCP (the remote receiver is started with the sender's transport):
+    // everything is there already, so nothing is sent.
+    let again = summary(&ok(peer.run(&[
+        tree_arg,
+        &dest,
+        "--transport",
+        "mptcp",
+        "--json",
+    ])));
     assert_eq!(again["bytes_skipped"], (9 << 20) + 1000);
+    assert_eq!(again["transport"], "mptcp", "{again}");
     assert_same_tree(&tree, &remote_dir.join("tree"));
     peer.assert_remote_side_ends("a transfer with nothing to send", Duration::from_secs(5));
 }

@@ -2,8 +2,9 @@
 //! TCP streams that the caller may change at any moment with [`Transfer::set_target_streams`].
 //!
 //! Streams pull work units (chunks of at most `unit_size` bytes) from one shared queue, so a
-//! fast stream takes more of them. A stream being removed sends no new unit, waits for the acks
-//! of what it has in flight, and closes; a stream that breaks hands its unacknowledged units back
+//! fast stream takes more of them, and at the tail an idle stream carries a copy of a
+//! straggler (`work_queue.rs`). A stream being removed sends no new unit, waits for the acks of
+//! what it has in flight, and closes; a stream that breaks hands its unacknowledged units back
 //! to the queue. The receiver acknowledges a unit only after it verified and wrote it, and treats
 //! a unit it already holds as a duplicate, so no byte is lost or written twice.
 

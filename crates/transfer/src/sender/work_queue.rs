@@ -228,4 +228,81 @@ mod tests {
         q.give_back(unit(0), 3);
         assert!(q.is_done(), "a unit acknowledged is never given back");
     }
+
+    /// What a test does next to the queue: a stream asks for work, receives the oldest answer
+    /// it is due (an ack), or breaks (gives all it carries back); time passes between steps.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Ask(u64),
+        Ack(u64),
+        Break(u64),
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = (Step, u64)> {
+        use proptest::prelude::*;
+        let stream = 1..5u64;
+        let step = prop_oneof![
+            stream.clone().prop_map(Step::Ask),
+            stream.clone().prop_map(Step::Ack),
+            stream.prop_map(Step::Break),
+        ];
+        (step, 0..20u64)
+    }
+
+    proptest::proptest! {
+        /// Whatever the streams do, every unit is counted exactly once, a file is complete
+        /// exactly when all its units are, no unit is carried by more than two streams, and
+        /// once the streams stop breaking the queue drains.
+        #[test]
+        fn every_unit_is_counted_once(steps in proptest::collection::vec(step(), 0..200), units in 1..12u64) {
+            let t0 = Instant::now();
+            let mut now = t0;
+            let mut q = queue(units);
+            let mut carried: std::collections::BTreeMap<u64, VecDeque<Unit>> = Default::default();
+            let mut counted = std::collections::BTreeSet::new();
+            let mut apply = |q: &mut WorkQueue, step: &Step, now: Instant, counted: &mut std::collections::BTreeSet<u64>| {
+                match *step {
+                    Step::Ask(s) => {
+                        if let Next::Unit(u) = q.next(s, now) {
+                            let mine = carried.entry(s).or_default();
+                            assert!(!mine.contains(&u), "a stream carries a unit once");
+                            mine.push_back(u);
+                        }
+                    }
+                    Step::Ack(s) => {
+                        if let Some(u) = carried.entry(s).or_default().pop_front() {
+                            if let Some(done) = q.acked(u, now) {
+                                assert!(counted.insert(u.offset), "unit {u:?} counted twice");
+                                assert_eq!(done, counted.len() as u64 == units);
+                            }
+                        }
+                    }
+                    Step::Break(s) => {
+                        let mine: Vec<_> = carried.entry(s).or_default().drain(..).collect();
+                        for u in mine.into_iter().rev() {
+                            q.give_back(u, s);
+                        }
+                    }
+                }
+                for f in q.in_flight.values() {
+                    assert!(!f.streams.is_empty() && f.streams.len() <= 2, "{f:?}");
+                }
+                assert_eq!(q.is_done(), counted.len() as u64 == units);
+            };
+            for (step, ms) in &steps {
+                now += Duration::from_millis(*ms);
+                apply(&mut q, step, now, &mut counted);
+            }
+            // Then the streams only ask and deliver: everything ends acknowledged.
+            for _ in 0..(4 * units + 8) {
+                now += 100 * MS;
+                for s in 1..5 {
+                    apply(&mut q, &Step::Ask(s), now, &mut counted);
+                    apply(&mut q, &Step::Ack(s), now, &mut counted);
+                }
+            }
+            proptest::prop_assert!(q.is_done(), "{q:?}");
+            proptest::prop_assert_eq!(counted.len() as u64, units);
+        }
+    }
 }
