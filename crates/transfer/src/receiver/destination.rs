@@ -100,7 +100,8 @@ impl Destination {
     }
 }
 
-/// A sink that checks every byte of every file arrives exactly once and keeps none of them.
+/// A sink that checks every byte of every file arrives (a chunk that arrives twice, as a
+/// sender's copy of a straggler can, counts once) and keeps none of them.
 pub struct DiscardSink {
     received: Vec<(u64, Mutex<RangeSet<u64>>)>,
 }
