@@ -34,18 +34,11 @@ from xfer_bench.dataplane import (
     xfer_summary_gbps,
 )
 from xfer_bench.netns import Topology, namespace_pair, run_ip, tear_down_on_signals
+from xfer_bench.wan import add_htb
 
 #: The receiver's address on each path; the sender's is .1 of the same /30.
 PATH_A = "10.213.1.2"
 PATH_B = "10.213.2.2"
-
-
-def _limit(ns: str, dev: str, mbit: float) -> None:
-    rate = f"{mbit}mbit"
-    run_ip("netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb",
-        "default", "1")  # fmt: skip
-    run_ip("netns", "exec", ns, "tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:1",
-        "htb", "rate", rate, "ceil", rate)  # fmt: skip
 
 
 @contextmanager
@@ -65,7 +58,7 @@ def two_paths(rate_a: float, rate_b: float, prefix: str = "xm") -> Iterator[dict
             run_ip("-n", rcv, "addr", "add", f"10.213.{path}.2/30", "dev", b)
             for ns, dev in ((snd, a), (rcv, b)):
                 run_ip("-n", ns, "link", "set", dev, "up")
-            _limit(snd, a, rate)
+            add_htb(snd, a, rate)
         run_ip("-n", rcv, "mptcp", "endpoint", "add", PATH_B, "dev", f"{tag}2b", "signal")
         yield {
             name: Topology(name=f"path {name}", receiver_addr=addr, sender_ns=snd, receiver_ns=rcv)

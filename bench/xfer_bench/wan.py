@@ -182,6 +182,13 @@ def _htb_class(dev: str, rate_mbit: float) -> list[str]:
             "burst", str(burst), "cburst", str(burst)]  # fmt: skip
 
 
+def add_htb(ns: str, dev: str, rate_mbit: float) -> None:
+    """Holds `dev`'s egress in namespace `ns` to `rate_mbit` with an htb root qdisc of one
+    class (`1:1`, which `Wan.set_rate` changes)."""
+    _tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1")
+    _tc(ns, "class", "add", *_htb_class(dev, rate_mbit))
+
+
 def netem_available() -> bool:
     """Whether this kernel can add a netem qdisc (tried on a throwaway namespace's loopback)."""
     ns = f"xwprobe{os.getpid() % 100000}"
@@ -278,8 +285,7 @@ def emulated_wan(spec: WanSpec, xfer: Path = DEFAULT_XFER, prefix: str = "xw") -
         for n, d in ((router, rc_dev), (receiver, c_dev)):
             _ip("-n", n, "link", "set", d, "up")
             devices.append((n, d))
-        _tc(router, "qdisc", "add", "dev", rc_dev, "root", "handle", "1:", "htb", "default", "1")
-        _tc(router, "class", "add", *_htb_class(rc_dev, spec.rate_mbit))
+        add_htb(router, rc_dev, spec.rate_mbit)
         _tc(router, "qdisc", "add", "dev", rc_dev, "parent", "1:1", "handle", "10:", "bfifo",
             "limit", str(spec.buffer_bytes()))  # fmt: skip
         if spec.loss > 0:

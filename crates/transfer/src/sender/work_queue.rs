@@ -6,7 +6,7 @@
 //! acknowledgement of a unit counts and the other copy's is ignored (the receiver writes a
 //! chunk it already holds no second time). A unit is carried by at most two streams.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// A unit in flight for this many times the usual time from hand-out to acknowledgement is a
@@ -24,7 +24,7 @@ pub(crate) struct Unit {
 /// A unit handed out and not yet acknowledged.
 #[derive(Debug)]
 struct InFlight {
-    unit: Unit,
+    /// When it was first handed out.
     since: Instant,
     /// The streams carrying it: one, or two once it was re-issued.
     streams: Vec<u64>,
@@ -46,11 +46,7 @@ pub(super) enum Next {
 #[derive(Debug)]
 pub(super) struct WorkQueue {
     pending: VecDeque<Unit>,
-    /// In flight, by the order in which they were first handed out (oldest first).
-    in_flight: BTreeMap<u64, InFlight>,
-    /// Each unit in flight's key in `in_flight`.
-    keys: HashMap<Unit, u64>,
-    next_key: u64,
+    in_flight: HashMap<Unit, InFlight>,
     remaining: Vec<u64>,
     /// Moving average of the time from hand-out to acknowledgement.
     unit_time: Option<Duration>,
@@ -61,9 +57,7 @@ impl WorkQueue {
     pub(super) fn new(pending: VecDeque<Unit>, remaining: Vec<u64>) -> WorkQueue {
         WorkQueue {
             pending,
-            in_flight: BTreeMap::new(),
-            keys: HashMap::new(),
-            next_key: 0,
+            in_flight: HashMap::new(),
             remaining,
             unit_time: None,
         }
@@ -83,16 +77,11 @@ impl WorkQueue {
     /// that only another stream carries.
     pub(super) fn next(&mut self, stream: u64, now: Instant) -> Next {
         if let Some(unit) = self.pending.pop_front() {
-            self.in_flight.insert(
-                self.next_key,
-                InFlight {
-                    unit,
-                    since: now,
-                    streams: vec![stream],
-                },
-            );
-            self.keys.insert(unit, self.next_key);
-            self.next_key += 1;
+            let flight = InFlight {
+                since: now,
+                streams: vec![stream],
+            };
+            self.in_flight.insert(unit, flight);
             return Next::Unit(unit);
         }
         if self.in_flight.is_empty() {
@@ -103,16 +92,17 @@ impl WorkQueue {
             return Next::Wait(None);
         };
         let patience = usual * STRAGGLER_FACTOR;
-        let candidate = self
+        let oldest = self
             .in_flight
-            .values_mut()
-            .find(|f| f.streams.len() == 1 && f.streams[0] != stream);
-        match candidate {
-            Some(f) if now.duration_since(f.since) >= patience => {
+            .iter_mut()
+            .filter(|(_, f)| f.streams.len() == 1 && f.streams[0] != stream)
+            .min_by_key(|(unit, f)| (f.since, unit.file, unit.offset));
+        match oldest {
+            Some((&unit, f)) if now.duration_since(f.since) >= patience => {
                 f.streams.push(stream);
-                Next::Unit(f.unit)
+                Next::Unit(unit)
             }
-            Some(f) => Next::Wait(Some(patience - now.duration_since(f.since))),
+            Some((_, f)) => Next::Wait(Some(patience - now.duration_since(f.since))),
             None => Next::Wait(None),
         }
     }
@@ -121,8 +111,7 @@ impl WorkQueue {
     /// acknowledgement, where `done` says whether it completed its file; `None` when the
     /// other copy was acknowledged before.
     pub(super) fn acked(&mut self, unit: Unit, now: Instant) -> Option<bool> {
-        let key = self.keys.remove(&unit)?;
-        let flight = self.in_flight.remove(&key).expect("keys match in_flight");
+        let flight = self.in_flight.remove(&unit)?;
         let took = now.duration_since(flight.since);
         self.unit_time = Some(match self.unit_time {
             None => took,
@@ -136,14 +125,12 @@ impl WorkQueue {
     /// `stream` gives `unit` up unacknowledged (it broke, or the chunk arrived damaged): the
     /// unit waits again, first in line, unless another stream carries it or it was acknowledged.
     pub(super) fn give_back(&mut self, unit: Unit, stream: u64) {
-        let Some(&key) = self.keys.get(&unit) else {
+        let Some(flight) = self.in_flight.get_mut(&unit) else {
             return;
         };
-        let flight = self.in_flight.get_mut(&key).expect("keys match in_flight");
         flight.streams.retain(|&s| s != stream);
         if flight.streams.is_empty() {
-            self.in_flight.remove(&key);
-            self.keys.remove(&unit);
+            self.in_flight.remove(&unit);
             self.pending.push_front(unit);
         }
     }
