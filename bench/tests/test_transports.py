@@ -30,6 +30,9 @@ def test_mptcp_beats_the_faster_path_and_everything_is_removed(tmp_path, capsys)
     assert rows["tcp via B"]["gbps"] < 0.1
     assert rows["mptcp"]["gbps"] > 0.1, rows
     assert rows["mptcp"]["vs_tcp_b"] > 1.0
-    assert all(r["sender_cpu_per_gbit"] > 0 for r in rows.values())
+    # The supervisor reports CPU in clock ticks (10 ms): one small run may read 0, all of
+    # them together not.
+    cpu = [r[k] for r in rows.values() for k in ("sender_cpu_per_gbit", "receiver_cpu_per_gbit")]
+    assert all(c >= 0 for c in cpu) and sum(cpu) > 0, rows
     assert "reproduce: scripts/bench-transports" in capsys.readouterr().out
     assert not [ns for ns in netns.namespaces() if ns.startswith(f"xm{os.getpid() % 100000}")]
