@@ -131,8 +131,8 @@ def _left_in(topo: netns.Topology) -> list[str]:
         for pid in out.stdout.split():
             try:
                 left.append(Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " "))
-            except FileNotFoundError:
-                pass  # ended meanwhile
+            except (FileNotFoundError, ProcessLookupError):
+                pass  # ended meanwhile (the open or the read can fail, by when it ended)
     return left
 
 
