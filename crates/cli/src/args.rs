@@ -11,6 +11,7 @@ use optimizer::env::{InitialStreams, RewardKind};
 use optimizer::policy::ObservationLayout;
 use optimizer::{RewardParams, UtilityParams};
 use transfer::sender::{DEFAULT_UNSENT_LIMIT, MIN_STALL_TIMEOUT};
+use transfer::quic::Congestion;
 use transfer::transport::Transport;
 
 /// Move data fast between sites over parallel TCP streams.
@@ -311,8 +312,14 @@ pub struct SendArgs {
     /// tcp: one TCP connection per stream. mptcp: one Multipath TCP connection per stream,
     /// with subflows over every path the kernel's path manager is set up for (see the
     /// README); falls back to TCP, with a warning, where this host or the receiver lacks it.
-    #[arg(long, value_name = "tcp|mptcp", default_value = "tcp")]
+    /// quic: one QUIC connection per stream over UDP, encrypted like --encrypt (the receiver
+    /// must run with --transport quic).
+    #[arg(long, value_name = "tcp|mptcp|quic", default_value = "tcp")]
     pub transport: Transport,
+    /// Congestion controller of each QUIC connection (--transport quic); TCP and MPTCP use
+    /// the kernel's (net.ipv4.tcp_congestion_control).
+    #[arg(long, value_name = "cubic|bbr|new_reno", default_value = "cubic")]
+    pub congestion: Congestion,
     /// Cap each stream's sending rate at this many Mbit/s (TCP pacing; paper 001 uses 50).
     #[arg(long, value_name = "MBIT_PER_S")]
     pub stream_rate_cap: Option<f64>,
@@ -359,8 +366,10 @@ pub struct RecvArgs {
     #[arg(long)]
     pub encrypt: bool,
     /// Listen for tcp, or for mptcp (Multipath TCP, which also serves plain TCP senders;
-    /// falls back to TCP, with a warning, where this host lacks it).
-    #[arg(long, value_name = "tcp|mptcp", default_value = "tcp")]
+    /// falls back to TCP, with a warning, where this host lacks it), or for quic (on the UDP
+    /// port of the same number, besides TCP, which carries control connections and serves TCP
+    /// senders too).
+    #[arg(long, value_name = "tcp|mptcp|quic", default_value = "tcp")]
     pub transport: Transport,
     /// Most data streams one session may open.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]

@@ -171,6 +171,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         encrypt: args.encrypt,
         stall_timeout: args.stall_timeout,
         transport: args.transport,
+        congestion: args.congestion,
     };
     let transfer = Transfer::start(config, source)?;
     if !args.quiet {

@@ -374,6 +374,8 @@ pub fn name(msg: &Message) -> &'static str {
         Message::Ack { .. } => "Ack",
         Message::Nack { .. } => "Nack",
         Message::EndOfStream => "EndOfStream",
+        Message::QuicRequest => "QuicRequest",
+        Message::QuicOffer { .. } => "QuicOffer",
         Message::Error { .. } => "Error",
     }
 }

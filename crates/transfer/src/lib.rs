@@ -22,6 +22,7 @@ pub mod journal;
 pub mod link;
 pub mod manifest;
 pub mod mptcp_info;
+pub mod quic;
 pub mod receiver;
 pub mod sender;
 mod sockopt;

@@ -1,12 +1,42 @@
-//! A connection's two halves, plain TCP or TLS ([`crate::tls`]): the reader and writer that
-//! the protocol code uses from its two threads, and the raw socket kept for `TCP_INFO`,
-//! timeouts and shutdown.
+//! A connection's two halves, plain TCP, TLS ([`crate::tls`]) or a QUIC stream
+//! ([`crate::quic`]): the reader and writer that the protocol code uses from its two threads,
+//! and the [`Connection`] kept for statistics, timeouts and shutdown.
 
 use std::io::{self, IoSlice, Read, Write};
-use std::net::TcpStream;
+use std::net::{Shutdown, TcpStream};
 
 use crate::auth::ChannelBinding;
+use crate::quic::{QuicConnection, QuicWriter};
 use crate::tls::{self, ServerIdentity, TlsReader, TlsWriter};
+
+/// What carries a connection: a TCP (or MPTCP) socket or a QUIC connection.
+#[derive(Debug)]
+pub enum Connection {
+    /// A TCP or MPTCP socket.
+    Tcp(TcpStream),
+    /// A QUIC connection.
+    Quic(QuicConnection),
+}
+
+impl Connection {
+    /// Another handle to the same connection.
+    pub fn try_clone(&self) -> io::Result<Connection> {
+        Ok(match self {
+            Connection::Tcp(s) => Connection::Tcp(s.try_clone()?),
+            Connection::Quic(q) => Connection::Quic(q.clone()),
+        })
+    }
+
+    /// Closes both directions at once: blocked reads and writes on either half fail.
+    pub fn shutdown(&self) {
+        match self {
+            Connection::Tcp(s) => {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            Connection::Quic(q) => q.close(),
+        }
+    }
+}
 
 /// The reading half: plaintext from `R` (the socket, or a reader of it with timeouts).
 pub enum LinkReader<R> {
@@ -41,6 +71,8 @@ pub enum LinkWriter {
     Plain(TcpStream),
     /// Encrypted into TLS records.
     Tls(TlsWriter),
+    /// Onto a QUIC stream (encrypted by QUIC).
+    Quic(QuicWriter),
 }
 
 impl Write for LinkWriter {
@@ -48,6 +80,7 @@ impl Write for LinkWriter {
         match self {
             LinkWriter::Plain(s) => s.write(buf),
             LinkWriter::Tls(t) => t.write(buf),
+            LinkWriter::Quic(q) => q.write(buf),
         }
     }
 
@@ -55,6 +88,7 @@ impl Write for LinkWriter {
         match self {
             LinkWriter::Plain(s) => s.write_vectored(bufs),
             LinkWriter::Tls(t) => t.write_vectored(bufs),
+            LinkWriter::Quic(q) => q.write_vectored(bufs),
         }
     }
 
@@ -62,6 +96,7 @@ impl Write for LinkWriter {
         match self {
             LinkWriter::Plain(s) => s.flush(),
             LinkWriter::Tls(t) => t.flush(),
+            LinkWriter::Quic(q) => q.flush(),
         }
     }
 }

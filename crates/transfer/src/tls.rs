@@ -15,6 +15,7 @@
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -31,16 +32,16 @@ use crate::auth::ChannelBinding;
 pub const TLS_RECORD_START: [u8; 2] = [0x16, 0x03];
 
 /// Label of the TLS exporter value bound into the key handshake (RFC 8446 section 7.5).
-const EXPORTER_LABEL: &[u8] = b"EXPORTER-xfer-channel-binding";
+pub(crate) const EXPORTER_LABEL: &[u8] = b"EXPORTER-xfer-channel-binding";
 
 /// Ciphertext read from the socket at once.
 const READ_CHUNK: usize = 64 << 10;
 
-fn provider() -> Arc<CryptoProvider> {
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn tls_error(e: rustls::Error) -> io::Error {
+pub(crate) fn tls_error(e: rustls::Error) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
 }
 
@@ -59,15 +60,12 @@ impl std::fmt::Debug for ServerIdentity {
 impl ServerIdentity {
     /// Generates a certificate for this receiver's lifetime.
     pub fn generate() -> io::Result<Self> {
-        let certified = rcgen::generate_simple_self_signed(vec!["xfer-receiver".to_string()])
-            .map_err(|e| io::Error::other(format!("generating the TLS certificate: {e}")))?;
-        let key =
-            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(certified.key_pair.serialize_der()));
+        let (certificate, key) = self_signed("xfer-receiver")?;
         let config = ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(tls_error)?
             .with_no_client_auth()
-            .with_single_cert(vec![certified.cert.der().clone()], key)
+            .with_single_cert(vec![certificate], key)
             .map_err(tls_error)?;
         Ok(ServerIdentity {
             config: Arc::new(config),
@@ -75,21 +73,76 @@ impl ServerIdentity {
     }
 }
 
-/// Accepts any certificate the receiver shows, but checks that the receiver holds its key
-/// (the handshake signature); the key handshake's channel binding authenticates the receiver.
-#[derive(Debug)]
-struct AnyCertificate(Arc<CryptoProvider>);
+/// A fresh self-signed certificate for the DNS name `name`, and its private key.
+pub(crate) fn self_signed(
+    name: &str,
+) -> io::Result<(CertificateDer<'static>, PrivateKeyDer<'static>)> {
+    let certified = rcgen::generate_simple_self_signed(vec![name.to_string()])
+        .map_err(|e| io::Error::other(format!("generating a TLS certificate: {e}")))?;
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(certified.key_pair.serialize_der()));
+    Ok((certified.cert.der().clone(), key))
+}
 
-impl ServerCertVerifier for AnyCertificate {
+/// Checks the certificate a receiver shows. Over TCP (`--encrypt`) any certificate is accepted:
+/// the key handshake's channel binding authenticates the receiver. Over QUIC the certificate
+/// must also be the one the receiver announced on the authenticated control connection (its
+/// BLAKE3 hash). Either way the receiver must hold the certificate's key (the handshake
+/// signature is verified).
+#[derive(Debug)]
+pub(crate) struct ReceiverCertificate {
+    provider: Arc<CryptoProvider>,
+    pinned: Option<[u8; 32]>,
+    /// Set when a certificate other than the pinned one was shown.
+    mismatched: AtomicBool,
+}
+
+impl ReceiverCertificate {
+    /// Accepts any certificate whose key signs the handshake.
+    fn any() -> ReceiverCertificate {
+        ReceiverCertificate {
+            provider: provider(),
+            pinned: None,
+            mismatched: AtomicBool::new(false),
+        }
+    }
+
+    /// Accepts only the certificate whose DER encoding hashes to `hash`.
+    pub(crate) fn pinned(hash: [u8; 32]) -> ReceiverCertificate {
+        ReceiverCertificate {
+            pinned: Some(hash),
+            ..ReceiverCertificate::any()
+        }
+    }
+
+    /// Whether a receiver showed a certificate other than the pinned one.
+    pub(crate) fn was_mismatched(&self) -> bool {
+        self.mismatched.load(Ordering::Acquire)
+    }
+}
+
+/// The hash by which a certificate is pinned.
+pub(crate) fn certificate_hash(der: &[u8]) -> [u8; 32] {
+    *blake3::hash(der).as_bytes()
+}
+
+impl ServerCertVerifier for ReceiverCertificate {
     fn verify_server_cert(
         &self,
-        _end_entity: &CertificateDer<'_>,
+        end_entity: &CertificateDer<'_>,
         _intermediates: &[CertificateDer<'_>],
         _server_name: &ServerName<'_>,
         _ocsp_response: &[u8],
         _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
+        match self.pinned {
+            Some(pinned) if certificate_hash(end_entity) != pinned => {
+                self.mismatched.store(true, Ordering::Release);
+                Err(rustls::Error::InvalidCertificate(
+                    rustls::CertificateError::ApplicationVerificationFailure,
+                ))
+            }
+            _ => Ok(ServerCertVerified::assertion()),
+        }
     }
 
     fn verify_tls12_signature(
@@ -114,24 +167,25 @@ impl ServerCertVerifier for AnyCertificate {
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
-fn client_config() -> io::Result<Arc<ClientConfig>> {
-    let provider = provider();
-    let config = ClientConfig::builder_with_provider(provider.clone())
+/// A TLS 1.3 client configuration that checks the receiver's certificate with `check`.
+pub(crate) fn client_config(check: Arc<ReceiverCertificate>) -> io::Result<ClientConfig> {
+    Ok(ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(tls_error)?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
-        .with_no_client_auth();
-    Ok(Arc::new(config))
+        .with_custom_certificate_verifier(check)
+        .with_no_client_auth())
 }
 
 /// True when the peer on `socket` opens with a TLS handshake. Waits for its first two bytes at
@@ -166,7 +220,8 @@ pub fn connect<R: Read>(
     ciphertext: R,
 ) -> io::Result<(TlsReader<R>, TlsWriter, ChannelBinding)> {
     let name = ServerName::try_from("xfer-receiver").expect("a valid DNS name");
-    let conn = ClientConnection::new(client_config()?, name).map_err(tls_error)?;
+    let config = client_config(Arc::new(ReceiverCertificate::any()))?;
+    let conn = ClientConnection::new(Arc::new(config), name).map_err(tls_error)?;
     finish_handshake(conn.into(), socket, ciphertext)
 }
 

@@ -1,6 +1,8 @@
-//! The transport under every connection: plain TCP, or Multipath TCP (RFC 8684), where each
+//! The transport under every connection: plain TCP; Multipath TCP (RFC 8684), where each
 //! connection is one MPTCP socket whose subflows the kernel's path manager opens over every
-//! path it is configured to use (`ip mptcp endpoint`, `ip mptcp limits`; see the README).
+//! path it is configured to use (`ip mptcp endpoint`, `ip mptcp limits`; see the README); or
+//! QUIC ([`crate::quic`]), where each data stream is a QUIC connection and the control
+//! connection stays TCP.
 //!
 //! An MPTCP socket reads and writes like a TCP socket, so the protocol code is the same for
 //! both; only the opening differs. Where MPTCP cannot be had, xfer uses TCP and says why:
@@ -25,6 +27,8 @@ pub enum Transport {
     Tcp,
     /// One Multipath TCP connection per stream, with subflows over several paths.
     Mptcp,
+    /// One QUIC connection per stream, over UDP; always encrypted.
+    Quic,
 }
 
 impl Transport {
@@ -33,12 +37,15 @@ impl Transport {
         match self {
             Transport::Tcp => "tcp",
             Transport::Mptcp => "mptcp",
+            Transport::Quic => "quic",
         }
     }
 
+    /// The protocol of the sockets [`connect`] and [`listen`] open: QUIC's control connection
+    /// is TCP.
     fn protocol(self) -> Protocol {
         match self {
-            Transport::Tcp => Protocol::TCP,
+            Transport::Tcp | Transport::Quic => Protocol::TCP,
             Transport::Mptcp => Protocol::MPTCP,
         }
     }
@@ -57,8 +64,9 @@ impl FromStr for Transport {
         match s {
             "tcp" => Ok(Transport::Tcp),
             "mptcp" => Ok(Transport::Mptcp),
+            "quic" => Ok(Transport::Quic),
             other => Err(format!(
-                "unknown transport {other:?} (expected tcp or mptcp)"
+                "unknown transport {other:?} (expected tcp, mptcp or quic)"
             )),
         }
     }
@@ -192,12 +200,12 @@ mod tests {
 
     #[test]
     fn names_parse_back() {
-        for t in [Transport::Tcp, Transport::Mptcp] {
+        for t in [Transport::Tcp, Transport::Mptcp, Transport::Quic] {
             assert_eq!(t.name().parse::<Transport>(), Ok(t));
         }
-        assert!("quic"
+        assert!("sctp"
             .parse::<Transport>()
             .unwrap_err()
-            .contains("tcp or mptcp"));
+            .contains("tcp, mptcp or quic"));
     }
 }

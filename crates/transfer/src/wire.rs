@@ -24,7 +24,7 @@ use crate::manifest::Manifest;
 /// First bytes of every connection's `Hello`, so a stray client is refused at once.
 pub const MAGIC: [u8; 4] = *b"XFR1";
 /// Version of this protocol; peers with another version are refused with a clear error.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 /// Largest control message body accepted (a manifest of several hundred thousand entries).
 pub const MAX_MESSAGE_LEN: usize = 64 << 20;
 /// Largest chunk payload either side will ever accept.
@@ -216,6 +216,15 @@ pub enum Message {
     Error {
         /// Human-readable cause.
         message: String,
+    },
+    /// The sender asks for QUIC data streams (control, after `Plan`); the receiver answers
+    /// [`Message::QuicOffer`] or [`Message::Refused`].
+    QuicRequest,
+    /// The receiver serves the session's QUIC connections, on the UDP port of its TCP port
+    /// number, with a certificate made for the session alone (see [`crate::quic`]).
+    QuicOffer {
+        /// BLAKE3 of the certificate's DER encoding: the sender accepts no other.
+        certificate: [u8; 32],
     },
 }
 
@@ -457,6 +466,10 @@ mod tests {
             },
             Message::Error {
                 message: "disk full".into(),
+            },
+            Message::QuicRequest,
+            Message::QuicOffer {
+                certificate: [9; 32],
             },
         ];
         for m in &msgs {

@@ -38,6 +38,7 @@ fn send(addr: &str, file: &Path, encrypt: bool) -> Result<(), String> {
         encrypt,
         stall_timeout: transfer::sender::DEFAULT_STALL_TIMEOUT,
         transport: transfer::transport::Transport::Tcp,
+        congestion: transfer::quic::Congestion::Cubic,
     };
     let source = SendSource::Paths {
         paths: vec![file.to_path_buf()],

@@ -60,6 +60,7 @@ fn paced_transfer(size: u64, cap: u64, controller: Box<dyn Controller>) -> (u64,
         encrypt: false,
         stall_timeout: transfer::sender::DEFAULT_STALL_TIMEOUT,
         transport: transfer::transport::Transport::Tcp,
+        congestion: transfer::quic::Congestion::Cubic,
     };
     let transfer = Transfer::start(config, SendSource::Memory { size }).unwrap();
     let (tx, rx) = mpsc::channel();

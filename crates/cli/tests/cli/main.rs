@@ -10,6 +10,7 @@ mod mptcp;
 mod netns;
 mod odd_sizes;
 mod optimize;
+mod quic;
 mod resume;
 mod sim;
 mod ssh_start;

@@ -4,7 +4,8 @@
 use std::collections::HashSet;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use rangemap::RangeSet;
 
@@ -31,9 +32,52 @@ pub enum DestinationError {
     },
 }
 
+/// How long a session waits for a path that another session is writing before it is refused.
+pub const CLAIM_WAIT: Duration = Duration::from_secs(5);
+
 /// The final paths (relative to the root) that sessions are writing now, so two sessions never
-/// write one file.
-pub type ActivePaths = Arc<Mutex<HashSet<PathBuf>>>;
+/// write one file. A session that wants a path another one holds waits up to [`CLAIM_WAIT`]
+/// for it: a sender killed and run again finds its old session still ending, for the
+/// receiver learns of the kill only when it next reads from the dead connections.
+#[derive(Debug, Default)]
+pub struct ActivePaths {
+    paths: Mutex<HashSet<PathBuf>>,
+    released: Condvar,
+}
+
+impl ActivePaths {
+    /// Claims all of `rels` or none, waiting up to `wait` for those that other sessions hold;
+    /// the first one still held after that is the error.
+    pub fn claim(&self, rels: &[PathBuf], wait: Duration) -> Result<(), PathBuf> {
+        let deadline = Instant::now() + wait;
+        let mut paths = self.paths.lock().expect("active paths lock");
+        loop {
+            let Some(busy) = rels.iter().find(|rel| paths.contains(*rel)) else {
+                paths.extend(rels.iter().cloned());
+                return Ok(());
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(busy.clone());
+            }
+            paths = self
+                .released
+                .wait_timeout(paths, left)
+                .expect("active paths lock")
+                .0;
+        }
+    }
+
+    /// Gives up paths a session claimed.
+    pub fn release(&self, rels: &[PathBuf]) {
+        let mut paths = self.paths.lock().expect("active paths lock");
+        for rel in rels {
+            paths.remove(rel);
+        }
+        drop(paths);
+        self.released.notify_all();
+    }
+}
 
 /// A session's destination.
 pub enum Destination {
@@ -48,7 +92,7 @@ impl Destination {
     pub fn prepare(
         root: &Path,
         manifest: &Manifest,
-        active: &ActivePaths,
+        active: &Arc<ActivePaths>,
     ) -> Result<(Destination, Vec<FileStatus>), DestinationError> {
         match manifest.sink {
             SinkKind::Discard => {
@@ -170,4 +214,50 @@ pub fn check_root_writable(root: &Path) -> std::io::Result<PathBuf> {
         .open(&probe)?;
     std::fs::remove_file(&probe)?;
     Ok(root)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn paths(names: &[&str]) -> Vec<PathBuf> {
+        names.iter().map(PathBuf::from).collect()
+    }
+
+    #[test]
+    fn a_claim_waits_for_the_session_that_holds_its_path() {
+        let active = Arc::new(ActivePaths::default());
+        let old = paths(&["a", "b"]);
+        active.claim(&old, Duration::ZERO).unwrap();
+        let releaser = {
+            let active = active.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                active.release(&old);
+            })
+        };
+        let started = Instant::now();
+        active
+            .claim(&paths(&["c", "b"]), Duration::from_secs(10))
+            .unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(150));
+        releaser.join().unwrap();
+        // All or nothing: "c" and "b" are held now, "a" is free.
+        assert_eq!(
+            active.claim(&paths(&["a", "c"]), Duration::ZERO),
+            Err(PathBuf::from("c"))
+        );
+        active.claim(&paths(&["a"]), Duration::ZERO).unwrap();
+    }
+
+    #[test]
+    fn a_claim_is_refused_when_the_path_stays_held() {
+        let active = ActivePaths::default();
+        active.claim(&paths(&["x"]), Duration::ZERO).unwrap();
+        let started = Instant::now();
+        let busy = active.claim(&paths(&["y", "x"]), Duration::from_millis(300));
+        assert_eq!(busy, Err(PathBuf::from("x")));
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        active.claim(&paths(&["y"]), Duration::ZERO).unwrap();
+    }
 }

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use cap_std::fs::{Dir, MetadataExt, OpenOptions, OpenOptionsExt};
 use rangemap::RangeSet;
 
-use super::destination::{chunk_end, require_complete, ActivePaths, DestinationError};
+use super::destination::{chunk_end, require_complete, ActivePaths, DestinationError, CLAIM_WAIT};
 use crate::journal::{Journal, PartPaths, SourceIdentity};
 use crate::manifest::{split_relative, DirEntry, FileEntry, Manifest, PathError, Timestamp};
 use crate::wire::FileStatus;
@@ -49,16 +49,13 @@ pub struct FileTree {
     root: Dir,
     files: Vec<TreeFile>,
     dirs: Vec<(PathBuf, DirEntry)>,
-    active: ActivePaths,
+    active: Arc<ActivePaths>,
     claimed: Vec<PathBuf>,
 }
 
 impl Drop for FileTree {
     fn drop(&mut self) {
-        let mut active = self.active.lock().expect("active paths lock");
-        for p in &self.claimed {
-            active.remove(p);
-        }
+        self.active.release(&self.claimed);
     }
 }
 
@@ -85,7 +82,7 @@ impl FileTree {
     pub(super) fn prepare(
         root: &Path,
         manifest: &Manifest,
-        active: ActivePaths,
+        active: Arc<ActivePaths>,
     ) -> Result<(FileTree, Vec<FileStatus>), DestinationError> {
         let dest: PathBuf = split_relative(&manifest.dest, true)
             .map_err(refused)?
@@ -146,17 +143,13 @@ impl FileTree {
     }
 
     fn claim(&mut self, rels: &[PathBuf]) -> Result<(), DestinationError> {
-        let mut active = self.active.lock().expect("active paths lock");
-        if let Some(busy) = rels.iter().find(|rel| active.contains(*rel)) {
-            return Err(DestinationError::Refused(format!(
+        self.active.claim(rels, CLAIM_WAIT).map_err(|busy| {
+            DestinationError::Refused(format!(
                 "another session is writing {} now",
                 busy.display()
-            )));
-        }
-        for rel in rels {
-            active.insert(rel.clone());
-            self.claimed.push(rel.clone());
-        }
+            ))
+        })?;
+        self.claimed = rels.to_vec();
         Ok(())
     }
 
@@ -507,7 +500,7 @@ mod tests {
             dirs: Vec::new(),
             files: vec![entry],
         };
-        let (_, plan) = FileTree::prepare(root.path(), &manifest, ActivePaths::default()).unwrap();
+        let (_, plan) = FileTree::prepare(root.path(), &manifest, Default::default()).unwrap();
         assert_eq!(plan, vec![FileStatus::Complete]);
         assert!(!journal.exists());
         assert_eq!(std::fs::read(&final_path).unwrap(), b"abc");

@@ -18,10 +18,11 @@ use std::time::{Duration, Instant};
 
 pub use destination::check_root_writable;
 use destination::{ActivePaths, Destination, DestinationError};
-use reader::{Activity, ConnReader};
+use reader::{Activity, ConnReader, Source};
 
 use crate::auth::{self, random_bytes, ChannelBinding, SessionKey, HANDSHAKE_MESSAGE_LIMIT};
-use crate::link::{self, LinkReader, LinkWriter};
+use crate::link::{self, Connection, LinkReader, LinkWriter};
+use crate::quic::{QuicServer, QuicStream};
 use crate::tls::ServerIdentity;
 use crate::transport::{self, Transport};
 use crate::wire::{
@@ -61,8 +62,10 @@ pub struct ReceiverConfig {
     pub idle_timeout: Duration,
     /// Refuse sessions that are not encrypted (TLS); encrypted ones are always accepted.
     pub require_encryption: bool,
-    /// Listen for TCP, or for MPTCP (which also takes plain TCP senders); where this host
-    /// cannot make MPTCP sockets the receiver listens for TCP and logs why.
+    /// Listen for TCP, or for MPTCP (which also takes plain TCP senders; where this host
+    /// cannot make MPTCP sockets the receiver listens for TCP and logs why), or for QUIC on the
+    /// UDP port of the same number besides TCP (which carries every session's control
+    /// connection, and serves TCP senders too).
     pub transport: Transport,
 }
 
@@ -149,9 +152,10 @@ struct Session {
     activity: Arc<Activity>,
     streams: AtomicU32,
     failure: Mutex<Option<String>>,
-    /// Clones of the data sockets, shut down when the control connection ends so that no stream
-    /// thread outlives its session (a vanished sender sends no FIN). `None` once it ended.
-    sockets: Mutex<Option<Vec<TcpStream>>>,
+    /// Handles of the data connections, shut down when the control connection ends so that no
+    /// stream thread outlives its session (a vanished sender sends no FIN). `None` once it
+    /// ended.
+    connections: Mutex<Option<Vec<Connection>>>,
 }
 
 struct Shared {
@@ -159,12 +163,14 @@ struct Shared {
     limits: SessionLimits,
     /// The certificate encrypted connections are served with.
     tls: ServerIdentity,
+    /// The QUIC endpoint, when serving QUIC.
+    quic: Option<QuicServer>,
     sessions: Mutex<HashMap<[u8; 16], Arc<Session>>>,
     /// Control connections past authentication (a session's slot is taken before its manifest
     /// is read, so concurrent sessions never exceed the limit).
     sessions_open: AtomicUsize,
     handshakes: AtomicUsize,
-    active_paths: ActivePaths,
+    active_paths: Arc<ActivePaths>,
     sessions_ended: AtomicU64,
 }
 
@@ -174,13 +180,17 @@ struct Slot<'a>(&'a AtomicUsize);
 impl<'a> Slot<'a> {
     /// Takes a unit of `counter` if it is below `max`.
     fn take(counter: &'a AtomicUsize, max: usize) -> Option<Slot<'a>> {
-        counter
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| Slot(counter))
+        take_unit(counter, max).then_some(Slot(counter))
     }
+}
+
+/// Adds one to `counter` if it is below `max`; whether it did.
+fn take_unit(counter: &AtomicUsize, max: usize) -> bool {
+    counter
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .is_ok()
 }
 
 impl Drop for Slot<'_> {
@@ -213,6 +223,16 @@ impl Receiver {
         if let Some(why) = fallback {
             tracing::warn!("{why}");
         }
+        let quic = match transport {
+            Transport::Quic => {
+                let udp = listener.local_addr().and_then(QuicServer::bind);
+                Some(udp.map_err(|source| ReceiverError::Bind {
+                    addr: format!("{addr} (UDP, for QUIC)"),
+                    source,
+                })?)
+            }
+            _ => None,
+        };
         Ok(Receiver {
             listener,
             transport,
@@ -220,10 +240,11 @@ impl Receiver {
                 config,
                 limits,
                 tls,
+                quic,
                 sessions: Mutex::new(HashMap::new()),
                 sessions_open: AtomicUsize::new(0),
                 handshakes: AtomicUsize::new(0),
-                active_paths: ActivePaths::default(),
+                active_paths: Arc::default(),
                 sessions_ended: AtomicU64::new(0),
             }),
         })
@@ -248,6 +269,17 @@ impl Receiver {
     /// sessions have ended (successfully or not), or never when `None`.
     pub fn serve(&self, max_sessions_served: Option<u64>) -> std::io::Result<()> {
         self.listener.set_nonblocking(true)?;
+        let _accepting_quic = match &self.shared.quic {
+            Some(quic) => {
+                let shared = self.shared.clone();
+                Some(quic.accept_while(
+                    self.shared.config.handshake_timeout,
+                    move |peer| shared.admit(peer),
+                    serve_quic_connection,
+                )?)
+            }
+            None => None,
+        };
         loop {
             if max_sessions_served
                 .is_some_and(|n| self.shared.sessions_ended.load(Ordering::Acquire) >= n)
@@ -256,18 +288,12 @@ impl Receiver {
             }
             match self.listener.accept() {
                 Ok((stream, peer)) => {
-                    let shared = self.shared.clone();
-                    if shared.handshakes.load(Ordering::Acquire) >= shared.config.max_handshakes {
-                        tracing::warn!(
-                            "closing connection from {peer}: {} connections are authenticating already",
-                            shared.config.max_handshakes
-                        );
+                    let Some(admitted) = self.shared.admit(peer) else {
                         continue;
-                    }
-                    shared.handshakes.fetch_add(1, Ordering::AcqRel);
+                    };
                     std::thread::Builder::new()
                         .name(format!("xfer-conn-{peer}"))
-                        .spawn(move || serve_connection(&shared, stream, peer))?;
+                        .spawn(move || serve_tcp_connection(stream, peer, admitted))?;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     wait_readable(&self.listener, 100)
@@ -293,9 +319,43 @@ fn wait_readable(listener: &TcpListener, timeout_ms: i32) {
     unsafe { libc::poll(&mut fd, 1, timeout_ms) };
 }
 
-fn serve_connection(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
-    let handshake = Slot(&shared.handshakes); // taken by the accept loop
-    let setup = || -> std::io::Result<(ConnFrames, LinkWriter, ChannelBinding, bool)> {
+/// A connection's place among those in their handshake ([`ReceiverConfig::max_handshakes`]),
+/// given back when it drops.
+struct Admitted(Arc<Shared>);
+
+impl Shared {
+    /// Admits a new connection from `peer` to its handshake, unless too many are in theirs.
+    fn admit(self: &Arc<Self>, peer: SocketAddr) -> Option<Admitted> {
+        let max = self.config.max_handshakes;
+        if !take_unit(&self.handshakes, max) {
+            tracing::warn!(
+                "closing connection from {peer}: {max} connections are authenticating already"
+            );
+            return None;
+        }
+        Some(Admitted(self.clone()))
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.0.handshakes.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A new connection, ready for its key handshake.
+struct Link {
+    reader: ConnFrames,
+    writer: LinkWriter,
+    channel: ChannelBinding,
+    /// TLS or QUIC.
+    encrypted: bool,
+    connection: Connection,
+}
+
+fn serve_tcp_connection(stream: TcpStream, peer: SocketAddr, admitted: Admitted) {
+    let shared = &admitted.0;
+    let setup = || -> std::io::Result<Link> {
         stream.set_nonblocking(false)?;
         stream.set_nodelay(true)?;
         // A peer that stops reading must not hold a session's thread in a write for ever.
@@ -305,20 +365,79 @@ fn serve_connection(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
             .with_interval(Duration::from_secs(10))
             .with_retries(6);
         socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
-        let source = ConnReader::new(stream.try_clone()?, shared.config.handshake_timeout)?;
+        let source = ConnReader::new(
+            Source::Tcp(stream.try_clone()?),
+            shared.config.handshake_timeout,
+        )?;
         let ((reader, writer, channel), encrypted) = link::server(&stream, source, &shared.tls)?;
-        let reader = FrameReader::new(
-            BufReader::with_capacity(READ_BUFFER, reader),
-            shared.limits.max_chunk as usize,
-        );
-        Ok((reader, writer, channel, encrypted))
+        Ok(Link {
+            reader: frames(shared, reader),
+            writer,
+            channel,
+            encrypted,
+            connection: Connection::Tcp(stream.try_clone()?),
+        })
     };
-    let (mut reader, mut writer, channel, encrypted) = match setup() {
-        Ok(halves) => halves,
-        Err(e) => return tracing::warn!("connection from {peer}: {e}"),
+    match setup() {
+        Ok(link) => serve_link(link, peer, admitted),
+        Err(e) => tracing::warn!("connection from {peer}: {e}"),
+    }
+}
+
+fn serve_quic_connection(
+    stream: std::io::Result<QuicStream>,
+    peer: SocketAddr,
+    admitted: Admitted,
+) {
+    let shared = &admitted.0;
+    let setup = || -> std::io::Result<Link> {
+        let mut stream = stream?;
+        stream
+            .writer
+            .set_write_timeout(Some(shared.config.idle_timeout));
+        let source = ConnReader::new(
+            Source::Quic(stream.reader),
+            shared.config.handshake_timeout,
+        )?;
+        Ok(Link {
+            reader: frames(shared, LinkReader::Plain(source)),
+            writer: LinkWriter::Quic(stream.writer),
+            channel: stream.binding,
+            encrypted: true,
+            connection: Connection::Quic(stream.connection),
+        })
     };
+    match setup() {
+        Ok(link) => serve_link(link, peer, admitted),
+        Err(e) => tracing::warn!("QUIC connection from {peer}: {e}"),
+    }
+}
+
+fn frames(shared: &Shared, reader: LinkReader<ConnReader>) -> ConnFrames {
+    FrameReader::new(
+        BufReader::with_capacity(READ_BUFFER, reader),
+        shared.limits.max_chunk as usize,
+    )
+}
+
+/// Authenticates a new connection and serves it as what it proves to be: a session's control
+/// connection (over TCP only) or one of its data streams.
+fn serve_link(link: Link, peer: SocketAddr, admitted: Admitted) {
+    let Link {
+        mut reader,
+        mut writer,
+        channel,
+        encrypted,
+        connection,
+    } = link;
+    let shared = admitted.0.clone();
+    let shared = &*shared;
+    let over_quic = matches!(connection, Connection::Quic(_));
     let mut joined = None;
     let proven = auth::handshake_as_server(&mut reader, &mut writer, &channel, |role| match role {
+        Role::Control if over_quic => {
+            Err("control connections are TCP; QUIC carries data streams only".into())
+        }
         Role::Control if shared.config.require_encryption && !encrypted => {
             Err("this receiver serves only encrypted sessions: use xfer send --encrypt".into())
         }
@@ -343,19 +462,22 @@ fn serve_connection(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
             Ok(key)
         }
     });
-    drop(handshake);
-    match proven {
+    drop(admitted);
+    let failed = match proven {
         Ok((Role::Control, nonces)) => {
             run_control(shared, &mut reader, &mut writer, peer, &nonces, encrypted);
             shared.sessions_ended.fetch_add(1, Ordering::AcqRel);
+            false
         }
-        Ok((Role::Data { .. }, _)) => {
-            if let Some(session) = joined {
-                run_data(shared, &session, &mut reader, &mut writer, &stream, peer)
-            }
+        Ok((Role::Data { .. }, _)) => joined.is_some_and(|session| {
+            run_data(shared, &session, &mut reader, &mut writer, &connection, peer)
+        }),
+        Err(e) => {
+            tracing::warn!("connection from {peer} refused: {e}");
+            false
         }
-        Err(e) => tracing::warn!("connection from {peer} refused: {e}"),
-    }
+    };
+    close_after_reply(&connection, &mut writer, failed);
 }
 
 fn refuse(writer: &mut impl Write, peer: SocketAddr, reason: String) {
@@ -452,7 +574,7 @@ fn serve_session(
         activity: Activity::new(),
         streams: AtomicU32::new(0),
         failure: Mutex::new(None),
-        sockets: Mutex::new(Some(Vec::new())),
+        connections: Mutex::new(Some(Vec::new())),
     });
     shared
         .sessions
@@ -461,9 +583,12 @@ fn serve_session(
         .insert(id, session.clone());
     let outcome = serve_control_messages(shared, &session, reader, writer, plan);
     shared.sessions.lock().expect("sessions lock").remove(&id);
-    let sockets = session.sockets.lock().expect("sockets lock").take();
-    for socket in sockets.into_iter().flatten() {
-        let _ = socket.shutdown(std::net::Shutdown::Both);
+    if let Some(quic) = &shared.quic {
+        quic.remove_session(&id);
+    }
+    let connections = session.connections.lock().expect("connections lock").take();
+    for connection in connections.into_iter().flatten() {
+        connection.shutdown();
     }
     let name = &session.name;
     match outcome {
@@ -510,6 +635,19 @@ fn serve_control_messages(
                     return Err(e);
                 }
             }
+            Message::QuicRequest => {
+                let offer = offer_quic(shared, session);
+                let reply = match &offer {
+                    Ok(certificate) => Message::QuicOffer {
+                        certificate: *certificate,
+                    },
+                    Err(reason) => Message::Refused {
+                        reason: reason.clone(),
+                    },
+                };
+                wire::write_message(writer, &reply).map_err(|e| e.to_string())?;
+                offer?;
+            }
             Message::Finish => {
                 let finished = {
                     let _busy = session.activity.busy();
@@ -537,36 +675,54 @@ fn serve_control_messages(
     }
 }
 
+/// Makes the session's QUIC certificate and returns its hash, or why QUIC cannot be had.
+fn offer_quic(shared: &Shared, session: &Session) -> Result<[u8; 32], String> {
+    let Some(quic) = &shared.quic else {
+        return Err(
+            "this receiver does not serve QUIC: start it with xfer recv --transport quic".into(),
+        );
+    };
+    if !session.encrypted {
+        return Err("QUIC sessions need an encrypted (TLS) control connection".into());
+    }
+    quic.add_session(&session.id)
+        .map_err(|e| format!("cannot serve QUIC: {e}"))
+}
+
+/// Serves a data stream until it ends; whether it failed the session (an error reply was
+/// sent and the peer may still be sending).
 fn run_data(
     shared: &Shared,
     session: &Session,
     reader: &mut ConnFrames,
     writer: &mut LinkWriter,
-    socket: &TcpStream,
+    connection: &Connection,
     peer: SocketAddr,
-) {
+) -> bool {
     let limits = shared.limits;
     if session.streams.fetch_add(1, Ordering::AcqRel) >= limits.max_streams {
         session.streams.fetch_sub(1, Ordering::AcqRel);
-        return refuse(
+        refuse(
             writer,
             peer,
             format!("a session may open at most {} streams", limits.max_streams),
         );
+        return false;
     }
     let registered = match (
-        socket.try_clone(),
-        session.sockets.lock().expect("sockets lock").as_mut(),
+        connection.try_clone(),
+        session.connections.lock().expect("connections lock").as_mut(),
     ) {
-        (Ok(clone), Some(sockets)) => {
-            sockets.push(clone);
+        (Ok(clone), Some(connections)) => {
+            connections.push(clone);
             true
         }
         _ => false,
     };
     if !registered {
         session.streams.fetch_sub(1, Ordering::AcqRel);
-        return refuse(writer, peer, "the session has ended".into());
+        refuse(writer, peer, "the session has ended".into());
+        return false;
     }
     let result = wire::write_message(
         writer,
@@ -585,19 +741,40 @@ fn run_data(
     .and_then(|()| receive_chunks(session, reader, writer));
     session.streams.fetch_sub(1, Ordering::AcqRel);
     match result {
-        Ok(()) => {}
+        Ok(()) => false,
         Err(StreamEnd::Closed(e)) => {
-            tracing::debug!("session {}: stream from {peer} closed: {e}", session.name)
+            tracing::debug!("session {}: stream from {peer} closed: {e}", session.name);
+            false
         }
         Err(StreamEnd::Failed(e)) => {
             tracing::warn!(
                 "session {}: stream from {peer} failed the session: {e}",
                 session.name
             );
-            drain_before_close(socket);
+            true
         }
     }
-    let _ = socket.shutdown(std::net::Shutdown::Both);
+}
+
+/// How long a connection is kept open after its last reply so that the peer reads it.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// Closes a connection once the peer has had the chance to read the last reply. After an error
+/// reply (`failed`) a TCP peer may still be sending: its data is read and discarded for a
+/// bounded time, so its blocked write completes and it reads the error instead of hanging (or
+/// losing the error to a reset). A QUIC connection's stream is finished and the peer, which
+/// closes the connection once it has read the last reply, is given as long to do so (closing
+/// first would discard what it has not received).
+fn close_after_reply(connection: &Connection, writer: &mut LinkWriter, failed: bool) {
+    match (connection, writer) {
+        (Connection::Quic(quic), LinkWriter::Quic(stream)) => {
+            stream.finish();
+            quic.wait_closed(LINGER);
+        }
+        (Connection::Tcp(socket), _) if failed => drain_before_close(socket),
+        _ => {}
+    }
+    connection.shutdown();
 }
 
 /// Why a data stream ended early.
@@ -608,11 +785,8 @@ enum StreamEnd {
     Failed(String),
 }
 
-/// After an error reply: half-close, then read and discard what the peer is still sending for a
-/// bounded time, so its blocked write completes and it reads the error instead of hanging (or
-/// losing the error to a reset).
+/// Half-closes, then reads and discards what the peer is still sending, for at most [`LINGER`].
 fn drain_before_close(mut socket: &TcpStream) {
-    const LINGER: Duration = Duration::from_secs(2);
     let _ = socket.shutdown(std::net::Shutdown::Write);
     if socket.set_read_timeout(Some(LINGER)).is_err() {
         return;
@@ -700,7 +874,7 @@ pub(crate) fn prepare_for_fuzzing(
     manifest: &crate::manifest::Manifest,
 ) -> Result<(), String> {
     manifest.total_bytes();
-    Destination::prepare(root, manifest, &ActivePaths::default())
+    Destination::prepare(root, manifest, &Arc::default())
         .map(drop)
         .map_err(|e| e.to_string())
 }

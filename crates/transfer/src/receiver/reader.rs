@@ -4,6 +4,8 @@
 
 use std::io::{ErrorKind, Read};
 use std::net::TcpStream;
+
+use crate::quic::QuicReader;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,11 +69,39 @@ impl Drop for BusyGuard<'_> {
     }
 }
 
+/// What a connection's bytes come from.
+pub(super) enum Source {
+    /// A TCP or MPTCP socket.
+    Tcp(TcpStream),
+    /// A QUIC connection's stream.
+    Quic(QuicReader),
+}
+
+impl Source {
+    fn set_read_timeout(&mut self, timeout: Duration) -> std::io::Result<()> {
+        match self {
+            Source::Tcp(socket) => socket.set_read_timeout(Some(timeout)),
+            Source::Quic(stream) => {
+                stream.set_read_timeout(Some(timeout));
+                Ok(())
+            }
+        }
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Source::Tcp(socket) => socket.read(buf),
+            Source::Quic(stream) => stream.read(buf),
+        }
+    }
+}
+
 /// A connection's reader. Reads fail with `TimedOut` once the watched [`Activity`] has been idle
-/// for the limit. On a data stream, each read waits until `min(requested, RECV_LOWAT_MAX)`
-/// bytes have arrived (or `RECV_BATCH_WAIT` has passed) instead of waking for every packet.
+/// for the limit. On a TCP data stream, each read waits until `min(requested, RECV_LOWAT_MAX)`
+/// bytes have arrived (or `RECV_BATCH_WAIT` has passed) instead of waking for every packet
+/// (a QUIC stream's reads return what its connection has assembled).
 pub(super) struct ConnReader {
-    socket: TcpStream,
+    source: Source,
     lowat: usize,
     batching: bool,
     activity: Arc<Activity>,
@@ -81,10 +111,10 @@ pub(super) struct ConnReader {
 
 impl ConnReader {
     /// A reader for the handshake: it fails after `limit` without a byte.
-    pub(super) fn new(socket: TcpStream, limit: Duration) -> std::io::Result<Self> {
-        socket.set_read_timeout(Some(limit))?;
+    pub(super) fn new(mut source: Source, limit: Duration) -> std::io::Result<Self> {
+        source.set_read_timeout(limit)?;
         Ok(ConnReader {
-            socket,
+            source,
             lowat: 1,
             batching: false,
             activity: Activity::new(),
@@ -99,27 +129,31 @@ impl ConnReader {
         activity: Arc<Activity>,
         limit: Duration,
     ) -> std::io::Result<()> {
-        self.socket
-            .set_read_timeout(Some(limit.min(CONTROL_POLL)))?;
+        self.source.set_read_timeout(limit.min(CONTROL_POLL))?;
         self.activity = activity;
         self.idle_limit = limit;
         self.what = "session";
         Ok(())
     }
 
-    /// Switches to batched reads (a data stream after its handshake).
+    /// Switches a TCP data stream to batched reads (after its handshake).
     pub(super) fn start_batching(&mut self) -> std::io::Result<()> {
-        self.socket.set_read_timeout(Some(RECV_BATCH_WAIT))?;
-        self.batching = true;
+        if let Source::Tcp(socket) = &self.source {
+            socket.set_read_timeout(Some(RECV_BATCH_WAIT))?;
+            self.batching = true;
+        }
         Ok(())
     }
 
     fn set_lowat(&mut self, want: usize) {
+        let Source::Tcp(socket) = &self.source else {
+            return;
+        };
         if want == self.lowat {
             return;
         }
         let rc = crate::sockopt::set(
-            &self.socket,
+            socket,
             libc::SOL_SOCKET,
             libc::SO_RCVLOWAT,
             want as libc::c_int,
@@ -135,7 +169,7 @@ impl Read for ConnReader {
             self.set_lowat(buf.len().clamp(1, RECV_LOWAT_MAX));
         }
         loop {
-            match self.socket.read(buf) {
+            match self.source.read(buf) {
                 Ok(n) => {
                     self.activity.touch();
                     return Ok(n);
@@ -177,7 +211,7 @@ mod tests {
     #[test]
     fn a_silent_handshake_times_out_with_a_clear_reason() {
         let (_client, server) = pair();
-        let mut reader = ConnReader::new(server, Duration::from_millis(200)).unwrap();
+        let mut reader = ConnReader::new(Source::Tcp(server), Duration::from_millis(200)).unwrap();
         let started = Instant::now();
         let err = reader.read(&mut [0u8; 8]).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::TimedOut);
@@ -193,9 +227,9 @@ mod tests {
         let (mut busy_client, busy) = pair();
         let activity = Activity::new();
         let limit = Duration::from_millis(300);
-        let mut quiet = ConnReader::new(quiet, limit).unwrap();
+        let mut quiet = ConnReader::new(Source::Tcp(quiet), limit).unwrap();
         quiet.watch_session(activity.clone(), limit).unwrap();
-        let mut busy = ConnReader::new(busy, limit).unwrap();
+        let mut busy = ConnReader::new(Source::Tcp(busy), limit).unwrap();
         busy.watch_session(activity.clone(), limit).unwrap();
         let feeder = std::thread::spawn(move || {
             let mut got = 0;

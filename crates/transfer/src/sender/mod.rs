@@ -25,7 +25,9 @@ use std::time::{Duration, Instant};
 use crate::auth::{self, AuthError, SessionKey};
 use crate::link;
 use crate::manifest::{scan_sources, Manifest};
+use crate::link::Connection;
 use crate::mptcp_info::{self, Subflow};
+use crate::quic::{Congestion, QuicClient};
 use crate::tcp_info::{self, TcpInfo};
 use crate::transport::{self, Transport};
 use crate::wire::{self, FileStatus, FrameReader, Message, Role, WireError};
@@ -82,9 +84,12 @@ pub struct SendConfig {
     pub unsent_limit: u32,
     /// TLS 1.3 on the control connection and every data stream.
     pub encrypt: bool,
-    /// TCP or MPTCP. MPTCP falls back to TCP where this host or the receiver lacks it
-    /// ([`Transfer::transport`] says which is used, [`Transfer::notices`] why).
+    /// TCP, MPTCP or QUIC. MPTCP falls back to TCP where this host or the receiver lacks it
+    /// ([`Transfer::transport`] says which is used, [`Transfer::notices`] why). QUIC encrypts
+    /// everything: the control connection uses TLS as with `encrypt`.
     pub transport: Transport,
+    /// The congestion controller of each QUIC connection (TCP and MPTCP use the kernel's).
+    pub congestion: Congestion,
     /// How long the receiver may stay silent before its connection is given up (raised to
     /// [`MIN_STALL_TIMEOUT`]): on the control connection, where it says `Working` every
     /// [`wire::HEARTBEAT`] however busy it is, the transfer then fails with a clear error; on a
@@ -274,6 +279,8 @@ struct Shared {
     addrs: Vec<SocketAddr>,
     /// The transport in use: the one asked for, or TCP where MPTCP could not be had.
     transport: Transport,
+    /// Opens the data streams' connections when the transport is QUIC.
+    quic: Option<QuicClient>,
     session: [u8; 16],
     /// What this session's data streams prove (derived in the control handshake).
     session_key: SessionKey,
@@ -462,12 +469,18 @@ impl Transfer {
     /// streams. Returns once data is flowing; errors up to that point are returned here.
     pub fn start(mut config: SendConfig, source: SendSource) -> Result<Transfer, SendError> {
         let start = Instant::now();
-        if config.transport == Transport::Mptcp && config.stream_rate_cap.is_some() {
-            return Err(SendError::Settings(
-                "a per-stream rate cap needs TCP: Linux cannot pace MPTCP connections \
-                 (SO_MAX_PACING_RATE)"
-                    .into(),
-            ));
+        if config.transport != Transport::Tcp && config.stream_rate_cap.is_some() {
+            return Err(SendError::Settings(format!(
+                "a per-stream rate cap needs TCP: {}",
+                match config.transport {
+                    Transport::Mptcp =>
+                        "Linux cannot pace MPTCP connections (SO_MAX_PACING_RATE)",
+                    _ => "QUIC connections are paced by their congestion controller alone",
+                }
+            )));
+        }
+        if config.transport == Transport::Quic {
+            config.encrypt = true;
         }
         config.stall_timeout = config.stall_timeout.max(MIN_STALL_TIMEOUT);
         let stall_timeout = config.stall_timeout;
@@ -513,12 +526,7 @@ impl Transfer {
         })?;
         wire::write_message(&mut writer, &Message::Manifest(manifest.clone()))
             .map_err(|e| SendError::Connection(e.to_string()))?;
-        let answer = loop {
-            match reader.read_message() {
-                Ok(Message::Working) => {}
-                answer => break answer.map_err(|e| SendError::reading(e, stall_timeout))?,
-            }
-        };
+        let answer = read_answer(&mut reader, stall_timeout)?;
         let plan = match answer {
             Message::Plan(plan) if plan.len() == manifest.files.len() => plan,
             Message::Plan(_) => {
@@ -534,6 +542,16 @@ impl Transfer {
                 )))
             }
         };
+        let quic = match transport {
+            Transport::Quic => Some(ask_for_quic(
+                &mut reader,
+                &mut writer,
+                &session,
+                config.congestion,
+                stall_timeout,
+            )?),
+            _ => None,
+        };
         let unit_size = config.unit_size.clamp(1, limits.max_chunk);
         let (queue, to_seal, files_complete) = build_queue(&manifest, &plan, unit_size)?;
         let bytes_total = queue.pending().map(|u| u.len as u64).sum();
@@ -546,6 +564,7 @@ impl Transfer {
             config,
             addrs,
             transport,
+            quic,
             session,
             session_key,
             manifest,
@@ -813,16 +832,58 @@ fn connect(
     })
 }
 
-/// Samples a stream socket's TCP counters and, over MPTCP, its subflows; `None` when the
-/// socket is already closed.
-fn sample_socket(socket: &TcpStream, transport: Transport) -> Option<(TcpInfo, Vec<Subflow>)> {
+/// Samples a stream's counters: a TCP socket's `TCP_INFO` and, over MPTCP, its subflows'; a
+/// QUIC connection's path statistics in the same shape. `None` once it has closed.
+fn sample_connection(
+    connection: &Connection,
+    transport: Transport,
+) -> Option<(TcpInfo, Vec<Subflow>)> {
+    let socket = match connection {
+        Connection::Tcp(socket) => socket,
+        Connection::Quic(quic) => return Some((quic.sample()?, Vec::new())),
+    };
     let tcp = tcp_info::sample(socket).ok()?;
     let subflows = match transport {
         // A stream that fell back to TCP on its own has none.
         Transport::Mptcp => mptcp_info::subflows(socket).unwrap_or_default(),
-        Transport::Tcp => Vec::new(),
+        Transport::Tcp | Transport::Quic => Vec::new(),
     };
     Some((tcp, subflows))
+}
+
+/// The receiver's next message on the control connection that is not its heartbeat.
+fn read_answer<R: std::io::Read>(
+    reader: &mut FrameReader<R>,
+    stall_timeout: Duration,
+) -> Result<Message, SendError> {
+    loop {
+        match reader.read_message() {
+            Ok(Message::Working) => {}
+            answer => return answer.map_err(|e| SendError::reading(e, stall_timeout)),
+        }
+    }
+}
+
+/// Asks the receiver for QUIC data streams (after the plan, on the control connection) and
+/// makes the client that opens them, pinned to the certificate the receiver announces.
+fn ask_for_quic<R: std::io::Read>(
+    reader: &mut FrameReader<R>,
+    writer: &mut impl std::io::Write,
+    session: &[u8; 16],
+    congestion: Congestion,
+    stall_timeout: Duration,
+) -> Result<QuicClient, SendError> {
+    wire::write_message(writer, &Message::QuicRequest)
+        .map_err(|e| SendError::Connection(e.to_string()))?;
+    match read_answer(reader, stall_timeout)? {
+        Message::QuicOffer { certificate } => QuicClient::new(session, certificate, congestion)
+            .map_err(|e| SendError::Connection(e.to_string())),
+        Message::Refused { reason } => Err(SendError::Receiver(reason)),
+        other => Err(SendError::Protocol(format!(
+            "expected QuicOffer, got {}",
+            auth::name(&other)
+        ))),
+    }
 }
 
 /// What the sender does with a receiver's resume plan: the units left to send.

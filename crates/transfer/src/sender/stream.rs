@@ -2,18 +2,20 @@
 //! and each stream's writer and acknowledgement reader.
 
 use std::collections::VecDeque;
-use std::io::BufReader;
-use std::net::{Shutdown, TcpStream};
+use std::io::{BufReader, Read};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use super::{
-    connect, sample_socket, ManagerEvent, SendConfig, SendError, Shared, Unit, MAX_STREAM_FAILURES,
+    connect, sample_connection, ManagerEvent, SendConfig, SendError, Shared, Unit,
+    CONNECT_TIMEOUT, MAX_STREAM_FAILURES,
 };
-use crate::auth::{self, AuthError};
-use crate::link::{self, LinkReader, LinkWriter};
+use crate::auth::{self, AuthError, ChannelBinding};
+use crate::link::{self, Connection, LinkWriter};
 use crate::mptcp_info::Subflow;
+use crate::quic::{QuicClient, QuicError, QuicReader};
 use crate::sockopt;
 use crate::tcp_info::TcpInfo;
 use crate::transport::Transport;
@@ -35,7 +37,7 @@ pub(super) enum StreamFailure {
 pub(super) struct StreamHandle {
     pub(super) id: u64,
     retire: AtomicBool,
-    socket: OnceLock<TcpStream>,
+    connection: OnceLock<Connection>,
     /// The ack clock: since when (ms after the transfer's start) the stream has been waiting
     /// for the receiver's next answer, or `u64::MAX` while it waits for nothing (or was closed
     /// for having waited too long).
@@ -47,7 +49,7 @@ impl StreamHandle {
         StreamHandle {
             id,
             retire: AtomicBool::new(false),
-            socket: OnceLock::new(),
+            connection: OnceLock::new(),
             waiting_since_ms: AtomicU64::new(u64::MAX),
         }
     }
@@ -96,12 +98,12 @@ impl StreamHandle {
     }
 
     pub(super) fn sample(&self, transport: Transport) -> Option<(TcpInfo, Vec<Subflow>)> {
-        sample_socket(self.socket.get()?, transport)
+        sample_connection(self.connection.get()?, transport)
     }
 
     pub(super) fn shutdown(&self) {
-        if let Some(s) = self.socket.get() {
-            let _ = s.shutdown(Shutdown::Both);
+        if let Some(c) = self.connection.get() {
+            c.shutdown();
         }
     }
 }
@@ -208,17 +210,33 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
 
 /// Runs one stream from connect to close.
 fn run_stream(shared: &Shared, handle: &StreamHandle) -> Result<(), StreamFailure> {
-    let fatal = |e: SendError| {
-        shared.fail(e);
-        StreamFailure::Fatal
-    };
-    let (socket, _, fallback) =
-        connect(&shared.addrs, &shared.config.addr, shared.transport).map_err(fatal)?;
+    match &shared.quic {
+        None => {
+            let (reader, writer, socket) = open_tcp(shared, handle)?;
+            carry(shared, handle, reader, writer, Connection::Tcp(socket))
+        }
+        Some(client) => {
+            let (reader, writer, connection) = open_quic(shared, client)?;
+            carry(shared, handle, reader, writer, connection)
+        }
+    }
+}
+
+/// An authenticated data stream's reader and writer, and its connection.
+type Opened<R, C> = (FrameReader<BufReader<R>>, LinkWriter, C);
+
+/// Opens a TCP or MPTCP connection for a stream (with TLS when encrypting) and proves the
+/// session on it.
+fn open_tcp(
+    shared: &Shared,
+    handle: &StreamHandle,
+) -> Result<Opened<link::LinkReader<TcpStream>, TcpStream>, StreamFailure> {
+    let (socket, _, fallback) = connect(&shared.addrs, &shared.config.addr, shared.transport)
+        .map_err(|e| fatal(shared, e))?;
     if let Some(why) = fallback {
         tracing::info!("stream {}: {why}", handle.id);
     }
-    tune_data_socket(&socket, &shared.config).map_err(fatal)?;
-    let broken = |e: std::io::Error| StreamFailure::Broken(e.to_string());
+    tune_data_socket(&socket, &shared.config).map_err(|e| fatal(shared, e))?;
     // The handshake is bounded by the stall timeout; afterwards the ack clock watches the stream.
     socket
         .set_read_timeout(Some(shared.config.stall_timeout))
@@ -226,24 +244,83 @@ fn run_stream(shared: &Shared, handle: &StreamHandle) -> Result<(), StreamFailur
     let (reader, mut writer, channel) =
         link::client(&socket, shared.config.encrypt).map_err(broken)?;
     let mut reader = FrameReader::new(BufReader::new(reader), 0);
-    auth::handshake_as_client(
-        &mut reader,
-        &mut writer,
-        &channel,
-        &shared.session_key,
-        Role::Data {
-            session: shared.session,
-        },
-    )
-    .map_err(|e| match e {
-        // Damaged or cut off on the way: another stream may do better.
-        AuthError::Wire(w @ (WireError::Io(_) | WireError::Corrupted(_))) => {
-            StreamFailure::Broken(w.to_string())
-        }
-        other => fatal(other.into()),
-    })?;
+    prove_session(shared, &mut reader, &mut writer, &channel)?;
     socket.set_read_timeout(None).map_err(broken)?;
-    let _ = handle.socket.set(socket.try_clone().map_err(broken)?);
+    Ok((reader, writer, socket))
+}
+
+/// Opens a QUIC connection for a stream to the first of the receiver's addresses that answers,
+/// and proves the session on it.
+fn open_quic(
+    shared: &Shared,
+    client: &QuicClient,
+) -> Result<Opened<QuicReader, Connection>, StreamFailure> {
+    let mut last = None;
+    for &addr in &shared.addrs {
+        match client.connect(addr, CONNECT_TIMEOUT) {
+            Ok(stream) => {
+                let mut writer = LinkWriter::Quic(stream.writer);
+                let mut quic_reader = stream.reader;
+                quic_reader.set_read_timeout(Some(shared.config.stall_timeout));
+                let mut reader = FrameReader::new(BufReader::new(quic_reader), 0);
+                prove_session(shared, &mut reader, &mut writer, &stream.binding)?;
+                reader.get_mut().get_mut().set_read_timeout(None);
+                return Ok((reader, writer, Connection::Quic(stream.connection)));
+            }
+            Err(e @ QuicError::WrongCertificate) => {
+                return Err(fatal(shared, SendError::Auth(e.to_string())))
+            }
+            Err(QuicError::Io(e)) => last = Some(e),
+        }
+    }
+    let reason = last.map(|e| e.to_string()).unwrap_or_default();
+    Err(StreamFailure::Broken(format!(
+        "cannot open a QUIC connection to {}: {reason}",
+        shared.config.addr
+    )))
+}
+
+/// The data stream's half of the key handshake: it proves it belongs to the session.
+fn prove_session<R: Read>(
+    shared: &Shared,
+    reader: &mut FrameReader<R>,
+    writer: &mut LinkWriter,
+    channel: &ChannelBinding,
+) -> Result<(), StreamFailure> {
+    let role = Role::Data {
+        session: shared.session,
+    };
+    auth::handshake_as_client(reader, writer, channel, &shared.session_key, role)
+        .map(drop)
+        .map_err(|e| match e {
+            // Damaged or cut off on the way: another stream may do better.
+            AuthError::Wire(w @ (WireError::Io(_) | WireError::Corrupted(_))) => {
+                StreamFailure::Broken(w.to_string())
+            }
+            other => fatal(shared, other.into()),
+        })
+}
+
+/// Ends the transfer with `e`; the stream ends as [`StreamFailure::Fatal`].
+fn fatal(shared: &Shared, e: SendError) -> StreamFailure {
+    shared.fail(e);
+    StreamFailure::Fatal
+}
+
+fn broken(e: std::io::Error) -> StreamFailure {
+    StreamFailure::Broken(e.to_string())
+}
+
+/// Carries units over an authenticated stream until it is retired, the transfer ends or the
+/// connection breaks; hands back what was not acknowledged.
+fn carry<R: Read + Send>(
+    shared: &Shared,
+    handle: &StreamHandle,
+    reader: FrameReader<BufReader<R>>,
+    mut writer: LinkWriter,
+    connection: Connection,
+) -> Result<(), StreamFailure> {
+    let _ = handle.connection.set(connection.try_clone().map_err(broken)?);
     if shared.is_over() {
         handle.shutdown();
     }
@@ -259,7 +336,7 @@ fn run_stream(shared: &Shared, handle: &StreamHandle) -> Result<(), StreamFailur
         });
         let written = write_units(shared, handle, &mut writer, &in_flight);
         if written.is_err() {
-            let _ = socket.shutdown(Shutdown::Both);
+            connection.shutdown();
         }
         let acked = acks.join().unwrap_or(Err(StreamFailure::Fatal));
         written.and(acked)
@@ -272,7 +349,7 @@ fn run_stream(shared: &Shared, handle: &StreamHandle) -> Result<(), StreamFailur
     if !leftover.is_empty() {
         shared.hand_back(handle.id, leftover.into_iter());
     }
-    if let Some((tcp, subflows)) = sample_socket(&socket, shared.transport) {
+    if let Some((tcp, subflows)) = sample_connection(&connection, shared.transport) {
         let retransmits = if subflows.is_empty() {
             u64::from(tcp.total_retrans)
         } else {
@@ -285,6 +362,8 @@ fn run_stream(shared: &Shared, handle: &StreamHandle) -> Result<(), StreamFailur
             .closed_retransmits
             .fetch_add(retransmits, Ordering::Relaxed);
     }
+    // The receiver's last answer has arrived: nothing is left to deliver either way.
+    connection.shutdown();
     result
 }
 
@@ -345,7 +424,7 @@ fn write_units(
 fn read_acks(
     shared: &Shared,
     handle: &StreamHandle,
-    mut reader: FrameReader<BufReader<LinkReader<TcpStream>>>,
+    mut reader: FrameReader<BufReader<impl Read>>,
     in_flight: &Mutex<VecDeque<Unit>>,
 ) -> Result<(), StreamFailure> {
     let fatal = |e: SendError| {
@@ -423,6 +502,7 @@ mod tests {
             encrypt: false,
             stall_timeout: crate::sender::DEFAULT_STALL_TIMEOUT,
             transport: crate::transport::Transport::Tcp,
+            congestion: crate::quic::Congestion::Cubic,
         };
         tune_data_socket(&socket, &config).unwrap();
         let sock = socket2::SockRef::from(&socket);
