@@ -25,9 +25,10 @@ def test_mptcp_beats_the_faster_path_and_everything_is_removed(tmp_path, capsys)
     args = ["--reps", "1", "--size", "24MiB", "--rate-a", "50", "--rate-b", "100"]
     assert transports.main([*args, "--streams", "2", "--json", str(out)]) == 0
     rows = {r["case"]: r for r in json.loads(out.read_text())}
-    assert set(rows) == {"tcp via B", "tcp via A", "mptcp"}
-    # Path B's htb rate bounds TCP over it; MPTCP uses both paths.
+    assert set(rows) == {"tcp via B", "tcp via A", "mptcp", "quic via B"}
+    # Path B's htb rate bounds TCP and QUIC over it; MPTCP uses both paths.
     assert rows["tcp via B"]["gbps"] < 0.1
+    assert 0.02 < rows["quic via B"]["gbps"] < 0.1, rows
     assert rows["mptcp"]["gbps"] > 0.1, rows
     assert rows["mptcp"]["vs_tcp_b"] > 1.0
     # The supervisor reports CPU in clock ticks (10 ms): one small run may read 0, all of

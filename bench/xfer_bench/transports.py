@@ -1,13 +1,14 @@
-"""Transports benchmark (issue 7): TCP beside MPTCP on the same two emulated paths, throughput
-and CPU seconds per Gbit moved, as ratios within one run.
+"""Transports benchmark (issue 7): TCP, MPTCP and QUIC on the same two emulated paths,
+throughput and CPU seconds per Gbit moved, as ratios within one run.
 
 Two namespaces are joined by two veth pairs, paths A and B, each held by htb on the sender's
 side to its own rate (B is the faster). TCP runs over path B alone (the best any single-path
 transport can do here) and over path A; MPTCP runs with the receiver's path manager
-announcing its path-B address, so that every connection gets a subflow on each path. Each cell
-is `xfer send --mem SIZE --streams N --transport T --json`; runs are interleaved and repeated,
-and the median is reported. CPU is user + system seconds of the sender and of the receiver
-during the run, from the supervisor that runs each of them.
+announcing its path-B address, so that every connection gets a subflow on each path; QUIC (one
+connection per stream, single-path) runs over path B, with the congestion controller of
+`--quic-congestion`. Each cell is `xfer send --mem SIZE --streams N --transport T --json`;
+runs are interleaved and repeated, and the median is reported. CPU is user + system seconds of
+the sender and of the receiver during the run, from the supervisor that runs each of them.
 """
 
 from __future__ import annotations
@@ -75,10 +76,11 @@ class Case:
 
     @property
     def name(self) -> str:
-        return f"{self.transport} via {self.path}" if self.transport == "tcp" else self.transport
+        # MPTCP uses both paths whichever it starts on.
+        return self.transport if self.transport == "mptcp" else f"{self.transport} via {self.path}"
 
 
-CASES = (Case("tcp", "B"), Case("tcp", "A"), Case("mptcp", "A"))
+CASES = (Case("tcp", "B"), Case("tcp", "A"), Case("mptcp", "A"), Case("quic", "B"))
 
 
 @dataclass
@@ -103,7 +105,13 @@ class Row:
 
 
 def run_once(
-    paths: dict[str, Topology], xfer: Path, case: Case, streams: int, size: int, tmp: Path
+    paths: dict[str, Topology],
+    xfer: Path,
+    case: Case,
+    streams: int,
+    size: int,
+    tmp: Path,
+    quic_congestion: str = "cubic",
 ) -> Run:
     """One `xfer send --mem` of `case` with a receiver of its own (so that its CPU time is the
     run's)."""
@@ -117,6 +125,8 @@ def run_once(
         key = write_key_file(rx, tmp / "key")
         cmd = [str(xfer), "send", "--mem", str(size), rx.addr, "--key-file", str(key)]
         cmd += ["--streams", str(streams), "--json", *options]
+        if case.transport == "quic":
+            cmd += ["--congestion", quic_congestion]
         with logs["sender"].open("w") as err:
             # The supervisor's stdin stays open until the sender is done (closing it stops it).
             sender = supervise.start(
@@ -135,7 +145,13 @@ def run_once(
 
 
 def measure(
-    paths: dict[str, Topology], xfer: Path, streams: Sequence[int], reps: int, size: int, tmp: Path
+    paths: dict[str, Topology],
+    xfer: Path,
+    streams: Sequence[int],
+    reps: int,
+    size: int,
+    tmp: Path,
+    quic_congestion: str = "cubic",
 ) -> list[Row]:
     """Every case at every stream count, runs interleaved, `reps` each."""
     runs: dict[tuple[Case, int], list[Run]] = {}
@@ -143,7 +159,8 @@ def measure(
     for _ in range(reps):
         for n in streams:
             for case in CASES:
-                runs.setdefault((case, n), []).append(run_once(paths, xfer, case, n, size, tmp))
+                run = run_once(paths, xfer, case, n, size, tmp, quic_congestion)
+                runs.setdefault((case, n), []).append(run)
     rows = []
     for n in streams:
         base = statistics.median(r.gbps for r in runs[(CASES[0], n)])
@@ -185,6 +202,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--streams", default="1,4", help="stream counts, comma-separated")
     p.add_argument("--reps", type=int, default=3, help="repetitions per cell (median reported)")
     p.add_argument("--size", default="256MiB", help="bytes of generated data per run")
+    p.add_argument(
+        "--quic-congestion",
+        default="cubic",
+        choices=("cubic", "bbr", "new_reno"),
+        help="QUIC's congestion controller (TCP and MPTCP use the kernel's, cubic by default)",
+    )
     p.add_argument("--xfer", type=Path, default=DEFAULT_XFER, help="the xfer binary")
     p.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = p.parse_args(argv)
@@ -199,8 +222,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "scripts/bench-transports " + shlex.join(sys.argv[1:] if argv is None else argv)
     with tempfile.TemporaryDirectory(prefix="xfer-transports-") as tmp:
         with two_paths(args.rate_a, args.rate_b) as paths:
-            rows = measure(paths, args.xfer, streams, args.reps, parse_size(args.size), Path(tmp))
+            size = parse_size(args.size)
+            rows = measure(
+                paths, args.xfer, streams, args.reps, size, Path(tmp), args.quic_congestion
+            )
     print(f"\npaths: A {args.rate_a:g} Mbit/s, B {args.rate_b:g} Mbit/s (htb)")
+    print(f"QUIC congestion control: {args.quic_congestion}")
     print_report(command, format_table(rows), rows, args.json)
     return 0
 

@@ -10,8 +10,8 @@ use clap::{Args, Parser, Subcommand};
 use optimizer::env::{InitialStreams, RewardKind};
 use optimizer::policy::ObservationLayout;
 use optimizer::{RewardParams, UtilityParams};
-use transfer::sender::{DEFAULT_UNSENT_LIMIT, MIN_STALL_TIMEOUT};
 use transfer::quic::Congestion;
+use transfer::sender::{DEFAULT_UNSENT_LIMIT, MIN_STALL_TIMEOUT};
 use transfer::transport::Transport;
 
 /// Move data fast between sites over parallel TCP streams.

@@ -159,9 +159,7 @@ fn transport_config(congestion: Congestion) -> quinn::TransportConfig {
         .stream_receive_window(STREAM_WINDOW.into())
         .receive_window(STREAM_WINDOW.into())
         .send_window(u64::from(STREAM_WINDOW))
-        .max_idle_timeout(Some(
-            IDLE_TIMEOUT.try_into().expect("a valid idle timeout"),
-        ))
+        .max_idle_timeout(Some(IDLE_TIMEOUT.try_into().expect("a valid idle timeout")))
         .congestion_controller_factory(congestion.factory());
     config
 }

@@ -207,7 +207,11 @@ fn a_quic_receiver_serves_tcp_senders_too() {
     let receiver = quic_receiver(dst.path());
     let out = ok(send(
         &receiver,
-        &[src.path().join("f").to_str().unwrap(), &receiver.addr, "--json"],
+        &[
+            src.path().join("f").to_str().unwrap(),
+            &receiver.addr,
+            "--json",
+        ],
     ));
     assert_eq!(summary(&out)["transport"], "tcp");
     assert!(same_bytes(&src.path().join("f"), &dst.path().join("f")));

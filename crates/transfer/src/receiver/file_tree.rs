@@ -144,10 +144,7 @@ impl FileTree {
 
     fn claim(&mut self, rels: &[PathBuf]) -> Result<(), DestinationError> {
         self.active.claim(rels, CLAIM_WAIT).map_err(|busy| {
-            DestinationError::Refused(format!(
-                "another session is writing {} now",
-                busy.display()
-            ))
+            DestinationError::Refused(format!("another session is writing {} now", busy.display()))
         })?;
         self.claimed = rels.to_vec();
         Ok(())

@@ -395,10 +395,7 @@ fn serve_quic_connection(
         stream
             .writer
             .set_write_timeout(Some(shared.config.idle_timeout));
-        let source = ConnReader::new(
-            Source::Quic(stream.reader),
-            shared.config.handshake_timeout,
-        )?;
+        let source = ConnReader::new(Source::Quic(stream.reader), shared.config.handshake_timeout)?;
         Ok(Link {
             reader: frames(shared, LinkReader::Plain(source)),
             writer: LinkWriter::Quic(stream.writer),
@@ -470,7 +467,14 @@ fn serve_link(link: Link, peer: SocketAddr, admitted: Admitted) {
             false
         }
         Ok((Role::Data { .. }, _)) => joined.is_some_and(|session| {
-            run_data(shared, &session, &mut reader, &mut writer, &connection, peer)
+            run_data(
+                shared,
+                &session,
+                &mut reader,
+                &mut writer,
+                &connection,
+                peer,
+            )
         }),
         Err(e) => {
             tracing::warn!("connection from {peer} refused: {e}");
@@ -711,7 +715,11 @@ fn run_data(
     }
     let registered = match (
         connection.try_clone(),
-        session.connections.lock().expect("connections lock").as_mut(),
+        session
+            .connections
+            .lock()
+            .expect("connections lock")
+            .as_mut(),
     ) {
         (Ok(clone), Some(connections)) => {
             connections.push(clone);

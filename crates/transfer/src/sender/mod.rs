@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use crate::auth::{self, AuthError, SessionKey};
 use crate::link;
-use crate::manifest::{scan_sources, Manifest};
 use crate::link::Connection;
+use crate::manifest::{scan_sources, Manifest};
 use crate::mptcp_info::{self, Subflow};
 use crate::quic::{Congestion, QuicClient};
 use crate::tcp_info::{self, TcpInfo};
@@ -473,8 +473,7 @@ impl Transfer {
             return Err(SendError::Settings(format!(
                 "a per-stream rate cap needs TCP: {}",
                 match config.transport {
-                    Transport::Mptcp =>
-                        "Linux cannot pace MPTCP connections (SO_MAX_PACING_RATE)",
+                    Transport::Mptcp => "Linux cannot pace MPTCP connections (SO_MAX_PACING_RATE)",
                     _ => "QUIC connections are paced by their congestion controller alone",
                 }
             )));

@@ -9,8 +9,8 @@ use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use super::{
-    connect, sample_connection, ManagerEvent, SendConfig, SendError, Shared, Unit,
-    CONNECT_TIMEOUT, MAX_STREAM_FAILURES,
+    connect, sample_connection, ManagerEvent, SendConfig, SendError, Shared, Unit, CONNECT_TIMEOUT,
+    MAX_STREAM_FAILURES,
 };
 use crate::auth::{self, AuthError, ChannelBinding};
 use crate::link::{self, Connection, LinkWriter};
@@ -320,7 +320,9 @@ fn carry<R: Read + Send>(
     mut writer: LinkWriter,
     connection: Connection,
 ) -> Result<(), StreamFailure> {
-    let _ = handle.connection.set(connection.try_clone().map_err(broken)?);
+    let _ = handle
+        .connection
+        .set(connection.try_clone().map_err(broken)?);
     if shared.is_over() {
         handle.shutdown();
     }
