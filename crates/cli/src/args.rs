@@ -316,10 +316,10 @@ pub struct SendArgs {
     /// must run with --transport quic).
     #[arg(long, value_name = "tcp|mptcp|quic", default_value = "tcp")]
     pub transport: Transport,
-    /// Congestion controller of each QUIC connection (--transport quic); TCP and MPTCP use
-    /// the kernel's (net.ipv4.tcp_congestion_control).
-    #[arg(long, value_name = "cubic|bbr|new_reno", default_value = "cubic")]
-    pub congestion: Congestion,
+    /// Congestion controller of each QUIC connection (--transport quic) [default: cubic];
+    /// TCP and MPTCP use the kernel's (net.ipv4.tcp_congestion_control).
+    #[arg(long, value_name = "cubic|bbr|new_reno")]
+    pub congestion: Option<Congestion>,
     /// Cap each stream's sending rate at this many Mbit/s (TCP pacing; paper 001 uses 50).
     #[arg(long, value_name = "MBIT_PER_S")]
     pub stream_rate_cap: Option<f64>,

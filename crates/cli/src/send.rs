@@ -13,6 +13,7 @@ use optimizer::ControllerSpec;
 use serde::Serialize;
 use transfer::auth::SessionKey;
 use transfer::mptcp_info::Subflow;
+use transfer::quic::Congestion;
 use transfer::sender::{
     MiRecord, OptimizerSettings, Progress, SendConfig, SendSource, StreamSample, Summary, Transfer,
 };
@@ -148,6 +149,14 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         .and_then(|s| s.at(Duration::ZERO))
         .or(args.streams)
         .unwrap_or(DEFAULT_STREAMS);
+    let congestion = match (args.congestion, args.transport) {
+        (Some(c), Transport::Quic) => c,
+        (Some(_), _) => bail!(
+            "--congestion chooses QUIC's controller (with --transport quic); TCP and MPTCP use \
+             the kernel's (sysctl net.ipv4.tcp_congestion_control)"
+        ),
+        (None, _) => Congestion::default(),
+    };
     let stream_rate_cap = match args.stream_rate_cap {
         Some(mbit) if mbit.is_finite() && mbit > 0.0 => Some((mbit * 1e6 / 8.0) as u64),
         Some(mbit) => bail!("--stream-rate-cap must be a positive number of Mbit/s, not {mbit}"),
@@ -171,7 +180,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         encrypt: args.encrypt,
         stall_timeout: args.stall_timeout,
         transport: args.transport,
-        congestion: args.congestion,
+        congestion,
     };
     let transfer = Transfer::start(config, source)?;
     if !args.quiet {

@@ -175,26 +175,27 @@ fn quic_to_a_receiver_that_does_not_serve_it_is_refused_clearly() {
 }
 
 #[test]
-fn a_rate_cap_with_quic_is_refused_clearly() {
+fn flags_that_do_not_fit_the_transport_are_refused_clearly() {
     let src = tempfile::tempdir().unwrap();
     let dst = tempfile::tempdir().unwrap();
     write_data(&src.path().join("f"), 1000, 1);
     let receiver = quic_receiver(dst.path());
-    let stderr = fails(send(
-        &receiver,
-        &[
-            "--transport",
-            "quic",
-            "--stream-rate-cap",
-            "50",
-            src.path().join("f").to_str().unwrap(),
-            &receiver.addr,
-        ],
-    ));
-    assert!(
-        stderr.contains("xfer: error: a per-stream rate cap needs TCP"),
-        "{stderr}"
-    );
+    let file = src.path().join("f");
+    let cases: [(&[&str], &str); 2] = [
+        (
+            &["--transport", "quic", "--stream-rate-cap", "50"],
+            "xfer: error: a per-stream rate cap needs TCP",
+        ),
+        (
+            &["--congestion", "bbr"],
+            "xfer: error: --congestion chooses QUIC's controller (with --transport quic)",
+        ),
+    ];
+    for (args, needle) in cases {
+        let all = [args, &[file.to_str().unwrap(), &receiver.addr]].concat();
+        let stderr = fails(send(&receiver, &all));
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
     assert!(entries(dst.path()).is_empty());
 }
 

@@ -220,6 +220,22 @@ fn ssh_start_sends_a_tree_resumes_and_leaves_nothing_running() {
     assert_eq!(again["transport"], "mptcp", "{again}");
     assert_same_tree(&tree, &remote_dir.join("tree"));
     peer.assert_remote_side_ends("a transfer with nothing to send", Duration::from_secs(5));
+
+    // A file more, over QUIC: only it is sent.
+    write_data(&tree.join("sub dir/added.bin"), 3 << 20, 5);
+    let quic = summary(&ok(peer.run(&[
+        tree_arg,
+        &dest,
+        "--transport",
+        "quic",
+        "--streams",
+        "2",
+        "--json",
+    ])));
+    assert_eq!(quic["bytes"], 3 << 20, "{quic}");
+    assert_eq!(quic["transport"], "quic", "{quic}");
+    assert_same_tree(&tree, &remote_dir.join("tree"));
+    peer.assert_remote_side_ends("a QUIC transfer", Duration::from_secs(5));
 }
 
 #[test]

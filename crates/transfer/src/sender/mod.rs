@@ -1,5 +1,6 @@
 //! The sending side: a [`Transfer`] moves a manifest's files (or generated data) over a number of
-//! TCP streams that the caller may change at any moment with [`Transfer::set_target_streams`].
+//! streams (TCP, MPTCP or QUIC connections) that the caller may change at any moment with
+//! [`Transfer::set_target_streams`].
 //!
 //! Streams pull work units (chunks of at most `unit_size` bytes) from one shared queue, so a
 //! fast stream takes more of them, and at the tail an idle stream carries a copy of a
@@ -211,16 +212,17 @@ pub struct Progress {
     pub streams_target: usize,
 }
 
-/// TCP statistics of one open stream.
+/// Statistics of one open stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamSample {
     /// Stream number within the transfer (1, 2, ...).
     pub stream: u64,
     /// The stream is being removed: it sends no new unit and closes once its units are acked.
     pub retiring: bool,
-    /// Kernel counters (of an MPTCP stream: of its first subflow).
+    /// Kernel counters (of an MPTCP stream: of its first subflow; of a QUIC stream: its
+    /// connection's path statistics in the same fields, see `QuicConnection::sample`).
     pub tcp: TcpInfo,
-    /// An MPTCP stream's subflows, one per path in use; empty for TCP.
+    /// An MPTCP stream's subflows, one per path in use; empty for TCP and QUIC.
     pub subflows: Vec<Subflow>,
 }
 
@@ -686,7 +688,8 @@ impl Transfer {
         }
     }
 
-    /// Reads `TCP_INFO` of every open stream now. Never waits for the data path.
+    /// Reads the counters of every open stream now (`TCP_INFO`, or QUIC's path statistics).
+    /// Never waits for the data path.
     pub fn sample_streams(&self) -> Vec<StreamSample> {
         self.shared.sample_streams()
     }
