@@ -38,6 +38,8 @@ const STREAM_WINDOW: u32 = 16 << 20;
 /// A connection whose peer sent nothing for this long is closed (keep-alives are sent far more
 /// often, so only a vanished peer reaches it).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often a connection being opened asks whether its caller still wants it.
+pub const GIVE_UP_POLL: Duration = Duration::from_millis(100);
 /// How often an otherwise quiet sender says it is alive.
 const KEEP_ALIVE: Duration = Duration::from_secs(5);
 /// Socket buffer asked for on each UDP socket, both ways (the kernel caps it at
@@ -355,8 +357,14 @@ impl QuicClient {
         })
     }
 
-    /// Opens a connection (on its own UDP socket) to `addr` and its stream, within `timeout`.
-    pub fn connect(&self, addr: SocketAddr, timeout: Duration) -> Result<QuicStream, QuicError> {
+    /// Opens a connection (on its own UDP socket) to `addr` and its stream, within `timeout`;
+    /// stops waiting early once `give_up` says so (it is asked every [`GIVE_UP_POLL`]).
+    pub fn connect(
+        &self,
+        addr: SocketAddr,
+        timeout: Duration,
+        give_up: impl Fn() -> bool,
+    ) -> Result<QuicStream, QuicError> {
         let unspecified: SocketAddr = if addr.is_ipv4() {
             (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
         } else {
@@ -371,22 +379,34 @@ impl QuicClient {
                 .map_err(quic_error)?;
             (endpoint, connecting)
         };
-        let opened = block_on(Some(timeout), async {
+        let mut opening = Box::pin(async {
             let connection = connecting.await?;
             let stream = connection.open_bi().await?;
             Ok::<_, quinn::ConnectionError>((connection, stream))
         });
-        let (connection, stream) = match opened {
-            Ok(Ok(opened)) => opened,
-            _ if self.check.was_mismatched() => return Err(QuicError::WrongCertificate),
-            Ok(Err(e)) => return Err(quic_error(e).into()),
-            Err(e) => {
-                return Err(io::Error::new(
-                    e.kind(),
-                    format!("QUIC: no answer from {addr} within {timeout:?} (is UDP blocked?)"),
-                )
-                .into())
+        // Waited for in short steps, so that a caller who gives up is not kept waiting.
+        let deadline = std::time::Instant::now() + timeout;
+        let opened = loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match block_on(Some(left.min(GIVE_UP_POLL)), &mut opening) {
+                Ok(opened) => break opened,
+                Err(_) if give_up() => {
+                    return Err(io::Error::new(io::ErrorKind::Interrupted, "QUIC: given up").into())
+                }
+                Err(_) if left <= GIVE_UP_POLL => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("QUIC: no answer from {addr} within {timeout:?} (is UDP blocked?)"),
+                    )
+                    .into())
+                }
+                Err(_) => {}
             }
+        };
+        let (connection, stream) = match opened {
+            Ok(opened) => opened,
+            Err(_) if self.check.was_mismatched() => return Err(QuicError::WrongCertificate),
+            Err(e) => return Err(quic_error(e).into()),
         };
         let connection = QuicConnection {
             connection,
@@ -571,7 +591,9 @@ mod tests {
         let hash = server.add_session(&session).unwrap();
         let _accepting = echo(&server, 1 << 20);
         let client = QuicClient::new(&session, hash, Congestion::Bbr).unwrap();
-        let mut stream = client.connect(addr, Duration::from_secs(5)).unwrap();
+        let mut stream = client
+            .connect(addr, Duration::from_secs(5), || false)
+            .unwrap();
         let sent: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
         stream.writer.write_all(&sent).unwrap();
         let mut back = Vec::new();
@@ -594,7 +616,9 @@ mod tests {
         let mut other = real;
         other[0] ^= 1;
         let client = QuicClient::new(&session, other, Congestion::Cubic).unwrap();
-        let err = client.connect(addr, Duration::from_secs(5)).unwrap_err();
+        let err = client
+            .connect(addr, Duration::from_secs(5), || false)
+            .unwrap_err();
         assert!(matches!(err, QuicError::WrongCertificate), "{err}");
         assert!(err.to_string().contains("certificate"), "{err}");
     }
@@ -607,7 +631,9 @@ mod tests {
         server.remove_session(&session);
         let _accepting = echo(&server, 1);
         let client = QuicClient::new(&session, hash, Congestion::NewReno).unwrap();
-        let err = client.connect(addr, Duration::from_secs(5)).unwrap_err();
+        let err = client
+            .connect(addr, Duration::from_secs(5), || false)
+            .unwrap_err();
         assert!(matches!(err, QuicError::Io(_)), "{err}");
     }
 
@@ -631,7 +657,9 @@ mod tests {
             )
             .unwrap();
         let client = QuicClient::new(&session, hash, Congestion::Cubic).unwrap();
-        let mut stream = client.connect(addr, Duration::from_secs(5)).unwrap();
+        let mut stream = client
+            .connect(addr, Duration::from_secs(5), || false)
+            .unwrap();
         stream.writer.write_all(b"x").unwrap();
         let theirs = rx.recv_timeout(Duration::from_secs(5)).unwrap();
         assert_eq!(theirs, stream.binding);
@@ -645,13 +673,39 @@ mod tests {
         let hash = server.add_session(&session).unwrap();
         let _accepting = echo(&server, 2);
         let client = QuicClient::new(&session, hash, Congestion::Cubic).unwrap();
-        let mut stream = client.connect(addr, Duration::from_secs(5)).unwrap();
+        let mut stream = client
+            .connect(addr, Duration::from_secs(5), || false)
+            .unwrap();
         stream.writer.write_all(b"x").unwrap();
         stream
             .reader
             .set_read_timeout(Some(Duration::from_millis(200)));
         let err = stream.reader.read(&mut [0u8; 4]).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    }
+
+    #[test]
+    fn opening_stops_when_the_caller_gives_up() {
+        // A UDP port where nothing answers.
+        let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = silent.local_addr().unwrap();
+        let client = QuicClient::new(&[8u8; 16], [0; 32], Congestion::Cubic).unwrap();
+        let started = std::time::Instant::now();
+        let give_up_at = started + Duration::from_millis(300);
+        let err = client
+            .connect(addr, Duration::from_secs(20), || {
+                std::time::Instant::now() >= give_up_at
+            })
+            .unwrap_err();
+        let took = started.elapsed();
+        assert!(matches!(&err, QuicError::Io(e) if e.kind() == io::ErrorKind::Interrupted));
+        assert!(took < Duration::from_secs(2), "took {took:?}");
+        let started = std::time::Instant::now();
+        let err = client
+            .connect(addr, Duration::from_millis(400), || false)
+            .unwrap_err();
+        assert!(err.to_string().contains("no answer"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(2));
     }
 
     #[test]

@@ -257,7 +257,7 @@ fn open_quic(
 ) -> Result<Opened<QuicReader, Connection>, StreamFailure> {
     let mut last = None;
     for &addr in &shared.addrs {
-        match client.connect(addr, CONNECT_TIMEOUT) {
+        match client.connect(addr, CONNECT_TIMEOUT, || shared.is_over()) {
             Ok(stream) => {
                 let mut writer = LinkWriter::Quic(stream.writer);
                 let mut quic_reader = stream.reader;
@@ -270,6 +270,8 @@ fn open_quic(
             Err(e @ QuicError::WrongCertificate) => {
                 return Err(fatal(shared, SendError::Auth(e.to_string())))
             }
+            // The transfer ended meanwhile (and said why).
+            Err(QuicError::Io(_)) if shared.is_over() => return Err(StreamFailure::Fatal),
             Err(QuicError::Io(e)) => last = Some(e),
         }
     }
