@@ -5,7 +5,7 @@
 //! The control connection stays TCP with TLS. A receiver serving QUIC listens for UDP on the
 //! same port number as for TCP. When a sender asks for QUIC on the authenticated control
 //! connection, the receiver makes a certificate for that session alone, answers with its hash,
-//! and serves it to QUIC clients that name the session ([`server_name`]); the sender accepts
+//! and serves it to QUIC clients that name the session (as the TLS server name); the sender accepts
 //! no other certificate. On each QUIC connection the data stream then proves the session key
 //! like a TCP stream does, bound to the connection's TLS exporter value.
 //!
@@ -128,7 +128,7 @@ fn block_on<T>(
 }
 
 /// The TLS server name by which a QUIC client asks for `session`'s certificate.
-pub fn server_name(session: &[u8; 16]) -> String {
+fn server_name(session: &[u8; 16]) -> String {
     let hex: String = session.iter().map(|b| format!("{b:02x}")).collect();
     format!("s{hex}.xfer")
 }
@@ -221,11 +221,6 @@ impl QuicConnection {
     /// Waits until the peer closes the connection, at most `limit`.
     pub fn wait_closed(&self, limit: Duration) {
         let _ = block_on(Some(limit), self.connection.closed());
-    }
-
-    /// The peer's address.
-    pub fn remote_address(&self) -> SocketAddr {
-        self.connection.remote_address()
     }
 
     fn channel_binding(&self) -> io::Result<ChannelBinding> {
@@ -430,7 +425,7 @@ pub enum QuicError {
     Io(#[from] io::Error),
 }
 
-/// Certificates of the sessions a receiver serves over QUIC, by [`server_name`].
+/// Certificates of the sessions a receiver serves over QUIC, by the server name clients ask for.
 #[derive(Debug, Default)]
 struct SessionCertificates(Mutex<HashMap<String, Arc<CertifiedKey>>>);
 

@@ -98,6 +98,29 @@ impl Drop for Receiver {
     }
 }
 
+/// Runs `send`, an `xfer send ... --json` with its key set, and kills it (SIGKILL) at its
+/// first progress report that shows acknowledged bytes; fails if it ends before that.
+pub fn kill_at_first_ack(mut send: Command) {
+    let mut child = send
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start xfer send");
+    let progress = BufReader::new(child.stdout.take().unwrap());
+    for line in progress.lines() {
+        let report: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+        assert_eq!(
+            report["type"], "progress",
+            "finished before it could be killed"
+        );
+        if report["bytes_acked"].as_u64().unwrap() > 0 {
+            break;
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 /// Runs `xfer send ARGS...` with the receiver's key in `XFER_KEY` to completion.
 pub fn send(receiver: &Receiver, args: &[&str]) -> Output {
     xfer()

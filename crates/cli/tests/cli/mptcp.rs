@@ -250,31 +250,15 @@ fn an_interrupted_mptcp_transfer_resumes_encrypted_and_verified() {
         "--json",
         tree,
     ];
-    let mut first = hosts
-        .command(SENDER, env!("CARGO_BIN_EXE_xfer"))
+    // The paths carry at most 300 Mbit/s, so the transfer takes over 1.7 s: kill it at its
+    // first progress report (after 1 s), once some bytes are acknowledged.
+    let mut first = hosts.command(SENDER, env!("CARGO_BIN_EXE_xfer"));
+    first
         .arg("send")
         .args(args)
         .arg(&receiver.addr)
-        .env("XFER_KEY", &receiver.key)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    // The paths carry at most 300 Mbit/s, so the transfer takes over 1.7 s: kill it at its
-    // first progress report (after 1 s), once some bytes are acknowledged.
-    let progress = std::io::BufReader::new(first.stdout.take().unwrap());
-    for line in std::io::BufRead::lines(progress) {
-        let report: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
-        assert_eq!(
-            report["type"], "progress",
-            "finished before it could be killed"
-        );
-        if report["bytes_acked"].as_u64().unwrap() > 0 {
-            break;
-        }
-    }
-    first.kill().unwrap();
-    first.wait().unwrap();
+        .env("XFER_KEY", &receiver.key);
+    kill_at_first_ack(first);
     let rerun = [&args[..], &["--optimizer", "gd", &receiver.addr]].concat();
     let out = ok(send_from(&hosts, &receiver, &rerun));
     let summary = summary(&out);

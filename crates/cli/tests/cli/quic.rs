@@ -89,29 +89,14 @@ fn an_interrupted_quic_transfer_resumes_under_the_optimizer() {
     let receiver = quic_receiver(dst.path());
     let tree = src.path().to_str().unwrap();
     let args = ["--transport", "quic", "--verify", "--json", tree];
-    let mut first = xfer()
+    // Kill it at the first progress report (after 1 s) that shows acknowledged bytes.
+    let mut first = xfer();
+    first
         .arg("send")
         .args(args)
         .arg(&receiver.addr)
-        .env("XFER_KEY", &receiver.key)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    // Kill it at the first progress report (after 1 s) that shows acknowledged bytes.
-    let progress = std::io::BufReader::new(first.stdout.take().unwrap());
-    for line in std::io::BufRead::lines(progress) {
-        let report: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
-        assert_eq!(
-            report["type"], "progress",
-            "finished before it could be killed"
-        );
-        if report["bytes_acked"].as_u64().unwrap() > 0 {
-            break;
-        }
-    }
-    first.kill().unwrap();
-    first.wait().unwrap();
+        .env("XFER_KEY", &receiver.key);
+    kill_at_first_ack(first);
     let logs = tempfile::tempdir().unwrap();
     let log = logs.path().join("mi.jsonl");
     let rerun = [
