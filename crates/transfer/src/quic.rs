@@ -5,9 +5,9 @@
 //! The control connection stays TCP with TLS. A receiver serving QUIC listens for UDP on the
 //! same port number as for TCP. When a sender asks for QUIC on the authenticated control
 //! connection, the receiver makes a certificate for that session alone, answers with its hash,
-//! and serves it to QUIC clients that name the session (as the TLS server name); the sender accepts
-//! no other certificate. On each QUIC connection the data stream then proves the session key
-//! like a TCP stream does, bound to the connection's TLS exporter value.
+//! and serves it to QUIC clients that name the session as the TLS server name; the sender
+//! accepts no other certificate. On each QUIC connection the data stream then proves the
+//! session key like a TCP stream does, bound to the connection's TLS exporter value.
 //!
 //! The protocol code is synchronous: [`QuicReader`] and [`QuicWriter`] are blocking `Read` and
 //! `Write` over a QUIC stream, driven by one tokio runtime per process that runs the
