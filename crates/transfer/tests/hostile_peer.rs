@@ -11,7 +11,8 @@ use transfer::auth::{handshake_as_client, ChannelBinding, SessionKey, Welcomed};
 use transfer::manifest::{DirEntry, FileEntry, Manifest, SinkKind, Timestamp};
 use transfer::receiver::{Receiver, ReceiverConfig};
 use transfer::wire::{
-    chunk_checksum, write_chunk, write_message, ChunkHeader, FileStatus, FrameReader, Message, Role,
+    chunk_checksum, write_chunk, write_message, ChunkHeader, FileStatus, FrameReader, Message,
+    Role, MAGIC, PROTOCOL_VERSION,
 };
 
 const KEY: &str = "hostile-peer-test-key-0123456789";
@@ -297,6 +298,41 @@ fn a_directory_swapped_for_a_symlink_mid_session_cannot_redirect_writes() {
 
 /// A data stream must prove the key of the session it joins: neither the receiver's key nor the
 /// key of another session will do, and the session it tried to join goes on unharmed.
+/// A data stream that names a session and then stalls before proving its key does not keep
+/// the session's files claimed once the session has ended: a sender killed while opening a
+/// stream (over QUIC, the receiver hears nothing of the kill) can run again at once.
+#[test]
+fn a_stream_stalled_in_its_handshake_does_not_outlive_its_session() {
+    let root = tempfile::tempdir().unwrap();
+    let addr = start(root.path());
+    let files = || manifest(vec![entry(b"ten", 10)], vec![]);
+    let (control, welcomed, _) = open_session(&addr, files());
+    let socket = TcpStream::connect(&addr).unwrap();
+    let mut reader = FrameReader::new(BufReader::new(socket.try_clone().unwrap()), 1 << 20);
+    let mut stalled = socket;
+    let hello = Message::Hello {
+        magic: MAGIC,
+        version: PROTOCOL_VERSION,
+        role: Role::Data {
+            session: welcomed.session,
+        },
+        nonce: [7; 32],
+    };
+    write_message(&mut stalled, &hello).unwrap();
+    assert!(matches!(
+        reader.read_message().unwrap(),
+        Message::Challenge { .. }
+    ));
+    drop(control);
+    // Refused after the claim wait if the stalled stream still held the first session.
+    let ((mut reader, _writer), _, mut reply) = open_session(&addr, files());
+    while reply == Message::Working {
+        reply = reader.read_message().unwrap();
+    }
+    assert_eq!(reply, Message::Plan(vec![FileStatus::Missing]));
+    drop(stalled);
+}
+
 #[test]
 fn a_data_stream_from_another_session_is_refused() {
     let root = tempfile::tempdir().unwrap();

@@ -440,13 +440,7 @@ fn serve_link(link: Link, peer: SocketAddr, admitted: Admitted) {
         }
         Role::Control => Ok(shared.config.key.clone()),
         Role::Data { session } => {
-            let found = shared
-                .sessions
-                .lock()
-                .expect("sessions lock")
-                .get(session)
-                .cloned();
-            let session = found.ok_or("unknown or finished session")?;
+            let session = find_session(shared, session).ok_or("unknown or finished session")?;
             if session.encrypted != encrypted {
                 return Err(format!(
                     "session {} is {}encrypted, and so must its streams be",
@@ -454,9 +448,10 @@ fn serve_link(link: Link, peer: SocketAddr, admitted: Admitted) {
                     if session.encrypted { "" } else { "not " }
                 ));
             }
-            let key = session.key.clone();
-            joined = Some(session);
-            Ok(key)
+            // Only the id is kept: a peer that stalls before its proof must not hold the
+            // session (and the paths it claimed) after the session ends.
+            joined = Some(session.id);
+            Ok(session.key.clone())
         }
     });
     drop(admitted);
@@ -466,22 +461,36 @@ fn serve_link(link: Link, peer: SocketAddr, admitted: Admitted) {
             shared.sessions_ended.fetch_add(1, Ordering::AcqRel);
             false
         }
-        Ok((Role::Data { .. }, _)) => joined.is_some_and(|session| {
-            run_data(
+        Ok((Role::Data { .. }, _)) => match joined.and_then(|id| find_session(shared, &id)) {
+            Some(session) => run_data(
                 shared,
                 &session,
                 &mut reader,
                 &mut writer,
                 &connection,
                 peer,
-            )
-        }),
+            ),
+            None => {
+                refuse(&mut writer, peer, "the session has ended".into());
+                false
+            }
+        },
         Err(e) => {
             tracing::warn!("connection from {peer} refused: {e}");
             false
         }
     };
     close_after_reply(&connection, &mut writer, failed);
+}
+
+/// The running session with this id.
+fn find_session(shared: &Shared, id: &[u8; 16]) -> Option<Arc<Session>> {
+    shared
+        .sessions
+        .lock()
+        .expect("sessions lock")
+        .get(id)
+        .cloned()
 }
 
 fn refuse(writer: &mut impl Write, peer: SocketAddr, reason: String) {
