@@ -36,6 +36,9 @@ fn main() {
         .log_internal_errors(false)
         .with_target(false)
         .init();
+    if matches!(cli.command, args::Command::Send(_) | args::Command::Recv(_)) {
+        raise_open_file_limit();
+    }
     let result = match cli.command {
         args::Command::Send(a) => send::run(a),
         args::Command::Recv(a) => recv::run(a),
@@ -47,5 +50,15 @@ fn main() {
     if let Err(e) = result {
         eprintln!("xfer: error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+/// Raises this process's soft limit on open files to its hard limit: a receiver serving many
+/// sessions holds a socket per stream and a file per chunk being written, more than the usual
+/// soft limit of 1024. Where it cannot be raised, the lower limit stays (the reason is logged
+/// at debug level).
+fn raise_open_file_limit() {
+    if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
+        tracing::debug!("cannot raise the open-file limit: {e}");
     }
 }

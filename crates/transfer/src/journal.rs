@@ -91,6 +91,13 @@ impl Journal {
         self.file.write_all(&rec)
     }
 
+    /// Appends to the journal in `file`, which [`Journal::create`] or [`Journal::resume`] left
+    /// ending in whole records.
+    pub fn append_to(mut file: File) -> std::io::Result<Journal> {
+        file.seek(SeekFrom::End(0))?;
+        Ok(Journal { file })
+    }
+
     /// Continues the journal in `file` (opened for reading and writing): re-verifies its records
     /// against `part` and returns it positioned for appending, with the ranges that still
     /// verify. `None` when the journal is unreadable or belongs to another version of the source.

@@ -483,8 +483,9 @@ fn silent_connections_are_bounded_in_number_and_time() {
     assert!(join(&addr, &welcomed).is_ok());
 }
 
-/// A session whose connections all fall silent is closed after the idle timeout; its part file
-/// is left for a resume and nothing is put in place.
+/// A session whose connections all fall silent is closed after the idle timeout and nothing
+/// is put in place. (The file arrived whole but was never sealed; being small, it had no
+/// journal, so it is sent again whole.)
 #[test]
 fn an_idle_session_is_closed_after_the_timeout() {
     let root = tempfile::tempdir().unwrap();
@@ -504,10 +505,84 @@ fn an_idle_session_is_closed_after_the_timeout() {
     assert!(lived < Duration::from_secs(4), "{lived:?}");
     assert!(!root.path().join("ten").exists());
     let (_c, _, plan) = open_session(&addr, manifest(vec![entry(b"ten", 10)], vec![]));
+    assert_eq!(plan, Message::Plan(vec![FileStatus::Missing]));
+}
+
+fn open_descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Files waiting for their seal hold no descriptors: a sender that delivers thousands of small
+/// files and seals none of them (or seals them an RTT later) cannot exhaust the receiver's open
+/// files. Files that arrive whole get no journal; a file still arriving keeps one.
+#[test]
+fn unsealed_files_hold_no_descriptors() {
+    const FILES: u32 = 3000;
+    let root = tempfile::tempdir().unwrap();
+    let addr = start(root.path());
+    let mut files: Vec<_> = (0..FILES)
+        .map(|i| entry(format!("f{i}").as_bytes(), 10))
+        .collect();
+    files.push(entry(b"halfway", 20));
+    let (mut control, welcomed, _) = open_session(&addr, manifest(files, vec![]));
+    let (mut reader, mut writer) = join(&addr, &welcomed).unwrap();
+    let before = open_descriptors();
+    let data = *b"0123456789";
+    let header = |file, offset| ChunkHeader {
+        file,
+        offset,
+        checksum: chunk_checksum(&data),
+    };
+    for file in 0..=FILES {
+        write_chunk(&mut writer, &header(file, 0), &data).unwrap();
+    }
+    for _ in 0..=FILES {
+        assert!(matches!(
+            reader.read_message().unwrap(),
+            Message::Ack { .. }
+        ));
+    }
+    let opened = open_descriptors().saturating_sub(before);
+    assert!(opened < 100, "{opened} descriptors held for unsealed files");
+    let leftovers = |suffix: &str| {
+        std::fs::read_dir(root.path())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(suffix)
+            })
+            .count()
+    };
     assert_eq!(
-        plan,
-        Message::Plan(vec![FileStatus::Partial(vec![(0, 10)])])
+        leftovers(".xfer-journal"),
+        1,
+        "only the unfinished file has a journal"
     );
+    write_chunk(&mut writer, &header(FILES, 10), &data).unwrap();
+    assert!(matches!(
+        reader.read_message().unwrap(),
+        Message::Ack { .. }
+    ));
+    for file in 0..=FILES {
+        let (reader, writer) = &mut control;
+        write_message(writer, &Message::Seal { file, blake3: None }).unwrap();
+        let reply = loop {
+            match reader.read_message().unwrap() {
+                Message::Working => {}
+                reply => break reply,
+            }
+        };
+        assert_eq!(reply, Message::Finalized { file, error: None });
+    }
+    assert_eq!(std::fs::read(root.path().join("f2999")).unwrap(), data);
+    assert_eq!(
+        std::fs::read(root.path().join("halfway")).unwrap(),
+        [data, data].concat()
+    );
+    assert_eq!(leftovers(".xfer-journal") + leftovers(".xfer-part"), 0);
 }
 
 /// The session's memory limit bounds its streams: the limit is announced, a stream beyond it

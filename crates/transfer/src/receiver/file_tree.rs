@@ -2,8 +2,10 @@
 //! symbolic links, no non-directories on the way, missing ones created) and then held open as a
 //! handle beneath the root (cap-std); part files, journals, renames and removals all go through
 //! those handles, so a path swapped for a symbolic link mid-session cannot redirect a write
-//! outside the root. Each file arrives as a hidden part file with a journal of verified chunks
-//! beside it and is renamed to its name only after every chunk verified.
+//! outside the root. Each file arrives as a hidden part file, with a journal of verified chunks
+//! beside it unless it is small and arrives in one chunk, and is renamed to its name only after every chunk
+//! verified. A part file and its journal are open only while chunks are still due, so a session
+//! of many small files holds few descriptors however many files wait for their seal.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -21,6 +23,11 @@ use crate::journal::{Journal, PartPaths, SourceIdentity};
 use crate::manifest::{split_relative, DirEntry, FileEntry, Manifest, PathError, Timestamp};
 use crate::wire::FileStatus;
 
+/// Files smaller than this that arrive in one chunk get no journal: an interruption before
+/// their seal costs sending them again, at most this much each, and saves a journal's create,
+/// write and removal per file.
+const UNJOURNALED_BELOW: u64 = 1 << 20;
+
 /// One file of a tree being received.
 struct TreeFile {
     entry: FileEntry,
@@ -35,9 +42,14 @@ struct TreeFile {
     state: Mutex<PartState>,
 }
 
-/// The open part file, its journal, and which byte ranges verified.
+/// A file's part file and journal (open while chunks are due), and which byte ranges verified.
 #[derive(Default)]
 struct PartState {
+    /// The part file holds this attempt's data (made by its first chunk, or resumed); until
+    /// then the first chunk makes it afresh.
+    started: bool,
+    /// The file has a journal: it arrives in several chunks.
+    journaled: bool,
     part: Option<Arc<File>>,
     journal: Option<Journal>,
     verified: RangeSet<u64>,
@@ -170,21 +182,31 @@ impl FileTree {
         if data.is_empty() {
             return Ok(());
         }
+        let whole = offset == 0 && end == f.entry.size;
         let part = {
             let mut state = f.state.lock().expect("part lock");
             if state.verified.gaps(&(offset..end)).next().is_none() {
                 return Ok(());
             }
-            f.open_part(&mut state)?
+            f.open_part(&mut state, whole)?
         };
         part.write_all_at(data, offset).map_err(io_at(&f.rel))?;
         let mut state = f.state.lock().expect("part lock");
-        if let Some(journal) = state.journal.as_mut() {
-            journal
+        if state.verified.gaps(&(offset..end)).next().is_none() {
+            // Another stream's copy of this chunk got there first.
+            return Ok(());
+        }
+        if state.journaled {
+            f.journal(&mut state)?
                 .record(offset, data.len() as u64, checksum)
                 .map_err(io_at(&f.rel))?;
         }
         state.verified.insert(offset..end);
+        if state.verified.gaps(&(0..f.entry.size)).next().is_none() {
+            // Nothing more will be written: close until the seal.
+            state.part = None;
+            state.journal = None;
+        }
         Ok(())
     }
 
@@ -205,7 +227,8 @@ impl FileTree {
             )));
         }
         require_complete(&state.verified, f.entry.size, &f.rel.display().to_string())?;
-        let part = f.open_part(&mut state)?;
+        // Made here for an empty file, which no chunk started.
+        let part = f.open_part(&mut state, true)?;
         if let Some(expected) = expected {
             let mut hasher = blake3::Hasher::new();
             std::io::copy(
@@ -231,7 +254,9 @@ impl FileTree {
             )));
         }
         f.dir.rename(&f.names.part, &f.dir, &f.name).map_err(&io)?;
-        let _ = f.dir.remove_file(&f.names.journal);
+        if state.journaled {
+            let _ = f.dir.remove_file(&f.names.journal);
+        }
         state.part = None;
         state.journal = None;
         state.sealed = true;
@@ -311,22 +336,42 @@ impl TreeFile {
         Ok(file)
     }
 
-    /// The open part file, created (and preallocated, so a full disk shows at once) on first use.
-    fn open_part(&self, state: &mut PartState) -> Result<Arc<File>, DestinationError> {
+    /// The open part file. The first chunk creates it (preallocated, so a full disk shows at
+    /// once) with a journal beside it unless that chunk is the `whole` of a small file; later
+    /// ones reopen it if it was closed.
+    fn open_part(&self, state: &mut PartState, whole: bool) -> Result<Arc<File>, DestinationError> {
         if let Some(part) = &state.part {
             return Ok(part.clone());
         }
         let io = io_at(&self.rel);
-        let part = self.open(&self.names.part, true).map_err(&io)?;
-        if state.journal.is_none() {
+        let part = self.open(&self.names.part, !state.started).map_err(&io)?;
+        if !state.started {
             part.set_len(0).map_err(&io)?;
             preallocate(&part, self.entry.size).map_err(&io)?;
-            let journal = self.open(&self.names.journal, true).map_err(&io)?;
-            state.journal = Some(Journal::create(journal, self.identity()).map_err(&io)?);
+            if !(whole && self.entry.size < UNJOURNALED_BELOW) {
+                let journal = self.open(&self.names.journal, true).map_err(&io)?;
+                state.journal = Some(Journal::create(journal, self.identity()).map_err(&io)?);
+                state.journaled = true;
+            }
+            state.started = true;
         }
         let part = Arc::new(part);
         state.part = Some(part.clone());
         Ok(part)
+    }
+
+    /// The file's journal, reopened for appending if it was closed.
+    fn journal<'a>(&self, state: &'a mut PartState) -> Result<&'a mut Journal, DestinationError> {
+        let journal = match state.journal.take() {
+            Some(journal) => journal,
+            None => {
+                let file = self
+                    .open(&self.names.journal, false)
+                    .map_err(io_at(&self.rel))?;
+                Journal::append_to(file).map_err(io_at(&self.rel))?
+            }
+        };
+        Ok(state.journal.insert(journal))
     }
 
     fn identity(&self) -> SourceIdentity {
@@ -361,14 +406,15 @@ impl TreeFile {
                 return Ok((FileStatus::Complete, PartState::default()));
             }
         }
+        // Both are closed again here: they reopen when the file's next chunk arrives.
         let resumed = self.open(&self.names.part, false).ok().and_then(|part| {
             let journal = self.open(&self.names.journal, false).ok()?;
-            let (journal, verified) = Journal::resume(journal, &part, self.identity())?;
+            let (_, verified) = Journal::resume(journal, &part, self.identity())?;
             Some(PartState {
-                part: Some(Arc::new(part)),
-                journal: Some(journal),
+                started: true,
+                journaled: true,
                 verified,
-                sealed: false,
+                ..PartState::default()
             })
         });
         match resumed {
