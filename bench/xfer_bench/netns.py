@@ -98,11 +98,12 @@ HUGE_SHMEM = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
 
 
 @contextmanager
-def tmpfs(path: str, size: str) -> Iterator[str]:
+def tmpfs(path: str, size: str, huge: str = "always") -> Iterator[str]:
     """A tmpfs of `size` mounted at `path` (created), with huge pages where the kernel offers
-    them; unmounted on exit. Needs root."""
+    them (`huge`: tmpfs's huge= option, such as `always` or `within_size`); unmounted on exit.
+    Needs root."""
     os.makedirs(path, exist_ok=True)
-    options = f"size={size}" + (",huge=always" if os.path.exists(HUGE_SHMEM) else "")
+    options = f"size={size}" + (f",huge={huge}" if os.path.exists(HUGE_SHMEM) else "")
     subprocess.run(["mount", "-t", "tmpfs", "-o", options, "xfer-bench", path], check=True)
     try:
         yield path
