@@ -4,12 +4,14 @@ over the emulated WAN, in one run: files/s, Gbit/s and CPU seconds of both sides
 tool's files/s as a ratio to GridFTP's best setting in the same run.
 
 Datasets (`COUNTxSIZE`, such as `10000x64KiB`) are generated once per invocation on a tmpfs,
-random bytes, at most 1000 files per directory; every run writes into a fresh directory on a
-second tmpfs, made right before the run (see dataplane.py on why writing runs follow a delete
-at once). Every tool lands the tree under its own name in that directory and must keep modes
-and mtimes (xfer always does; rsync -a, scp -p, globus-url-copy does not). A run counts as
-complete when every file arrived with every byte; a run still going after `--timeout` is
-stopped and reported with the files that arrived by then (a lower bound of its files/s).
+random bytes, at most 1000 files per directory. Every run writes into a fresh directory on a
+second tmpfs, right after as many bytes as the dataset's were written there and deleted again
+(dataplane.py explains why: a virtual machine that hands freed memory back to its host writes
+into it at a fraction of the speed at first, which would penalise whichever tool runs first).
+Every tool lands the tree under its own name in that directory; xfer, rsync -a and scp -p keep
+modes and mtimes, globus-url-copy does not. A run counts as complete when every file arrived
+with every byte; a run still going after `--timeout` is stopped and reported with the files
+that arrived by then (a lower bound of its files/s).
 
 Servers (xfer recv, globus-gridftp-server, an sshd of the benchmark's own with generated keys,
 for rsync and scp) start fresh for each run and run in the receiver's namespace; senders in
@@ -266,6 +268,17 @@ def sender_argv(
     raise ValueError(f"unknown tool {variant.tool!r}")
 
 
+def warm_up(directory: Path, size: int) -> None:
+    """Writes `size` bytes of zeros into `directory` (a tmpfs) and deletes them, so that the
+    memory the next run writes into is backed again (allocating alone does not touch it)."""
+    path = directory / ".warm-up"
+    block = bytes(16 << 20)
+    with path.open("wb") as f:
+        for offset in range(0, size, len(block)):
+            f.write(block[: min(len(block), size - offset)])
+    path.unlink()
+
+
 def run_once(
     path: Route,
     servers: Servers,
@@ -278,6 +291,7 @@ def run_once(
     """One transfer of `dataset` by `variant` into a fresh directory."""
     shutil.rmtree(dest_root, ignore_errors=True)
     dest_root.mkdir()
+    warm_up(dest_root, dataset.total_bytes)
     logs = {side: servers.work / f"{side}.log" for side in ("sender", "receiver")}
     key_file = servers.work / "xfer.key"
     with servers.running(variant.tool, dest_root, logs["receiver"]) as key:

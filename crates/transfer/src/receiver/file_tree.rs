@@ -132,7 +132,10 @@ impl FileTree {
         }
         let mut plan = Vec::with_capacity(rels.len());
         for (entry, rel) in manifest.files.iter().zip(rels) {
-            let dir = checker.ensure(&tree.root, rel.parent().unwrap_or(Path::new("")))?;
+            let parent = rel.parent().unwrap_or(Path::new(""));
+            let dir = checker.ensure(&tree.root, parent)?;
+            // Nothing of an earlier attempt can be in a directory this session made.
+            let fresh = checker.made(parent);
             let name = rel
                 .file_name()
                 .expect("a checked file path ends in a name")
@@ -146,9 +149,13 @@ impl FileTree {
                 names,
                 state: Mutex::default(),
             };
-            let (status, state) = file.resume_state()?;
-            *file.state.lock().expect("part lock") = state;
-            plan.push(status);
+            if fresh {
+                plan.push(FileStatus::Missing);
+            } else {
+                let (status, state) = file.resume_state()?;
+                *file.state.lock().expect("part lock") = state;
+                plan.push(status);
+            }
             tree.files.push(file);
         }
         Ok((tree, plan))
@@ -467,6 +474,8 @@ fn preallocate(file: &File, size: u64) -> std::io::Result<()> {
 #[derive(Default)]
 struct DirChecker {
     handles: HashMap<PathBuf, Arc<Dir>>,
+    /// The directories this checker created (empty when it made them).
+    made: HashSet<PathBuf>,
 }
 
 impl DirChecker {
@@ -497,7 +506,9 @@ impl DirChecker {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     match root.create_dir(&path) {
-                        Ok(()) => {}
+                        Ok(()) => {
+                            self.made.insert(path.clone());
+                        }
                         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                         Err(e) => return Err(io(e)),
                     }
@@ -513,6 +524,11 @@ impl DirChecker {
         let handle = Arc::new(handle.map_err(io_at(rel))?);
         self.handles.insert(rel.to_path_buf(), handle.clone());
         Ok(handle)
+    }
+
+    /// Whether this checker created `rel`, so that only what this session writes is in it.
+    fn made(&self, rel: &Path) -> bool {
+        self.made.contains(rel)
     }
 }
 
