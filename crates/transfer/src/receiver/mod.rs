@@ -8,7 +8,7 @@ mod heartbeat;
 mod reader;
 
 use std::collections::HashMap;
-use std::io::{BufReader, Write};
+use std::io::{BufReader, BufWriter, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -31,6 +31,8 @@ use crate::wire::{
 
 /// Size of the buffer in front of each connection's socket.
 const READ_BUFFER: usize = 64 << 10;
+/// Replies a data stream holds back while it handles chunks that have already arrived.
+const REPLY_BUFFER: usize = 16 << 10;
 
 /// How a receiver is set up: where files land, the key, and the limits that keep one peer from
 /// taking the receiver down. A peer that breaks a limit loses its connection or its session,
@@ -819,12 +821,17 @@ fn drain_before_close(mut socket: &TcpStream) {
 }
 
 /// Verifies, writes and acknowledges chunks until the sender ends the stream.
+///
+/// Replies wait in a buffer while chunks that have already arrived are handled, and go out
+/// before the stream waits for more: a run of small files costs one write, not one per file.
 fn receive_chunks(
     session: &Session,
     reader: &mut ConnFrames,
     writer: &mut LinkWriter,
 ) -> Result<(), StreamEnd> {
-    let fail = |writer: &mut LinkWriter, message: String| {
+    let closed = |e: std::io::Error| StreamEnd::Closed(e.to_string());
+    let mut writer = BufWriter::with_capacity(REPLY_BUFFER, writer);
+    let fail = |writer: &mut BufWriter<&mut LinkWriter>, message: String| {
         session
             .failure
             .lock()
@@ -840,10 +847,13 @@ fn receive_chunks(
         Err(StreamEnd::Failed(message))
     };
     loop {
+        if reader.get_mut().buffer().is_empty() {
+            writer.flush().map_err(closed)?;
+        }
         let reply = match reader.read_frame() {
             Ok(Frame::Chunk(header, data)) => {
                 if let Some(message) = session.failure.lock().expect("failure lock").clone() {
-                    return fail(writer, message);
+                    return fail(&mut writer, message);
                 }
                 if chunk_checksum(data) != header.checksum {
                     Message::Nack {
@@ -860,26 +870,31 @@ fn receive_chunks(
                             offset: header.offset,
                             len: data.len() as u32,
                         },
-                        Err(e) => return fail(writer, e.to_string()),
+                        Err(e) => return fail(&mut writer, e.to_string()),
                     }
                 }
             }
             Ok(Frame::Message(Message::EndOfStream)) => {
-                return wire::write_message(writer, &Message::EndOfStream)
-                    .map_err(|e| StreamEnd::Closed(e.to_string()));
+                wire::write_message(&mut writer, &Message::EndOfStream)
+                    .map_err(|e| StreamEnd::Closed(e.to_string()))?;
+                return writer.flush().map_err(closed);
             }
             Ok(Frame::Message(other)) => {
                 return fail(
-                    writer,
+                    &mut writer,
                     format!("unexpected {} on a data stream", auth::name(&other)),
                 )
             }
             Err(e @ (WireError::Oversized { .. } | WireError::Malformed(_))) => {
-                return fail(writer, e.to_string())
+                return fail(&mut writer, e.to_string())
             }
-            Err(e) => return Err(StreamEnd::Closed(e.to_string())),
+            Err(e) => {
+                // What was verified and written is acknowledged, whatever broke after it.
+                let _ = writer.flush();
+                return Err(StreamEnd::Closed(e.to_string()));
+            }
         };
-        wire::write_message(writer, &reply).map_err(|e| StreamEnd::Closed(e.to_string()))?;
+        wire::write_message(&mut writer, &reply).map_err(|e| StreamEnd::Closed(e.to_string()))?;
     }
 }
 
