@@ -45,6 +45,9 @@ def test_ratios_are_to_the_best_gridftp_setting_of_the_same_cell():
     assert [r.vs_gridftp for r in rows] == [5.0, 0.5, 1.0, 10.0, 1.0]
     table = files.format_table(rows)
     assert "5.00" in table and "10.00" in table
+    failed = row("loopback", "gridftp -cc 512", 0)
+    failed.complete, failed.error = False, "gridftp -cc 512 failed: FD_SETSIZE"
+    assert "(failed: gridftp -cc 512 failed: FD_SETSIZE)" in files.format_table([failed])
     one = [row("loopback", "xfer", 1, 9.0), row("loopback", "xfer-mem", 0, 10.0)]
     assert files.disk_costs(one) == [
         "loopback 10x1KiB: xfer file to file at 0.90 x its " "memory-to-memory rate"
