@@ -3,9 +3,10 @@
 //! handle beneath the root (cap-std); part files, journals, renames and removals all go through
 //! those handles, so a path swapped for a symbolic link mid-session cannot redirect a write
 //! outside the root. Each file arrives as a hidden part file, with a journal of verified chunks
-//! beside it unless it is small and arrives in one chunk, and is renamed to its name only after every chunk
-//! verified. A part file and its journal are open only while chunks are still due, so a session
-//! of many small files holds few descriptors however many files wait for their seal.
+//! beside it unless it is small and arrives in one chunk, and is renamed to its name only after
+//! every chunk verified. A part file and its journal are open only while chunks are still due,
+//! so a session of many small files holds few descriptors however many files wait for their
+//! seal.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -474,7 +475,7 @@ fn preallocate(file: &File, size: u64) -> std::io::Result<()> {
 #[derive(Default)]
 struct DirChecker {
     handles: HashMap<PathBuf, Arc<Dir>>,
-    /// The directories this checker created (empty when it made them).
+    /// The directories this checker created: nothing was in them before this session.
     made: HashSet<PathBuf>,
 }
 
