@@ -212,11 +212,12 @@ class Servers:
         if argv is None:
             yield None
             return
-        proc = supervise.start(
-            self.topo.receiver_cmd(supervise.supervised(argv)),
-            stdout=subprocess.PIPE,
-            stderr=log.open("w"),
-        )
+        with log.open("w") as err:
+            proc = supervise.start(
+                self.topo.receiver_cmd(supervise.supervised(argv)),
+                stdout=subprocess.PIPE,
+                stderr=err,
+            )
         try:
             key = None
             assert proc.stdout is not None
