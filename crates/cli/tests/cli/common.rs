@@ -173,22 +173,22 @@ pub fn summary(stdout: &str) -> serde_json::Value {
 /// Writes `len` bytes of deterministic, position-dependent data.
 pub fn write_data(path: &Path, len: u64, seed: u64) {
     use std::io::Write;
-    let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path).unwrap());
-    let mut block = vec![0u8; 1 << 20];
+    let mut f = std::fs::File::create(path).unwrap();
+    // Small files (trees of thousands) generate and allocate only what they write.
+    let mut block = vec![0u8; len.min(1 << 20).next_multiple_of(8) as usize];
     let mut written = 0u64;
     let mut counter = seed;
     while written < len {
-        for word in block.chunks_exact_mut(8) {
+        let n = (len - written).min(block.len() as u64) as usize;
+        for word in block[..n.next_multiple_of(8)].chunks_exact_mut(8) {
             counter = counter
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             word.copy_from_slice(&counter.to_le_bytes());
         }
-        let n = (len - written).min(block.len() as u64) as usize;
         f.write_all(&block[..n]).unwrap();
         written += n as u64;
     }
-    f.flush().unwrap();
 }
 
 /// Sets an explicit mtime (nanosecond precision) on a path.
