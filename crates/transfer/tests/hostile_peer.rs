@@ -296,8 +296,6 @@ fn a_directory_swapped_for_a_symlink_mid_session_cannot_redirect_writes() {
     assert_eq!(std::fs::read(root.join("moved/f")).unwrap(), data);
 }
 
-/// A data stream must prove the key of the session it joins: neither the receiver's key nor the
-/// key of another session will do, and the session it tried to join goes on unharmed.
 /// A data stream that names a session and then stalls before proving its key does not keep
 /// the session's files claimed once the session has ended: a sender killed while opening a
 /// stream (over QUIC, the receiver hears nothing of the kill) can run again at once.
@@ -333,6 +331,8 @@ fn a_stream_stalled_in_its_handshake_does_not_outlive_its_session() {
     drop(stalled);
 }
 
+/// A data stream must prove the key of the session it joins: neither the receiver's key nor the
+/// key of another session will do, and the session it tried to join goes on unharmed.
 #[test]
 fn a_data_stream_from_another_session_is_refused() {
     let root = tempfile::tempdir().unwrap();
