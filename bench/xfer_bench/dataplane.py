@@ -385,6 +385,22 @@ def print_report(command: str, table: str, rows: Sequence[object], json_path: Pa
         json_path.write_text(json.dumps([asdict(r) for r in rows], indent=2))
 
 
+def add_common_options(p: argparse.ArgumentParser) -> None:
+    """The options every benchmark of this kind has: the xfer binary and a JSON copy of the
+    rows."""
+    p.add_argument("--xfer", type=Path, default=DEFAULT_XFER, help="the xfer binary")
+    p.add_argument("--json", type=Path, help="also write the rows as JSON here")
+
+
+def check_runnable(p: argparse.ArgumentParser, args: argparse.Namespace, root_for: str) -> None:
+    """Ends with a usage error unless this runs as root (which it needs for `root_for`) and
+    the xfer binary exists."""
+    if os.geteuid() != 0:
+        p.error(f"needs root ({root_for})")
+    if not args.xfer.exists():
+        p.error(f"{args.xfer} does not exist: build it with cargo build --release")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the benchmark and prints the table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -393,14 +409,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=4.0, help="iperf3 run length")
     p.add_argument("--file-size", default="4GiB", help="size of the file-to-file payload")
     p.add_argument("--topologies", default="loopback,veth", help="loopback and/or veth")
-    p.add_argument("--xfer", type=Path, default=DEFAULT_XFER, help="the xfer binary")
-    p.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    add_common_options(p)
     args = p.parse_args(argv)
-    if os.geteuid() != 0:
-        p.error("needs root (tmpfs mounts and network namespaces)")
+    check_runnable(p, args, "tmpfs mounts and network namespaces")
     tear_down_on_signals()
-    if not args.xfer.exists():
-        p.error(f"{args.xfer} does not exist: build it with cargo build --release")
     streams = [int(s) for s in args.streams.split(",")]
     names = args.topologies.split(",")
     if unknown := [n for n in names if n not in ("loopback", "veth")]:

@@ -37,7 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xfer_bench import supervise
-from xfer_bench.dataplane import DEFAULT_XFER, parse_size, print_report, xfer_summary_gbps
+from xfer_bench.dataplane import (
+    add_common_options,
+    check_runnable,
+    parse_size,
+    print_report,
+    xfer_summary_gbps,
+)
 from xfer_bench.netns import LOOPBACK, Topology, tear_down_on_signals, tmpfs
 from xfer_bench.wan import WanSpec, emulated_wan
 
@@ -505,13 +511,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--reps", type=int, default=1, help="repetitions per cell (median reported)")
     p.add_argument("--timeout", type=float, default=300, help="seconds before a run is stopped")
-    p.add_argument("--xfer", type=Path, default=DEFAULT_XFER, help="the xfer binary")
-    p.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    add_common_options(p)
     args = p.parse_args(argv)
-    if os.geteuid() != 0:
-        p.error("needs root (tmpfs mounts and network namespaces)")
-    if not args.xfer.exists():
-        p.error(f"{args.xfer} does not exist: build it with cargo build --release")
+    check_runnable(p, args, "tmpfs mounts and network namespaces")
     try:
         for t in args.datasets.split(","):
             Dataset.parse(t)

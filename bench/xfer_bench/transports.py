@@ -27,7 +27,8 @@ from pathlib import Path
 
 from xfer_bench import supervise
 from xfer_bench.dataplane import (
-    DEFAULT_XFER,
+    add_common_options,
+    check_runnable,
     parse_size,
     print_report,
     write_key_file,
@@ -208,13 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=("cubic", "bbr", "new_reno"),
         help="QUIC's congestion controller (TCP and MPTCP use the kernel's, cubic by default)",
     )
-    p.add_argument("--xfer", type=Path, default=DEFAULT_XFER, help="the xfer binary")
-    p.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    add_common_options(p)
     args = p.parse_args(argv)
-    if os.geteuid() != 0:
-        p.error("needs root (network namespaces)")
-    if not args.xfer.exists():
-        p.error(f"{args.xfer} does not exist: build it with cargo build --release")
+    check_runnable(p, args, "network namespaces")
     if not 0 < args.rate_a < args.rate_b:
         p.error("path B must be the faster: 0 < --rate-a < --rate-b")
     tear_down_on_signals()
