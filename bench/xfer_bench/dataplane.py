@@ -64,14 +64,19 @@ def iperf3_gbps(report: dict) -> float:
     return report["end"]["sum_received"]["bits_per_second"] / 1e9
 
 
-def xfer_summary_gbps(stdout: str) -> float:
-    """Mean Gbit/s from the summary line of `xfer send --json`."""
+def xfer_summary(stdout: str) -> dict:
+    """The summary line of `xfer send --json`."""
     for line in reversed(stdout.splitlines()):
         if line.startswith("{"):
             obj = json.loads(line)
             if obj.get("type") == "summary":
-                return float(obj["gbit_per_s"])
+                return obj
     raise RuntimeError(f"no summary in xfer output: {stdout[-500:]!r}")
+
+
+def xfer_summary_gbps(stdout: str) -> float:
+    """Mean Gbit/s from the summary line of `xfer send --json`."""
+    return float(xfer_summary(stdout)["gbit_per_s"])
 
 
 def iperf3_report(

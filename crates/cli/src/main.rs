@@ -53,6 +53,18 @@ fn main() {
     }
 }
 
+/// The most memory this process has had resident at once (its peak RSS), in bytes.
+fn peak_rss_bytes() -> u64 {
+    // SAFETY: getrusage fills the struct it is given and nothing else.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    // Linux reports kibibytes.
+    u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024
+}
+
 /// Raises this process's soft limit on open files to its hard limit: a receiver serving many
 /// sessions holds a socket per stream and a file per chunk being written, more than the usual
 /// soft limit of 1024. Where it cannot be raised, the lower limit stays (the reason is logged

@@ -48,6 +48,10 @@ pub fn run(args: RecvArgs) -> anyhow::Result<()> {
     receiver
         .serve((args.once || args.over_ssh).then_some(1))
         .context("serving")?;
+    tracing::info!(
+        "peak memory resident: {} MiB",
+        crate::peak_rss_bytes() >> 20
+    );
     Ok(())
 }
 

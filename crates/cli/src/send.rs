@@ -71,6 +71,8 @@ struct SummaryReport<'a> {
     streams_timeline: &'a [(f64, usize)],
     retransmits: u64,
     transport: Transport,
+    /// The sender's peak resident memory.
+    peak_rss_bytes: u64,
 }
 
 /// Runs `xfer send`.
@@ -184,7 +186,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     };
     let transfer = Transfer::start(config, source)?;
     if !args.quiet {
-        for warning in transfer.skipped_sources().iter().chain(transfer.notices()) {
+        for warning in transfer.notices() {
             eprintln!("xfer: warning: {warning}");
         }
     }
@@ -199,6 +201,9 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     let mut last_acked = (Duration::ZERO, 0u64);
     loop {
         let finished = transfer.wait_timeout(TICK);
+        if !args.quiet {
+            warn_skipped(&transfer, bar.as_ref());
+        }
         let progress = transfer.progress();
         if let Some(n) = schedule.as_ref().and_then(|s| s.at(progress.elapsed)) {
             if n as usize != progress.streams_target {
@@ -206,6 +211,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
             }
         }
         if let Some(bar) = &bar {
+            bar.set_length(progress.bytes_total);
             bar.set_position(progress.bytes_acked);
             bar.set_message(format!(
                 "files {}/{}  streams {}",
@@ -280,6 +286,23 @@ enum Receiver {
     OverSsh(SshStart),
 }
 
+/// Prints the sources the scanner left out since the last call, above the progress bar.
+fn warn_skipped(transfer: &Transfer, bar: Option<&ProgressBar>) {
+    let skipped = transfer.take_skipped_sources();
+    if skipped.is_empty() {
+        return;
+    }
+    let print = || {
+        for warning in &skipped {
+            eprintln!("xfer: warning: {warning}");
+        }
+    };
+    match bar {
+        Some(bar) => bar.suspend(print),
+        None => print(),
+    }
+}
+
 /// Appends MI records as JSON lines and flushes, so a killed transfer leaves a usable log.
 fn write_mi_records(
     out: &mut impl Write,
@@ -329,6 +352,7 @@ fn print_summary(args: &SendArgs, summary: &Summary, out: &mut impl Write) -> st
             streams_timeline: &summary.streams_timeline,
             retransmits: summary.retransmits,
             transport: summary.transport,
+            peak_rss_bytes: crate::peak_rss_bytes(),
         };
         serde_json::to_writer(&mut *out, &report)?;
         writeln!(out)?;

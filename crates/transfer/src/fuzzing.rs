@@ -3,21 +3,22 @@
 
 use std::path::Path;
 
-use crate::manifest::Manifest;
+use crate::manifest::{FileEntry, ManifestBatch};
 use crate::wire::FileStatus;
 
-/// The receiver's handling of a manifest: path checks, directories made under `root`, and the
-/// resume plan from what is there. `Err` is a refusal (with its reason), never a panic.
-pub fn receive_manifest(root: &Path, manifest: &Manifest) -> Result<(), String> {
-    crate::receiver::prepare_for_fuzzing(root, manifest)
+/// The receiver's handling of a manifest sent into `dest` in `batches`: path checks,
+/// directories made under `root`, and each batch's resume plan from what is there. `Err` is a
+/// refusal (with its reason), never a panic.
+pub fn receive_manifest(root: &Path, dest: &[u8], batches: &[ManifestBatch]) -> Result<(), String> {
+    crate::receiver::prepare_for_fuzzing(root, dest, batches)
 }
 
-/// The sender's handling of the receiver's resume plan for `manifest`: the units left to send
-/// as `(file, offset, len)`, or why the plan is refused.
+/// The sender's handling of the receiver's resume plan for `files`: the units left to send as
+/// `(file, offset, len)`, or why the plan is refused.
 pub fn plan_units(
-    manifest: &Manifest,
+    files: &[FileEntry],
     plan: &[FileStatus],
     unit_size: u32,
 ) -> Result<Vec<(u32, u64, u32)>, String> {
-    crate::sender::queue_for_fuzzing(manifest, plan, unit_size)
+    crate::sender::queue_for_fuzzing(files, plan, unit_size)
 }

@@ -1,8 +1,8 @@
 //! The manifest of a transfer: which directories and files the sender will send, with their
-//! relative paths, sizes, modes and mtimes; how the sender builds it from its sources; and how
-//! the receiver checks that every path stays under its root.
+//! relative paths, sizes, modes and mtimes; how the sender walks its sources to stream it in
+//! batches; and how the receiver checks that every path stays under its root.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -75,25 +75,24 @@ pub enum SinkKind {
     Discard,
 }
 
-/// Everything the sender announces before sending data.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Manifest {
-    /// Destination directory relative to the receiver's root (empty: the root itself).
-    pub dest: Vec<u8>,
-    /// Files or a discarding sink.
-    pub sink: SinkKind,
-    /// Directories, parents before children.
+/// One part of the manifest, which the sender streams in batches while data already flows.
+/// Files are numbered across batches in the order they are announced: a chunk names its file
+/// by that number.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestBatch {
+    /// Directories, parents before children (a parent may be in an earlier batch).
     pub dirs: Vec<DirEntry>,
-    /// Files; a chunk names its file by index in this list.
+    /// Files, numbered on from the previous batch's last.
     pub files: Vec<FileEntry>,
+    /// No batch follows.
+    pub last: bool,
 }
 
-impl Manifest {
-    /// The manifest of `size` bytes of generated data for a discarding sink (memory to memory).
-    pub fn memory(size: u64) -> Manifest {
-        Manifest {
-            dest: Vec::new(),
-            sink: SinkKind::Discard,
+impl ManifestBatch {
+    /// The whole manifest of `size` bytes of generated data for a discarding sink (memory to
+    /// memory).
+    pub fn memory(size: u64) -> ManifestBatch {
+        ManifestBatch {
             dirs: Vec::new(),
             files: vec![FileEntry {
                 path: b"memory".to_vec(),
@@ -101,10 +100,11 @@ impl Manifest {
                 mode: 0,
                 mtime: Timestamp { secs: 0, nanos: 0 },
             }],
+            last: true,
         }
     }
 
-    /// Total bytes of all files (saturating: a peer's manifest may claim any sizes).
+    /// Total bytes of its files (saturating: a peer's batch may claim any sizes).
     pub fn total_bytes(&self) -> u64 {
         self.files
             .iter()
@@ -112,7 +112,7 @@ impl Manifest {
     }
 }
 
-/// Errors of building a manifest from the sender's sources.
+/// Errors of scanning the sender's sources.
 #[derive(Debug, thiserror::Error)]
 pub enum ScanError {
     /// A source could not be read.
@@ -131,115 +131,152 @@ pub enum ScanError {
     NoName(String),
 }
 
-/// A manifest plus where each of its files is on the sender's disk.
-#[derive(Debug)]
-pub struct ScannedSources {
+/// A batch of the manifest plus where each of its files is on the sender's disk.
+#[derive(Debug, Default)]
+pub struct ScannedBatch {
     /// What will be announced to the receiver.
-    pub manifest: Manifest,
-    /// Local path of each `manifest.files` entry, same order.
+    pub batch: ManifestBatch,
+    /// Local path of each `batch.files` entry, same order.
     pub local_paths: Vec<PathBuf>,
     /// Entries that were left out (symbolic links, devices, sockets), with why.
     pub skipped: Vec<String>,
 }
 
-/// Builds the manifest for sending `sources` into `dest`: each source lands under its own name,
-/// directories recursively (sorted by name), regular files only; links and special files are
-/// skipped and listed in `skipped`.
-pub fn scan_sources(sources: &[PathBuf], dest: &[u8]) -> Result<ScannedSources, ScanError> {
-    let mut out = ScannedSources {
-        manifest: Manifest {
-            dest: dest.to_vec(),
-            sink: SinkKind::Files,
-            dirs: Vec::new(),
-            files: Vec::new(),
-        },
-        local_paths: Vec::new(),
-        skipped: Vec::new(),
-    };
-    let mut top_names = std::collections::HashSet::new();
-    for source in sources {
-        let unreadable = |e: std::io::Error| ScanError::Unreadable {
-            path: source.display().to_string(),
-            source: e,
-        };
-        let meta = std::fs::metadata(source).map_err(unreadable)?;
-        let name = match source.file_name() {
-            Some(n) => n.to_owned(),
-            None => std::fs::canonicalize(source)
-                .map_err(unreadable)?
-                .file_name()
-                .ok_or_else(|| ScanError::NoName(source.display().to_string()))?
-                .to_owned(),
-        };
-        if !top_names.insert(name.clone()) {
-            return Err(ScanError::DuplicateName(
-                name.to_string_lossy().into_owned(),
-            ));
-        }
-        if meta.is_file() {
-            std::fs::File::open(source).map_err(unreadable)?;
-            out.push_file(name.as_bytes().to_vec(), source.clone(), &meta);
-            continue;
-        }
-        if !meta.is_dir() {
-            out.skipped.push(format!(
-                "{}: not a regular file or directory",
-                source.display()
-            ));
-            continue;
-        }
-        let walk = walkdir::WalkDir::new(source)
-            .follow_links(false)
-            .sort_by_file_name();
-        for entry in walk {
-            let entry = entry.map_err(|e| ScanError::Unreadable {
-                path: e.path().unwrap_or(source).display().to_string(),
-                source: e
-                    .into_io_error()
-                    .unwrap_or_else(|| std::io::Error::other("filesystem loop")),
-            })?;
-            let rel = entry
-                .path()
-                .strip_prefix(source)
-                .expect("walkdir stays under its root");
-            let mut path = name.as_bytes().to_vec();
-            for comp in rel.components() {
-                path.push(b'/');
-                path.extend_from_slice(comp.as_os_str().as_bytes());
-            }
-            let kind = entry.file_type();
-            let meta = if kind.is_symlink() {
-                None
-            } else {
-                Some(entry.metadata().map_err(|e| {
-                    ScanError::Unreadable {
-                        path: entry.path().display().to_string(),
-                        source: e
-                            .into_io_error()
-                            .unwrap_or_else(|| std::io::Error::other("metadata")),
-                    }
-                })?)
-            };
-            match meta {
-                Some(m) if kind.is_dir() => out.manifest.dirs.push(DirEntry {
-                    path,
-                    mode: m.mode() & 0o777,
-                    mtime: Timestamp::mtime_of(&m),
-                }),
-                Some(m) if kind.is_file() => out.push_file(path, entry.path().to_path_buf(), &m),
-                _ => out.skipped.push(format!(
-                    "{}: symbolic link or special file, skipped",
-                    entry.path().display()
-                )),
-            }
-        }
-    }
-    Ok(out)
+/// The sender's walk over its sources, handing out the manifest a batch at a time, so that a
+/// tree of millions of entries is never held whole. Each source lands under its own name;
+/// directories are walked recursively in name order (holding one listing per level); only
+/// regular files are sent, and links and special files are skipped and reported.
+pub struct Scanner {
+    /// Top-level sources not started yet: path, name at the destination, metadata.
+    sources: std::vec::IntoIter<(PathBuf, OsString, std::fs::Metadata)>,
+    /// The directory source being walked, with its name at the destination.
+    walk: Option<(PathBuf, OsString, walkdir::IntoIter)>,
 }
 
-impl ScannedSources {
+impl Scanner {
+    /// Checks the top-level sources (each exists, has a name, and no two share one; files can be
+    /// opened), so that a wrong command line fails before anything is sent.
+    pub fn new(sources: &[PathBuf]) -> Result<Scanner, ScanError> {
+        let mut checked = Vec::with_capacity(sources.len());
+        let mut top_names = std::collections::HashSet::new();
+        for source in sources {
+            let unreadable = |e: std::io::Error| ScanError::Unreadable {
+                path: source.display().to_string(),
+                source: e,
+            };
+            let meta = std::fs::metadata(source).map_err(unreadable)?;
+            let name = match source.file_name() {
+                Some(n) => n.to_owned(),
+                None => std::fs::canonicalize(source)
+                    .map_err(unreadable)?
+                    .file_name()
+                    .ok_or_else(|| ScanError::NoName(source.display().to_string()))?
+                    .to_owned(),
+            };
+            if !top_names.insert(name.clone()) {
+                return Err(ScanError::DuplicateName(
+                    name.to_string_lossy().into_owned(),
+                ));
+            }
+            if meta.is_file() {
+                std::fs::File::open(source).map_err(unreadable)?;
+            }
+            checked.push((source.clone(), name, meta));
+        }
+        Ok(Scanner {
+            sources: checked.into_iter(),
+            walk: None,
+        })
+    }
+
+    /// The next batch of at most `max_entries` directories and files; the one that exhausts the
+    /// sources says `last`.
+    pub fn next_batch(&mut self, max_entries: usize) -> Result<ScannedBatch, ScanError> {
+        let mut out = ScannedBatch::default();
+        while out.batch.dirs.len() + out.batch.files.len() < max_entries.max(1) {
+            if let Some((source, name, walk)) = &mut self.walk {
+                match walk.next() {
+                    Some(entry) => out.add_walked(source, name, entry)?,
+                    None => self.walk = None,
+                }
+                continue;
+            }
+            let Some((source, name, meta)) = self.sources.next() else {
+                out.batch.last = true;
+                break;
+            };
+            if meta.is_file() {
+                out.push_file(name.as_bytes().to_vec(), source, &meta);
+            } else if meta.is_dir() {
+                let walk = walkdir::WalkDir::new(&source)
+                    .follow_links(false)
+                    .sort_by_file_name()
+                    .into_iter();
+                self.walk = Some((source, name, walk));
+            } else {
+                out.skipped.push(format!(
+                    "{}: not a regular file or directory",
+                    source.display()
+                ));
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl ScannedBatch {
+    /// Adds what the walk of the directory `source` (named `name` at the destination) found.
+    fn add_walked(
+        &mut self,
+        source: &Path,
+        name: &OsStr,
+        entry: walkdir::Result<walkdir::DirEntry>,
+    ) -> Result<(), ScanError> {
+        let entry = entry.map_err(|e| ScanError::Unreadable {
+            path: e.path().unwrap_or(source).display().to_string(),
+            source: e
+                .into_io_error()
+                .unwrap_or_else(|| std::io::Error::other("filesystem loop")),
+        })?;
+        let rel = entry
+            .path()
+            .strip_prefix(source)
+            .expect("walkdir stays under its root");
+        let mut path = name.as_bytes().to_vec();
+        for comp in rel.components() {
+            path.push(b'/');
+            path.extend_from_slice(comp.as_os_str().as_bytes());
+        }
+        let kind = entry.file_type();
+        let meta = if kind.is_symlink() {
+            None
+        } else {
+            Some(entry.metadata().map_err(|e| {
+                ScanError::Unreadable {
+                    path: entry.path().display().to_string(),
+                    source: e
+                        .into_io_error()
+                        .unwrap_or_else(|| std::io::Error::other("metadata")),
+                }
+            })?)
+        };
+        match meta {
+            Some(m) if kind.is_dir() => self.batch.dirs.push(DirEntry {
+                path,
+                mode: m.mode() & 0o777,
+                mtime: Timestamp::mtime_of(&m),
+            }),
+            Some(m) if kind.is_file() => self.push_file(path, entry.into_path(), &m),
+            _ => self.skipped.push(format!(
+                "{}: symbolic link or special file, skipped",
+                entry.path().display()
+            )),
+        }
+        Ok(())
+    }
+
     fn push_file(&mut self, path: Vec<u8>, local: PathBuf, meta: &std::fs::Metadata) {
-        self.manifest.files.push(FileEntry {
+        self.batch.files.push(FileEntry {
             path,
             size: meta.len(),
             mode: meta.mode() & 0o777,

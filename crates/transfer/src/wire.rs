@@ -19,14 +19,22 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::manifest::Manifest;
+use crate::manifest::{ManifestBatch, SinkKind};
 
 /// First bytes of every connection's `Hello`, so a stray client is refused at once.
 pub const MAGIC: [u8; 4] = *b"XFR1";
 /// Version of this protocol; peers with another version are refused with a clear error.
-pub const PROTOCOL_VERSION: u16 = 4;
-/// Largest control message body accepted (a manifest of several hundred thousand entries).
+pub const PROTOCOL_VERSION: u16 = 5;
+/// Largest control message body accepted.
 pub const MAX_MESSAGE_LEN: usize = 64 << 20;
+/// Most entries (directories and files) a sender puts in one [`ManifestBatch`]: with paths of
+/// at most [`crate::manifest::MAX_PATH_LEN`] bytes, a batch stays well under
+/// [`MAX_MESSAGE_LEN`].
+pub const BATCH_ENTRIES: usize = 1024;
+/// Most files a sender keeps announced and not yet settled (finalised, or found complete): its
+/// scanner holds back beyond that, so both sides hold state for a bounded number of files
+/// however large the tree. Enough for the files in flight on a long fat path.
+pub const SENDER_UNSEALED: usize = 65_536;
 /// Largest chunk payload either side will ever accept.
 pub const MAX_CHUNK_LEN: usize = 64 << 20;
 /// How often a receiver says [`Message::Working`] on each session's control connection, from
@@ -169,10 +177,25 @@ pub enum Message {
         /// Human-readable cause.
         reason: String,
     },
-    /// What the sender will send (control, sender to receiver).
-    Manifest(Manifest),
-    /// What the receiver already has, one entry per manifest file (control).
-    Plan(Vec<FileStatus>),
+    /// Where the session's files land (control, sender to receiver, first after `Welcome`;
+    /// not answered).
+    Start {
+        /// Destination directory relative to the receiver's root (empty: the root itself).
+        dest: Vec<u8>,
+        /// Files or a discarding sink.
+        sink: SinkKind,
+    },
+    /// The next batch of the manifest (control, sender to receiver); answered by a `Plan`.
+    Entries(ManifestBatch),
+    /// What the receiver already has of one batch's files (control, in the order batches came).
+    Plan {
+        /// Number of the batch's first file.
+        first: u32,
+        /// One entry per file of the batch.
+        files: Vec<FileStatus>,
+        /// It answers the batch that said `last`.
+        last: bool,
+    },
     /// All of a file's chunks were acknowledged and the source is unchanged: finalise it.
     Seal {
         /// Manifest file index.
@@ -454,11 +477,20 @@ mod tests {
                 role: Role::Data { session: [7; 16] },
                 nonce: [1; 32],
             },
-            Message::Plan(vec![
-                FileStatus::Missing,
-                FileStatus::Partial(vec![(0, 10), (20, 5)]),
-                FileStatus::Complete,
-            ]),
+            Message::Plan {
+                first: 1 << 20,
+                files: vec![
+                    FileStatus::Missing,
+                    FileStatus::Partial(vec![(0, 10), (20, 5)]),
+                    FileStatus::Complete,
+                ],
+                last: true,
+            },
+            Message::Start {
+                dest: b"d/e".to_vec(),
+                sink: SinkKind::Files,
+            },
+            Message::Entries(ManifestBatch::memory(5)),
             Message::Ack {
                 file: 3,
                 offset: u64::MAX,

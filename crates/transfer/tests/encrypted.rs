@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use transfer::auth::{handshake_as_client, SessionKey};
 use transfer::link;
-use transfer::manifest::Manifest;
+use transfer::manifest::{ManifestBatch, SinkKind};
 use transfer::receiver::{Receiver, ReceiverConfig};
 use transfer::sender::{SendConfig, SendSource, Transfer, DEFAULT_UNSENT_LIMIT};
 use transfer::tls::ServerIdentity;
@@ -148,12 +148,17 @@ fn a_receiver_that_requires_encryption_refuses_plain_sessions_and_streams() {
     };
     let (welcomed, mut control_reader, mut control_writer) =
         open(Role::Control, &key, true).unwrap();
-    // The session exists once its manifest is in.
-    let manifest = Manifest::memory(10);
-    write_message(&mut control_writer, &Message::Manifest(manifest)).unwrap();
+    // The session exists once it said where its files go.
+    let start = Message::Start {
+        dest: Vec::new(),
+        sink: SinkKind::Discard,
+    };
+    write_message(&mut control_writer, &start).unwrap();
+    let batch = Message::Entries(ManifestBatch::memory(10));
+    write_message(&mut control_writer, &batch).unwrap();
     assert!(matches!(
         control_reader.read_message(),
-        Ok(Message::Plan(_))
+        Ok(Message::Plan { .. })
     ));
     let data = Role::Data {
         session: welcomed.session,

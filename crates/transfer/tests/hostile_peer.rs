@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use transfer::auth::{handshake_as_client, ChannelBinding, SessionKey, Welcomed};
-use transfer::manifest::{DirEntry, FileEntry, Manifest, SinkKind, Timestamp};
+use transfer::manifest::{DirEntry, FileEntry, ManifestBatch, SinkKind, Timestamp};
 use transfer::receiver::{Receiver, ReceiverConfig};
 use transfer::wire::{
     chunk_checksum, write_chunk, write_message, ChunkHeader, FileStatus, FrameReader, Message,
@@ -68,19 +68,40 @@ fn entry(path: &[u8], size: u64) -> FileEntry {
     }
 }
 
-fn manifest(files: Vec<FileEntry>, dirs: Vec<DirEntry>) -> Manifest {
-    Manifest {
-        dest: Vec::new(),
-        sink: SinkKind::Files,
+/// A whole manifest in one batch.
+fn manifest(files: Vec<FileEntry>, dirs: Vec<DirEntry>) -> ManifestBatch {
+    ManifestBatch {
         dirs,
         files,
+        last: true,
     }
 }
 
-/// Opens a session for `manifest` and returns the control connection, the welcome and the plan.
-fn open_session(addr: &str, manifest: Manifest) -> (Conn, Welcomed, Message) {
+/// The plan of a first batch that was also the last.
+fn first_plan(files: Vec<FileStatus>) -> Message {
+    Message::Plan {
+        first: 0,
+        files,
+        last: true,
+    }
+}
+
+/// Opens a session for `batch` into the root and returns the control connection, the welcome
+/// and the plan.
+fn open_session(addr: &str, batch: ManifestBatch) -> (Conn, Welcomed, Message) {
+    open_session_into(addr, b"", batch)
+}
+
+/// Opens a session for `batch` into `dest` and returns the control connection, the welcome and
+/// the answer to the batch.
+fn open_session_into(addr: &str, dest: &[u8], batch: ManifestBatch) -> (Conn, Welcomed, Message) {
     let ((mut reader, mut writer), welcomed) = connect(addr).unwrap();
-    write_message(&mut writer, &Message::Manifest(manifest)).unwrap();
+    let start = Message::Start {
+        dest: dest.to_vec(),
+        sink: SinkKind::Files,
+    };
+    write_message(&mut writer, &start).unwrap();
+    write_message(&mut writer, &Message::Entries(batch)).unwrap();
     let reply = reader.read_message().unwrap();
     ((reader, writer), welcomed, reply)
 }
@@ -155,18 +176,14 @@ fn manifests_with_paths_that_leave_the_root_are_refused() {
             "dir {path:?}: {reply:?}"
         );
     }
-    let mut escaping = Manifest {
-        dest: b"../outside".to_vec(),
-        ..manifest(vec![entry(b"f", 1)], vec![])
-    };
-    let (_, _, reply) = open_session(&addr, escaping.clone());
+    let one = manifest(vec![entry(b"f", 1)], vec![]);
+    let (_, _, reply) = open_session_into(&addr, b"../outside", one);
     assert!(
         matches!(&reply, Message::Refused { reason } if reason.contains("'..'")),
         "{reply:?}"
     );
-    escaping.files = vec![entry(b"f", 1), entry(b"f", 1)];
-    escaping.dest = Vec::new();
-    let (_, _, reply) = open_session(&addr, escaping);
+    let twice = manifest(vec![entry(b"f", 1), entry(b"f", 1)], vec![]);
+    let (_, _, reply) = open_session(&addr, twice);
     assert!(
         matches!(&reply, Message::Refused { reason } if reason.contains("twice")),
         "{reply:?}"
@@ -195,7 +212,7 @@ fn chunks_outside_their_file_or_too_large_end_the_stream_with_an_error() {
     let root = tempfile::tempdir().unwrap();
     let addr = start(root.path());
     let (_control, welcomed, plan) = open_session(&addr, manifest(vec![entry(b"ten", 10)], vec![]));
-    assert_eq!(plan, Message::Plan(vec![FileStatus::Missing]));
+    assert_eq!(plan, first_plan(vec![FileStatus::Missing]));
 
     let (mut reader, mut writer) = join(&addr, &welcomed).unwrap();
     let data = [7u8; 10];
@@ -273,7 +290,7 @@ fn a_directory_swapped_for_a_symlink_mid_session_cannot_redirect_writes() {
     let addr = start(&root);
     let (mut control, welcomed, plan) =
         open_session(&addr, manifest(vec![entry(b"sub/f", 10)], vec![]));
-    assert_eq!(plan, Message::Plan(vec![FileStatus::Missing]));
+    assert_eq!(plan, first_plan(vec![FileStatus::Missing]));
 
     // Someone with access to the root swaps the checked directory for a link to elsewhere.
     std::fs::rename(root.join("sub"), root.join("moved")).unwrap();
@@ -327,7 +344,7 @@ fn a_stream_stalled_in_its_handshake_does_not_outlive_its_session() {
     while reply == Message::Working {
         reply = reader.read_message().unwrap();
     }
-    assert_eq!(reply, Message::Plan(vec![FileStatus::Missing]));
+    assert_eq!(reply, first_plan(vec![FileStatus::Missing]));
     drop(stalled);
 }
 
@@ -384,7 +401,7 @@ fn wrong_keys_are_refused_and_the_receiver_keeps_serving() {
         Message::Finalized { error: None, .. }
     ));
     let (_later, welcomed, plan) = open_session(&addr, manifest(vec![entry(b"b", 1)], vec![]));
-    assert_eq!(plan, Message::Plan(vec![FileStatus::Missing]));
+    assert_eq!(plan, first_plan(vec![FileStatus::Missing]));
     assert!(join(&addr, &welcomed).is_ok());
 }
 
@@ -479,7 +496,7 @@ fn silent_connections_are_bounded_in_number_and_time() {
         assert!(took < Duration::from_secs(3), "{took:?}");
     }
     let (_control, welcomed, plan) = open_session(&addr, manifest(vec![entry(b"f", 1)], vec![]));
-    assert_eq!(plan, Message::Plan(vec![FileStatus::Missing]));
+    assert_eq!(plan, first_plan(vec![FileStatus::Missing]));
     assert!(join(&addr, &welcomed).is_ok());
 }
 
@@ -505,7 +522,7 @@ fn an_idle_session_is_closed_after_the_timeout() {
     assert!(lived < Duration::from_secs(4), "{lived:?}");
     assert!(!root.path().join("ten").exists());
     let (_c, _, plan) = open_session(&addr, manifest(vec![entry(b"ten", 10)], vec![]));
-    assert_eq!(plan, Message::Plan(vec![FileStatus::Missing]));
+    assert_eq!(plan, first_plan(vec![FileStatus::Missing]));
 }
 
 fn open_descriptors() -> usize {
@@ -628,12 +645,128 @@ fn a_manifest_over_the_limit_is_refused() {
         .map(|i| entry(format!("file-{i}").as_bytes(), 1))
         .collect();
     let ((mut reader, mut writer), _) = connect(&addr).unwrap();
-    write_message(&mut writer, &Message::Manifest(manifest(files, vec![]))).unwrap();
+    let start = Message::Start {
+        dest: Vec::new(),
+        sink: SinkKind::Files,
+    };
+    write_message(&mut writer, &start).unwrap();
+    write_message(&mut writer, &Message::Entries(manifest(files, vec![]))).unwrap();
     writer.flush().unwrap();
     assert!(
         reader.read_message().is_err(),
         "an oversized manifest got an answer"
     );
     let (_c, _, plan) = open_session(&addr, manifest(vec![entry(b"small", 1)], vec![]));
-    assert_eq!(plan, Message::Plan(vec![FileStatus::Missing]));
+    assert_eq!(plan, first_plan(vec![FileStatus::Missing]));
+}
+
+/// The manifest comes in batches whose files are numbered on across them; a file's state is
+/// gone once it is sealed, so a late copy of one of its chunks is acknowledged and not written,
+/// and a second seal is refused.
+#[test]
+fn the_manifest_arrives_in_batches_numbered_across_them() {
+    let root = tempfile::tempdir().unwrap();
+    let addr = start(root.path());
+    let first = ManifestBatch {
+        last: false,
+        ..manifest(vec![entry(b"a", 10)], vec![])
+    };
+    let (mut control, welcomed, plan) = open_session(&addr, first);
+    let missing = vec![FileStatus::Missing];
+    assert_eq!(
+        plan,
+        Message::Plan {
+            first: 0,
+            files: missing.clone(),
+            last: false
+        }
+    );
+    let (reader, writer) = &mut control;
+    let second = manifest(vec![entry(b"b", 10)], vec![]);
+    write_message(writer, &Message::Entries(second)).unwrap();
+    assert_eq!(
+        reader.read_message().unwrap(),
+        Message::Plan {
+            first: 1,
+            files: missing,
+            last: true
+        }
+    );
+    let (mut data_reader, mut data_writer) = join(&addr, &welcomed).unwrap();
+    let data = *b"0123456789";
+    let header = ChunkHeader {
+        file: 1,
+        ..chunk(&data, 0)
+    };
+    let ack = Message::Ack {
+        file: 1,
+        offset: 0,
+        len: 10,
+    };
+    write_chunk(&mut data_writer, &header, &data).unwrap();
+    assert_eq!(data_reader.read_message().unwrap(), ack);
+    let seal_b = Message::Seal {
+        file: 1,
+        blake3: None,
+    };
+    write_message(writer, &seal_b).unwrap();
+    let finalized = Message::Finalized {
+        file: 1,
+        error: None,
+    };
+    assert_eq!(reader.read_message().unwrap(), finalized);
+    assert_eq!(std::fs::read(root.path().join("b")).unwrap(), data);
+
+    let other = *b"9876543210";
+    let late = ChunkHeader {
+        file: 1,
+        ..chunk(&other, 0)
+    };
+    write_chunk(&mut data_writer, &late, &other).unwrap();
+    assert_eq!(data_reader.read_message().unwrap(), ack);
+    assert_eq!(std::fs::read(root.path().join("b")).unwrap(), data);
+    write_message(writer, &seal_b).unwrap();
+    let reply = reader.read_message().unwrap();
+    assert!(
+        matches!(&reply, Message::Finalized { error: Some(e), .. } if e.contains("settled already")),
+        "{reply:?}"
+    );
+}
+
+/// A sender may hold only so many files announced and unsealed, and may not name one path in
+/// two batches.
+#[test]
+fn batches_over_the_unsealed_limit_or_naming_a_path_again_are_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let mut config = config(root.path());
+    config.max_unsealed = 100;
+    let addr = start_with(config);
+    let batch = |from: usize, count: usize| ManifestBatch {
+        last: false,
+        ..manifest(
+            (from..from + count)
+                .map(|i| entry(format!("f{i}").as_bytes(), 1))
+                .collect(),
+            vec![],
+        )
+    };
+    let (mut control, _, plan) = open_session(&addr, batch(0, 60));
+    assert!(matches!(plan, Message::Plan { first: 0, .. }), "{plan:?}");
+    let (reader, writer) = &mut control;
+    write_message(writer, &Message::Entries(batch(60, 60))).unwrap();
+    let reply = reader.read_message().unwrap();
+    assert!(
+        matches!(&reply, Message::Refused { reason } if reason.contains("more than 100 files")),
+        "{reply:?}"
+    );
+
+    let (mut control, _, plan) = open_session(&addr, batch(0, 2));
+    assert!(matches!(plan, Message::Plan { first: 0, .. }), "{plan:?}");
+    let (reader, writer) = &mut control;
+    write_message(writer, &Message::Entries(batch(1, 2))).unwrap();
+    let reply = reader.read_message().unwrap();
+    assert!(
+        matches!(&reply, Message::Refused { reason } if reason.contains("f1 appears twice")),
+        "{reply:?}"
+    );
 }

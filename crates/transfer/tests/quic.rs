@@ -55,17 +55,22 @@ fn receiver(lie: bool) -> (SocketAddr, Arc<AtomicUsize>) {
             max_chunk: 1 << 20,
         };
         write_message(&mut writer, &Message::Welcome { session, limits }).unwrap();
-        let Message::Manifest(manifest) = reader.read_message().unwrap() else {
-            panic!("expected the manifest")
-        };
-        let plan = vec![FileStatus::Missing; manifest.files.len()];
-        write_message(&mut writer, &Message::Plan(plan)).unwrap();
+        assert!(matches!(reader.read_message(), Ok(Message::Start { .. })));
         assert!(matches!(reader.read_message(), Ok(Message::QuicRequest)));
         let mut certificate = quic.add_session(&session).unwrap();
         if lie {
             certificate[7] ^= 0x10;
         }
         write_message(&mut writer, &Message::QuicOffer { certificate }).unwrap();
+        let Message::Entries(batch) = reader.read_message().unwrap() else {
+            panic!("expected the manifest")
+        };
+        let plan = Message::Plan {
+            first: 0,
+            files: vec![FileStatus::Missing; batch.files.len()],
+            last: batch.last,
+        };
+        write_message(&mut writer, &plan).unwrap();
         // Serve until the sender gives up (it closes the control connection), or for a while
         // when it keeps trying to join.
         socket

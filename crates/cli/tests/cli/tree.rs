@@ -72,6 +72,52 @@ fn tree_with_edge_cases_arrives_byte_identical() {
     assert_same_tree(src.path(), &root.path().join("incoming"));
 }
 
+/// A tree larger than one batch of the manifest arrives whole, and a link and a FIFO that the
+/// scanner meets only after data is flowing are left out with a warning each.
+#[test]
+fn links_and_special_files_found_mid_transfer_are_skipped_with_a_warning() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let tree = src.path().join("tree");
+    for d in 0..3u64 {
+        let dir = tree.join(format!("d{d}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in 0..1000u64 {
+            write_data(&dir.join(format!("f{i:04}")), i % 300, d * 1000 + i);
+        }
+    }
+    std::os::unix::fs::symlink("/etc/passwd", tree.join("d2/zz-link")).unwrap();
+    let fifo =
+        std::ffi::CString::new(tree.join("d2/zz-fifo").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let receiver = Receiver::start(root.path());
+    let out = send(
+        &receiver,
+        &[tree.to_str().unwrap(), &receiver.dest("in"), "--json"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(summary(&ok(out))["files"], 3000);
+    for name in ["zz-link", "zz-fifo"] {
+        assert!(
+            stderr.contains(&format!(
+                "d2/{name}: symbolic link or special file, skipped"
+            )),
+            "{stderr}"
+        );
+    }
+    // Without them (and with its mtime as it was), the source is what arrived.
+    let d2 = tree.join("d2");
+    let mtime = std::fs::metadata(&d2).unwrap().modified().unwrap();
+    std::fs::remove_file(d2.join("zz-link")).unwrap();
+    std::fs::remove_file(d2.join("zz-fifo")).unwrap();
+    std::fs::File::open(&d2)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    assert_same_tree(&tree, &root.path().join("in/tree"));
+}
+
 #[test]
 fn stream_count_follows_a_schedule_mid_transfer() {
     let src = tempfile::tempdir().unwrap();

@@ -1,7 +1,7 @@
 //! Where a session's chunks go: files under the receiver's root (journaled, renamed into place
 //! only after they verify) or a sink that verifies and discards (memory-to-memory benchmarks).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use rangemap::RangeSet;
 
+use super::announced::Announced;
 use super::file_tree::FileTree;
-use crate::manifest::{Manifest, SinkKind};
+use crate::manifest::{ManifestBatch, SinkKind};
 use crate::wire::FileStatus;
 
 /// A failure of the destination.
@@ -35,30 +36,64 @@ pub enum DestinationError {
 /// How long a session waits for a path that another session is writing before it is refused.
 pub const CLAIM_WAIT: Duration = Duration::from_secs(5);
 
-/// The final paths (relative to the root) that sessions are writing now, so two sessions never
-/// write one file. A session that wants a path another one holds waits up to [`CLAIM_WAIT`]
-/// for it: a sender killed and run again finds its old session still ending, for the
-/// receiver learns of the kill only when it next reads from the dead connections.
+/// Why paths could not be claimed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ClaimError {
+    /// Another session still holds this path after the wait.
+    Busy(PathBuf),
+    /// The claiming session holds this path already: its manifest names it twice.
+    Twice(PathBuf),
+}
+
+impl From<ClaimError> for DestinationError {
+    fn from(e: ClaimError) -> Self {
+        DestinationError::Refused(match e {
+            ClaimError::Busy(path) => {
+                format!("another session is writing {} now", path.display())
+            }
+            ClaimError::Twice(path) => {
+                format!("{} appears twice in the manifest", path.display())
+            }
+        })
+    }
+}
+
+/// The final paths (relative to the root) that sessions are writing now, each with the session
+/// that holds it, so two sessions never write one file. A session that wants a path another one
+/// holds waits up to [`CLAIM_WAIT`] for it: a sender killed and run again finds its old session
+/// still ending, for the receiver learns of the kill only when it next reads from the dead
+/// connections.
 #[derive(Debug, Default)]
 pub struct ActivePaths {
-    paths: Mutex<HashSet<PathBuf>>,
+    paths: Mutex<HashMap<PathBuf, [u8; 16]>>,
     released: Condvar,
 }
 
 impl ActivePaths {
-    /// Claims all of `rels` or none, waiting up to `wait` for those that other sessions hold;
-    /// the first one still held after that is the error.
-    pub fn claim(&self, rels: &[PathBuf], wait: Duration) -> Result<(), PathBuf> {
+    /// Claims all of `rels` for the session `owner` or none, waiting up to `wait` for those
+    /// that other sessions hold.
+    pub fn claim(
+        &self,
+        rels: &[PathBuf],
+        owner: [u8; 16],
+        wait: Duration,
+    ) -> Result<(), ClaimError> {
         let deadline = Instant::now() + wait;
         let mut paths = self.paths.lock().expect("active paths lock");
         loop {
-            let Some(busy) = rels.iter().find(|rel| paths.contains(*rel)) else {
-                paths.extend(rels.iter().cloned());
+            let held = rels
+                .iter()
+                .find_map(|rel| paths.get(rel).map(|holder| (rel, *holder)));
+            let Some((busy, holder)) = held else {
+                paths.extend(rels.iter().map(|rel| (rel.clone(), owner)));
                 return Ok(());
             };
+            if holder == owner {
+                return Err(ClaimError::Twice(busy.clone()));
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(busy.clone());
+                return Err(ClaimError::Busy(busy.clone()));
             }
             paths = self
                 .released
@@ -69,7 +104,7 @@ impl ActivePaths {
     }
 
     /// Gives up paths a session claimed.
-    pub fn release(&self, rels: &[PathBuf]) {
+    pub fn release<'a>(&self, rels: impl IntoIterator<Item = &'a PathBuf>) {
         let mut paths = self.paths.lock().expect("active paths lock");
         for rel in rels {
             paths.remove(rel);
@@ -87,29 +122,40 @@ pub enum Destination {
     Discard(DiscardSink),
 }
 
+/// Where a session writes and the bounds it works within.
+pub struct Placement<'a> {
+    /// The receiver's root.
+    pub root: &'a Path,
+    /// The session's destination directory, relative to the root, as the sender named it.
+    pub dest: &'a [u8],
+    /// The session, which claims the paths it writes.
+    pub owner: [u8; 16],
+    /// Paths claimed by all sessions.
+    pub active: &'a Arc<ActivePaths>,
+    /// Most files held unsealed at once.
+    pub max_unsealed: usize,
+}
+
 impl Destination {
-    /// Prepares the destination for `manifest` and returns what is already there.
-    pub fn prepare(
-        root: &Path,
-        manifest: &Manifest,
-        active: &Arc<ActivePaths>,
-    ) -> Result<(Destination, Vec<FileStatus>), DestinationError> {
-        match manifest.sink {
-            SinkKind::Discard => {
-                let sink = DiscardSink {
-                    received: manifest
-                        .files
-                        .iter()
-                        .map(|f| (f.size, Mutex::new(RangeSet::new())))
-                        .collect(),
-                };
-                let plan = vec![FileStatus::Missing; manifest.files.len()];
-                Ok((Destination::Discard(sink), plan))
-            }
-            SinkKind::Files => {
-                let (tree, plan) = FileTree::prepare(root, manifest, active.clone())?;
-                Ok((Destination::Files(tree), plan))
-            }
+    /// Opens the destination (creating its directory when files are to land there).
+    pub fn open(placement: Placement<'_>, sink: SinkKind) -> Result<Destination, DestinationError> {
+        Ok(match sink {
+            SinkKind::Discard => Destination::Discard(DiscardSink {
+                received: Announced::new(placement.max_unsealed),
+            }),
+            SinkKind::Files => Destination::Files(FileTree::open(placement)?),
+        })
+    }
+
+    /// Takes the next batch of the manifest: returns the number of its first file and what is
+    /// already there of each of its files.
+    pub fn add_batch(
+        &self,
+        batch: &ManifestBatch,
+    ) -> Result<(u32, Vec<FileStatus>), DestinationError> {
+        match self {
+            Destination::Files(t) => t.add_batch(batch),
+            Destination::Discard(s) => s.add_batch(batch),
         }
     }
 
@@ -147,15 +193,23 @@ impl Destination {
 /// A sink that checks every byte of every file arrives (a chunk that arrives twice, as a
 /// sender's copy of a straggler can, counts once) and keeps none of them.
 pub struct DiscardSink {
-    received: Vec<(u64, Mutex<RangeSet<u64>>)>,
+    received: Announced<(u64, Mutex<RangeSet<u64>>)>,
 }
 
 impl DiscardSink {
+    fn add_batch(&self, batch: &ManifestBatch) -> Result<(u32, Vec<FileStatus>), DestinationError> {
+        self.received.check_room(batch.files.len())?;
+        let files = batch.files.iter().map(|f| Some((f.size, Mutex::default())));
+        let first = self.received.add(files);
+        Ok((first, vec![FileStatus::Missing; batch.files.len()]))
+    }
+
     fn write(&self, file: u32, offset: u64, len: u64) -> Result<(), DestinationError> {
-        let (size, ranges) = self
-            .received
-            .get(file as usize)
-            .ok_or_else(|| DestinationError::Protocol(format!("chunk for unknown file {file}")))?;
+        let Some(state) = self.received.get(file)? else {
+            // Sealed already: a late copy.
+            return Ok(());
+        };
+        let (size, ranges) = &*state;
         let end = chunk_end(offset, len, *size)?;
         if len > 0 {
             ranges.lock().expect("sink lock").insert(offset..end);
@@ -164,11 +218,11 @@ impl DiscardSink {
     }
 
     fn seal(&self, file: u32) -> Result<(), DestinationError> {
-        let (size, ranges) = self
-            .received
-            .get(file as usize)
-            .ok_or_else(|| DestinationError::Protocol(format!("seal of unknown file {file}")))?;
-        require_complete(&ranges.lock().expect("sink lock"), *size, "generated data")
+        let state = self.received.to_seal(file)?;
+        let (size, ranges) = &*state;
+        require_complete(&ranges.lock().expect("sink lock"), *size, "generated data")?;
+        self.received.settle(file);
+        Ok(())
     }
 }
 
@@ -220,6 +274,9 @@ pub fn check_root_writable(root: &Path) -> std::io::Result<PathBuf> {
 mod tests {
     use super::*;
 
+    const OLD: [u8; 16] = [1; 16];
+    const NEW: [u8; 16] = [2; 16];
+
     fn paths(names: &[&str]) -> Vec<PathBuf> {
         names.iter().map(PathBuf::from).collect()
     }
@@ -228,7 +285,7 @@ mod tests {
     fn a_claim_waits_for_the_session_that_holds_its_path() {
         let active = Arc::new(ActivePaths::default());
         let old = paths(&["a", "b"]);
-        active.claim(&old, Duration::ZERO).unwrap();
+        active.claim(&old, OLD, Duration::ZERO).unwrap();
         let releaser = {
             let active = active.clone();
             std::thread::spawn(move || {
@@ -238,26 +295,31 @@ mod tests {
         };
         let started = Instant::now();
         active
-            .claim(&paths(&["c", "b"]), Duration::from_secs(10))
+            .claim(&paths(&["c", "b"]), NEW, Duration::from_secs(10))
             .unwrap();
         assert!(started.elapsed() >= Duration::from_millis(150));
         releaser.join().unwrap();
         // All or nothing: "c" and "b" are held now, "a" is free.
         assert_eq!(
-            active.claim(&paths(&["a", "c"]), Duration::ZERO),
-            Err(PathBuf::from("c"))
+            active.claim(&paths(&["a", "c"]), OLD, Duration::ZERO),
+            Err(ClaimError::Busy(PathBuf::from("c")))
         );
-        active.claim(&paths(&["a"]), Duration::ZERO).unwrap();
+        assert_eq!(
+            active.claim(&paths(&["a", "c"]), NEW, Duration::ZERO),
+            Err(ClaimError::Twice(PathBuf::from("c"))),
+            "a session's own path is a duplicate, not a wait"
+        );
+        active.claim(&paths(&["a"]), OLD, Duration::ZERO).unwrap();
     }
 
     #[test]
     fn a_claim_is_refused_when_the_path_stays_held() {
         let active = ActivePaths::default();
-        active.claim(&paths(&["x"]), Duration::ZERO).unwrap();
+        active.claim(&paths(&["x"]), OLD, Duration::ZERO).unwrap();
         let started = Instant::now();
-        let busy = active.claim(&paths(&["y", "x"]), Duration::from_millis(300));
-        assert_eq!(busy, Err(PathBuf::from("x")));
+        let busy = active.claim(&paths(&["y", "x"]), NEW, Duration::from_millis(300));
+        assert_eq!(busy, Err(ClaimError::Busy(PathBuf::from("x"))));
         assert!(started.elapsed() >= Duration::from_millis(300));
-        active.claim(&paths(&["y"]), Duration::ZERO).unwrap();
+        active.claim(&paths(&["y"]), NEW, Duration::ZERO).unwrap();
     }
 }

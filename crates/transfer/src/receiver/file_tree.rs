@@ -19,9 +19,12 @@ use std::sync::{Arc, Mutex};
 use cap_std::fs::{Dir, MetadataExt, OpenOptions, OpenOptionsExt};
 use rangemap::RangeSet;
 
-use super::destination::{chunk_end, require_complete, ActivePaths, DestinationError, CLAIM_WAIT};
+use super::announced::Announced;
+use super::destination::{
+    chunk_end, require_complete, ActivePaths, DestinationError, Placement, CLAIM_WAIT,
+};
 use crate::journal::{Journal, PartPaths, SourceIdentity};
-use crate::manifest::{split_relative, DirEntry, FileEntry, Manifest, PathError, Timestamp};
+use crate::manifest::{split_relative, DirEntry, FileEntry, ManifestBatch, PathError, Timestamp};
 use crate::wire::FileStatus;
 
 /// Files smaller than this that arrive in one chunk get no journal: an interruption before
@@ -54,21 +57,27 @@ struct PartState {
     part: Option<Arc<File>>,
     journal: Option<Journal>,
     verified: RangeSet<u64>,
-    sealed: bool,
 }
 
 /// Files under the receiver's root for one session.
 pub struct FileTree {
     root: Dir,
-    files: Vec<TreeFile>,
-    dirs: Vec<(PathBuf, DirEntry)>,
+    /// The destination directory, relative to the root.
+    dest: PathBuf,
+    /// The session, which claims the paths it writes.
+    owner: [u8; 16],
+    /// Directory handles (used as batches arrive, on the control connection's thread).
+    checker: Mutex<DirChecker>,
+    /// Directories whose metadata is set at the end.
+    dirs: Mutex<Vec<(PathBuf, DirEntry)>>,
+    files: Announced<TreeFile>,
     active: Arc<ActivePaths>,
-    claimed: Vec<PathBuf>,
 }
 
 impl Drop for FileTree {
     fn drop(&mut self) {
-        self.active.release(&self.claimed);
+        let unsealed = self.files.unsettled();
+        self.active.release(unsealed.iter().map(|f| &f.rel));
     }
 }
 
@@ -90,21 +99,38 @@ fn io_at(path: &Path) -> impl Fn(std::io::Error) -> DestinationError + '_ {
 }
 
 impl FileTree {
-    /// Checks every path of `manifest`, claims its files against other sessions, creates its
-    /// directories, and reports what survives of earlier attempts.
-    pub(super) fn prepare(
-        root: &Path,
-        manifest: &Manifest,
-        active: Arc<ActivePaths>,
-    ) -> Result<(FileTree, Vec<FileStatus>), DestinationError> {
-        let dest: PathBuf = split_relative(&manifest.dest, true)
+    /// Checks the destination directory and creates it if it is missing.
+    pub(super) fn open(placement: Placement<'_>) -> Result<FileTree, DestinationError> {
+        let dest: PathBuf = split_relative(placement.dest, true)
             .map_err(refused)?
             .into_iter()
             .collect();
-        let mut rels = Vec::with_capacity(manifest.files.len());
+        let root = Dir::open_ambient_dir(placement.root, cap_std::ambient_authority())
+            .map_err(io_at(Path::new(".")))?;
+        let mut checker = DirChecker::default();
+        checker.ensure(&root, &dest)?;
+        Ok(FileTree {
+            root,
+            dest,
+            owner: placement.owner,
+            checker: Mutex::new(checker),
+            dirs: Mutex::default(),
+            files: Announced::new(placement.max_unsealed),
+            active: placement.active.clone(),
+        })
+    }
+
+    /// Takes a batch of the manifest: checks every path, claims its files against other
+    /// sessions, creates its directories, and reports what survives of earlier attempts.
+    /// Returns the number of the batch's first file and each file's status.
+    pub(super) fn add_batch(
+        &self,
+        batch: &ManifestBatch,
+    ) -> Result<(u32, Vec<FileStatus>), DestinationError> {
+        let mut rels = Vec::with_capacity(batch.files.len());
         let mut seen = HashSet::new();
-        for entry in &manifest.files {
-            let rel = under(&dest, &entry.path)?;
+        for entry in &batch.files {
+            let rel = under(&self.dest, &entry.path)?;
             if !seen.insert(rel.clone()) {
                 return Err(DestinationError::Refused(format!(
                     "{} appears twice in the manifest",
@@ -113,28 +139,52 @@ impl FileTree {
             }
             rels.push(rel);
         }
-        let mut tree = FileTree {
-            root: Dir::open_ambient_dir(root, cap_std::ambient_authority())
-                .map_err(io_at(Path::new(".")))?,
-            files: Vec::with_capacity(rels.len()),
-            dirs: Vec::with_capacity(manifest.dirs.len()),
-            active,
-            claimed: Vec::new(),
-        };
+        self.files.check_room(rels.len())?;
         // Claim before touching anything, so that leftovers another session is writing are
         // never taken for stale ones.
-        tree.claim(&rels)?;
-        let mut checker = DirChecker::default();
-        checker.ensure(&tree.root, &dest)?;
-        for dir in &manifest.dirs {
-            let rel = under(&dest, &dir.path)?;
-            checker.ensure(&tree.root, &rel)?;
-            tree.dirs.push((rel, dir.clone()));
+        self.active.claim(&rels, self.owner, CLAIM_WAIT)?;
+        let prepared = match self.prepare_files(batch, &rels) {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                self.active.release(&rels);
+                return Err(e);
+            }
+        };
+        let plan: Vec<_> = prepared.iter().map(|(status, _)| status.clone()).collect();
+        // Nothing will be written to a file that is already complete.
+        self.active.release(
+            prepared
+                .iter()
+                .filter(|(status, _)| *status == FileStatus::Complete)
+                .map(|(_, file)| &file.rel),
+        );
+        let first = self.files.add(
+            prepared
+                .into_iter()
+                .map(|(status, file)| (status != FileStatus::Complete).then_some(file)),
+        );
+        Ok((first, plan))
+    }
+
+    /// Makes a batch's directories and its files' state.
+    fn prepare_files(
+        &self,
+        batch: &ManifestBatch,
+        rels: &[PathBuf],
+    ) -> Result<Vec<(FileStatus, TreeFile)>, DestinationError> {
+        let mut checker = self.checker.lock().expect("directory checker lock");
+        for dir in &batch.dirs {
+            let rel = under(&self.dest, &dir.path)?;
+            checker.ensure(&self.root, &rel)?;
+            self.dirs
+                .lock()
+                .expect("directories lock")
+                .push((rel, dir.clone()));
         }
-        let mut plan = Vec::with_capacity(rels.len());
-        for (entry, rel) in manifest.files.iter().zip(rels) {
+        let mut prepared = Vec::with_capacity(rels.len());
+        for (entry, rel) in batch.files.iter().zip(rels) {
             let parent = rel.parent().unwrap_or(Path::new(""));
-            let dir = checker.ensure(&tree.root, parent)?;
+            let dir = checker.ensure(&self.root, parent)?;
             // Nothing of an earlier attempt can be in a directory this session made.
             let fresh = checker.made(parent);
             let name = rel
@@ -144,36 +194,21 @@ impl FileTree {
             let names = PartPaths::for_final(Path::new(&name));
             let file = TreeFile {
                 entry: entry.clone(),
-                rel,
+                rel: rel.clone(),
                 dir,
                 name,
                 names,
                 state: Mutex::default(),
             };
             if fresh {
-                plan.push(FileStatus::Missing);
+                prepared.push((FileStatus::Missing, file));
             } else {
                 let (status, state) = file.resume_state()?;
                 *file.state.lock().expect("part lock") = state;
-                plan.push(status);
+                prepared.push((status, file));
             }
-            tree.files.push(file);
         }
-        Ok((tree, plan))
-    }
-
-    fn claim(&mut self, rels: &[PathBuf]) -> Result<(), DestinationError> {
-        self.active.claim(rels, CLAIM_WAIT).map_err(|busy| {
-            DestinationError::Refused(format!("another session is writing {} now", busy.display()))
-        })?;
-        self.claimed = rels.to_vec();
-        Ok(())
-    }
-
-    fn file(&self, file: u32) -> Result<&TreeFile, DestinationError> {
-        self.files
-            .get(file as usize)
-            .ok_or_else(|| DestinationError::Protocol(format!("chunk for unknown file {file}")))
+        Ok(prepared)
     }
 
     /// Writes a verified chunk at its offset and journals it; a chunk that already verified is
@@ -185,7 +220,10 @@ impl FileTree {
         data: &[u8],
         checksum: u64,
     ) -> Result<(), DestinationError> {
-        let f = self.file(file)?;
+        let Some(f) = self.files.get(file)? else {
+            // Sealed already: a late copy of a chunk it holds.
+            return Ok(());
+        };
         let end = chunk_end(offset, data.len() as u64, f.entry.size)?;
         if data.is_empty() {
             return Ok(());
@@ -225,15 +263,9 @@ impl FileTree {
         file: u32,
         expected: Option<[u8; 32]>,
     ) -> Result<(), DestinationError> {
-        let f = self.file(file)?;
+        let f = self.files.to_seal(file)?;
         let io = io_at(&f.rel);
         let mut state = f.state.lock().expect("part lock");
-        if state.sealed {
-            return Err(DestinationError::Protocol(format!(
-                "{} sealed twice",
-                f.rel.display()
-            )));
-        }
         require_complete(&state.verified, f.entry.size, &f.rel.display().to_string())?;
         // Made here for an empty file, which no chunk started.
         let part = f.open_part(&mut state, true)?;
@@ -265,16 +297,16 @@ impl FileTree {
         if state.journaled {
             let _ = f.dir.remove_file(&f.names.journal);
         }
-        state.part = None;
-        state.journal = None;
-        state.sealed = true;
+        drop(state);
+        self.files.settle(file);
+        self.active.release([&f.rel]);
         Ok(())
     }
 
     /// Sets directory modes and mtimes (deepest first, after their contents arrived) and flushes
     /// the filesystem.
     pub(super) fn finish(&self) -> Result<(), DestinationError> {
-        for (rel, dir) in self.dirs.iter().rev() {
+        for (rel, dir) in self.dirs.lock().expect("directories lock").iter().rev() {
             let io = io_at(rel);
             let handle = open_dir_for_metadata(&self.root, rel).map_err(&io)?;
             handle
@@ -536,7 +568,6 @@ impl DirChecker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest::SinkKind;
 
     #[test]
     fn a_complete_file_loses_a_journal_left_from_before_its_rename() {
@@ -554,13 +585,22 @@ mod tests {
             mode: 0o644,
             mtime,
         };
-        let manifest = Manifest {
-            dest: Vec::new(),
-            sink: SinkKind::Files,
+        let batch = ManifestBatch {
             dirs: Vec::new(),
             files: vec![entry],
+            last: true,
         };
-        let (_, plan) = FileTree::prepare(root.path(), &manifest, Default::default()).unwrap();
+        let active = Arc::default();
+        let tree = FileTree::open(Placement {
+            root: root.path(),
+            dest: b"",
+            owner: [0; 16],
+            active: &active,
+            max_unsealed: 1,
+        })
+        .unwrap();
+        let (first, plan) = tree.add_batch(&batch).unwrap();
+        assert_eq!(first, 0);
         assert_eq!(plan, vec![FileStatus::Complete]);
         assert!(!journal.exists());
         assert_eq!(std::fs::read(&final_path).unwrap(), b"abc");

@@ -2,6 +2,7 @@
 //! every session; authentication before any byte is accepted; chunks verified, written and
 //! acknowledged per stream.
 
+mod announced;
 mod destination;
 mod file_tree;
 mod heartbeat;
@@ -17,10 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use destination::check_root_writable;
-use destination::{ActivePaths, Destination, DestinationError};
+use destination::{ActivePaths, Destination, DestinationError, Placement};
 use reader::{Activity, ConnReader, Source};
 
-use crate::auth::{self, random_bytes, ChannelBinding, SessionKey, HANDSHAKE_MESSAGE_LIMIT};
+use crate::auth::{self, random_bytes, ChannelBinding, SessionKey};
 use crate::link::{self, Connection, LinkReader, LinkWriter};
 use crate::quic::{QuicServer, QuicStream};
 use crate::tls::ServerIdentity;
@@ -51,8 +52,12 @@ pub struct ReceiverConfig {
     /// Most bytes of chunk buffers one session may hold: each data stream holds up to one
     /// chunk, so this bounds its streams to `session_memory / max_chunk`.
     pub session_memory: u64,
-    /// Largest manifest a session may send, in encoded bytes.
+    /// Largest batch of the manifest a session may send, in encoded bytes.
     pub max_manifest: usize,
+    /// Most files a session may have announced and not yet sealed (a sender holds back its
+    /// manifest to stay below [`wire::SENDER_UNSEALED`]); each costs the receiver some
+    /// hundreds of bytes until its seal.
+    pub max_unsealed: usize,
     /// Most connections that may be in their handshake at once (not yet authenticated); more
     /// are closed at once.
     pub max_handshakes: usize,
@@ -73,8 +78,8 @@ pub struct ReceiverConfig {
 
 impl ReceiverConfig {
     /// Defaults: 256 streams per session, 16 MiB chunks, 4 GiB of buffers per session,
-    /// 32 sessions, 64 MiB manifests, 64 connections in their handshake, a 30 s handshake and a
-    /// 5 min idle timeout; plain and encrypted sessions; TCP.
+    /// 32 sessions, 64 MiB manifest batches, 262,144 unsealed files, 64 connections in their
+    /// handshake, a 30 s handshake and a 5 min idle timeout; plain and encrypted sessions; TCP.
     pub fn new(root: PathBuf, key: SessionKey) -> Self {
         ReceiverConfig {
             root,
@@ -86,6 +91,7 @@ impl ReceiverConfig {
             max_sessions: 32,
             session_memory: 4 << 30,
             max_manifest: wire::MAX_MESSAGE_LEN,
+            max_unsealed: 4 * wire::SENDER_UNSEALED,
             max_handshakes: 64,
             handshake_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(300),
@@ -543,8 +549,8 @@ fn session_name(id: &[u8; 16]) -> String {
     id[..4].iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A control connection from `Welcome` on: the manifest, the plan, then the session's seals
-/// until it finishes or fails.
+/// A control connection from `Welcome` on: where the files go, then the manifest's batches
+/// (each answered by its plan) and the files' seals until the session finishes or fails.
 fn serve_session(
     shared: &Shared,
     reader: &mut ConnFrames,
@@ -557,29 +563,29 @@ fn serve_session(
     let config = &shared.config;
     let name = session_name(&id);
     reader.set_message_limit(config.max_manifest);
-    let manifest = match reader.read_message() {
-        Ok(Message::Manifest(m)) => m,
+    let (dest, sink) = match reader.read_message() {
+        Ok(Message::Start { dest, sink }) => (dest, sink),
         Ok(other) => {
             return refuse(
                 writer,
                 peer,
-                format!("expected Manifest, got {}", auth::name(&other)),
+                format!("expected Start, got {}", auth::name(&other)),
             )
         }
         Err(e) => return tracing::warn!("session {name} from {peer}: {e}"),
     };
     let started = Instant::now();
-    let (dest, plan) = match Destination::prepare(&config.root, &manifest, &shared.active_paths) {
-        Ok(prepared) => prepared,
+    let placement = Placement {
+        root: &config.root,
+        dest: &dest,
+        owner: id,
+        active: &shared.active_paths,
+        max_unsealed: config.max_unsealed,
+    };
+    let dest = match Destination::open(placement, sink) {
+        Ok(dest) => dest,
         Err(e) => return refuse(writer, peer, e.to_string()),
     };
-    tracing::info!(
-        "session {name} from {peer}: {} files, {} directories, {} bytes",
-        manifest.files.len(),
-        manifest.dirs.len(),
-        manifest.total_bytes()
-    );
-    drop(manifest);
     let session = Arc::new(Session {
         id,
         key: config.key.for_session(nonces, &id),
@@ -596,7 +602,8 @@ fn serve_session(
         .lock()
         .expect("sessions lock")
         .insert(id, session.clone());
-    let outcome = serve_control_messages(shared, &session, reader, writer, plan);
+    let mut announced = ManifestSoFar::default();
+    let outcome = serve_control_messages(shared, &session, reader, writer, &mut announced);
     shared.sessions.lock().expect("sessions lock").remove(&id);
     if let Some(quic) = &shared.quic {
         quic.remove_session(&id);
@@ -606,13 +613,25 @@ fn serve_session(
         connection.shutdown();
     }
     let name = &session.name;
+    let ManifestSoFar { files, bytes, .. } = announced;
     match outcome {
         Ok(()) => tracing::info!(
-            "session {name} from {peer} complete in {:.2?}",
+            "session {name} from {peer} complete in {:.2?}: {files} files, {bytes} bytes",
             started.elapsed()
         ),
-        Err(e) => tracing::warn!("session {name} from {peer} ended early: {e}"),
+        Err(e) => tracing::warn!(
+            "session {name} from {peer} ended early after {files} files were announced: {e}"
+        ),
     }
+}
+
+/// What a session's manifest announced so far.
+#[derive(Default)]
+struct ManifestSoFar {
+    files: u64,
+    bytes: u64,
+    /// The batch that said `last` came.
+    complete: bool,
 }
 
 fn serve_control_messages(
@@ -620,10 +639,8 @@ fn serve_control_messages(
     session: &Session,
     reader: &mut ConnFrames,
     writer: &mut impl Write,
-    plan: Vec<wire::FileStatus>,
+    announced: &mut ManifestSoFar,
 ) -> Result<(), String> {
-    wire::write_message(writer, &Message::Plan(plan)).map_err(|e| e.to_string())?;
-    reader.set_message_limit(HANDSHAKE_MESSAGE_LIMIT);
     reader
         .get_mut()
         .get_mut()
@@ -632,6 +649,30 @@ fn serve_control_messages(
         .map_err(|e| e.to_string())?;
     loop {
         match reader.read_message().map_err(|e| e.to_string())? {
+            Message::Entries(batch) => {
+                if announced.complete {
+                    return Err("a batch of the manifest after its last".into());
+                }
+                let result = {
+                    let _busy = session.activity.busy();
+                    session.dest.add_batch(&batch)
+                };
+                let reply = match &result {
+                    Ok((first, files)) => Message::Plan {
+                        first: *first,
+                        files: files.clone(),
+                        last: batch.last,
+                    },
+                    Err(e) => Message::Refused {
+                        reason: e.to_string(),
+                    },
+                };
+                wire::write_message(writer, &reply).map_err(|e| e.to_string())?;
+                result.map_err(|e| e.to_string())?;
+                announced.files += batch.files.len() as u64;
+                announced.bytes = announced.bytes.saturating_add(batch.total_bytes());
+                announced.complete = batch.last;
+            }
             Message::Seal { file, blake3 } => {
                 let result = {
                     let _busy = session.activity.busy();
@@ -898,15 +939,28 @@ fn receive_chunks(
     }
 }
 
-/// What the receiver does with a peer's manifest before any data: every path checked, the
-/// directories made under `root`, the resume plan read from what is there.
+/// What the receiver does with a peer's manifest before any data: the destination checked and
+/// made under `root`, then each batch in turn: every path checked, the directories made, the
+/// resume plan read from what is there. Stops at the first refusal.
 #[cfg(feature = "fuzzing")]
 pub(crate) fn prepare_for_fuzzing(
     root: &Path,
-    manifest: &crate::manifest::Manifest,
+    dest: &[u8],
+    batches: &[crate::manifest::ManifestBatch],
 ) -> Result<(), String> {
-    manifest.total_bytes();
-    Destination::prepare(root, manifest, &Arc::default())
-        .map(drop)
-        .map_err(|e| e.to_string())
+    let active = Arc::default();
+    let placement = Placement {
+        root,
+        dest,
+        owner: [0; 16],
+        active: &active,
+        max_unsealed: 1 << 10,
+    };
+    let destination = Destination::open(placement, crate::manifest::SinkKind::Files)
+        .map_err(|e| e.to_string())?;
+    for batch in batches {
+        batch.total_bytes();
+        destination.add_batch(batch).map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }

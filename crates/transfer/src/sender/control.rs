@@ -1,37 +1,39 @@
-//! The sender's control connection after the plan: seal files whose units were all
-//! acknowledged, collect the receiver's `Finalized` answers, and end the session.
+//! The sender's control connection once the first plan arrived: the writer announces the
+//! manifest's further batches and seals files whose units were all acknowledged; the reader takes
+//! the receiver's plans, `Finalized` answers and heartbeats, and ends the session.
 
 use std::io::BufReader;
 use std::net::TcpStream;
 
 use crate::link::{LinkReader, LinkWriter};
-use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 
-use super::{SealEvent, SendError, Shared};
+use super::manifest_stream::Planner;
+use super::{ControlEvent, SendError, Shared};
 use crate::auth;
 use crate::wire::{self, FrameReader, Message};
 
-/// Writes `Seal` for each file as it completes, then `Finish` once every file is finalised.
-pub(super) fn run_sealer(
+/// Writes each batch of the manifest, `Seal` for each file as it completes, then `Finish` once
+/// every file is finalised.
+pub(super) fn run_writer(
     shared: &Shared,
     mut writer: LinkWriter,
-    events: mpsc::Receiver<SealEvent>,
+    events: mpsc::Receiver<ControlEvent>,
 ) {
     for event in events {
         let message = match event {
-            SealEvent::Seal(file) => {
-                let entry = &shared.manifest.files[file as usize];
-                match shared
-                    .source
-                    .check_unchanged(file, entry, shared.config.verify)
-                {
+            ControlEvent::Entries(batch) => Message::Entries(batch),
+            ControlEvent::Seal(file) => {
+                let checked = shared.source_file(file).and_then(|source| {
+                    shared.source.check_unchanged(&source, shared.config.verify)
+                });
+                match checked {
                     Ok(blake3) => Message::Seal { file, blake3 },
                     Err(e) => return shared.fail(e),
                 }
             }
-            SealEvent::AllFinalized => Message::Finish,
-            SealEvent::Abort => return,
+            ControlEvent::AllFinalized => Message::Finish,
+            ControlEvent::Abort => return,
         };
         if let Err(e) = wire::write_message(&mut writer, &message) {
             return shared.fail(SendError::Connection(e.to_string()));
@@ -42,17 +44,13 @@ pub(super) fn run_sealer(
     }
 }
 
-/// Reads the receiver's answers and heartbeats on the control connection until `Done` or a
-/// failure (the socket's read timeout is the stall timeout).
-pub(super) fn run_control_reader(
+/// Reads the receiver's plans, answers and heartbeats on the control connection until `Done` or
+/// a failure (the socket's read timeout is the stall timeout).
+pub(super) fn run_reader(
     shared: &Shared,
     mut reader: FrameReader<BufReader<LinkReader<TcpStream>>>,
-    to_seal: u64,
+    mut planner: Planner,
 ) {
-    let mut finalized = 0u64;
-    if to_seal == 0 {
-        shared.send_seal(SealEvent::AllFinalized);
-    }
     loop {
         let message = match reader.read_message() {
             Ok(m) => m,
@@ -60,19 +58,23 @@ pub(super) fn run_control_reader(
         };
         match message {
             Message::Working => {}
-            Message::Finalized { file, error: None } => {
-                finalized += 1;
-                shared.files_done.fetch_add(1, Ordering::Relaxed);
-                if finalized == to_seal {
-                    shared.send_seal(SealEvent::AllFinalized);
+            Message::Plan { first, files, last } => {
+                if let Err(e) = planner.apply(shared, first, &files, last) {
+                    return shared.fail(e);
                 }
-                tracing::debug!("finalised {}", shared.file_shown(file));
+            }
+            Message::Finalized { file, error: None } => {
+                if let Err(e) = planner.finalized(shared, file) {
+                    return shared.fail(e);
+                }
             }
             Message::Finalized {
                 error: Some(error), ..
             } => return shared.fail(SendError::Receiver(error)),
             Message::Done => return shared.complete(),
-            Message::Error { message } => return shared.fail(SendError::Receiver(message)),
+            Message::Error { message } | Message::Refused { reason: message } => {
+                return shared.fail(SendError::Receiver(message))
+            }
             other => {
                 return shared.fail(SendError::Protocol(format!(
                     "unexpected {} on the control connection",

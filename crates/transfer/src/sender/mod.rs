@@ -8,34 +8,40 @@
 //! what it has in flight, and closes; a stream that breaks hands its unacknowledged units back
 //! to the queue. The receiver acknowledges a unit only after it verified and wrote it, and treats
 //! a unit it already holds as a duplicate, so no byte is lost or written twice.
+//!
+//! The manifest is streamed (`manifest_stream.rs`): the sources are scanned a batch at a time
+//! while data flows, each batch's files join the queue once the receiver's plan for them
+//! arrives, and a file is forgotten once it is in place, so memory does not grow with the tree.
 
 mod control;
+mod manifest_stream;
 mod meter;
 mod optimize;
 mod source;
 mod stream;
 mod work_queue;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::auth::{self, AuthError, SessionKey};
 use crate::link;
 use crate::link::Connection;
-use crate::manifest::{scan_sources, Manifest};
+use crate::manifest::{ManifestBatch, ScannedBatch, Scanner, SinkKind};
 use crate::mptcp_info::{self, Subflow};
 use crate::quic::{Congestion, QuicClient};
 use crate::tcp_info::{self, TcpInfo};
 use crate::transport::{self, Transport};
-use crate::wire::{self, FileStatus, FrameReader, Message, Role, WireError};
+use crate::wire::{self, FrameReader, Message, Role, WireError};
+use manifest_stream::Planner;
 pub use meter::PathStats;
 pub use optimize::{MiRecord, OptimizerSettings};
 use optimizer::Controller;
-use source::SourceData;
+use source::{SourceData, SourceFile};
 use stream::StreamHandle;
 use work_queue::{Next, Unit, WorkQueue};
 
@@ -194,7 +200,8 @@ impl From<AuthError> for SendError {
 pub struct Progress {
     /// Time since the transfer started.
     pub elapsed: Duration,
-    /// Bytes this run has to send.
+    /// Bytes this run has to send, of the files planned so far (it grows while the manifest is
+    /// scanned).
     pub bytes_total: u64,
     /// Bytes the receiver already had (resumed or complete files).
     pub bytes_skipped: u64,
@@ -202,7 +209,7 @@ pub struct Progress {
     pub bytes_acked: u64,
     /// Bytes handed to the sockets.
     pub bytes_sent: u64,
-    /// Files in the manifest.
+    /// Files announced so far (it grows while the manifest is scanned).
     pub files_total: u64,
     /// Files in place under their final names.
     pub files_done: u64,
@@ -257,7 +264,9 @@ impl Summary {
 }
 
 /// Messages to the control writer thread.
-enum SealEvent {
+enum ControlEvent {
+    /// Announce the next batch of the manifest.
+    Entries(ManifestBatch),
     /// All of this file's units were acknowledged: check the source and seal it.
     Seal(u32),
     /// Every file is finalised: end the session.
@@ -286,24 +295,36 @@ struct Shared {
     session: [u8; 16],
     /// What this session's data streams prove (derived in the control handshake).
     session_key: SessionKey,
-    manifest: Manifest,
+    /// Largest unit in bytes (the configured size within the receiver's limit).
+    unit_size: u32,
+    /// Files announced and not yet settled (finalised, or found complete), by number.
+    files: RwLock<HashMap<u32, Arc<SourceFile>>>,
+    /// How many files are in `files`; the scanner holds back while there are
+    /// [`wire::SENDER_UNSEALED`].
+    unsettled: Mutex<u64>,
+    settled_cv: Condvar,
+    /// The batch that says `last` was announced.
+    manifest_whole: AtomicBool,
+    /// Sources left out of the manifest, not yet taken by the caller.
+    skipped: Mutex<Vec<String>>,
     source: SourceData,
     start: Instant,
     queue: Mutex<WorkQueue>,
     queue_cv: Condvar,
     target: AtomicUsize,
     max_streams: usize,
-    bytes_total: u64,
-    bytes_skipped: u64,
+    bytes_total: AtomicU64,
+    bytes_skipped: AtomicU64,
     bytes_acked: AtomicU64,
     bytes_sent: AtomicU64,
+    files_total: AtomicU64,
     files_done: AtomicU64,
     streams: Mutex<BTreeMap<u64, Arc<StreamHandle>>>,
     timeline: Mutex<Vec<(f64, usize)>>,
     closed_retransmits: AtomicU64,
     nacks: AtomicU64,
     control_socket: TcpStream,
-    seal_tx: Mutex<mpsc::Sender<SealEvent>>,
+    control_tx: Mutex<mpsc::Sender<ControlEvent>>,
     manager_tx: Mutex<mpsc::Sender<ManagerEvent>>,
     failed: AtomicBool,
     outcome: Mutex<Option<Result<(), SendError>>>,
@@ -344,7 +365,7 @@ impl Shared {
         self.bytes_acked
             .fetch_add(unit.len as u64, Ordering::Relaxed);
         if file_done {
-            self.send_seal(SealEvent::Seal(unit.file));
+            self.send_control(ControlEvent::Seal(unit.file));
         }
         self.queue_cv.notify_all();
     }
@@ -363,8 +384,84 @@ impl Shared {
         self.queue().is_done()
     }
 
-    fn send_seal(&self, event: SealEvent) {
-        let _ = self.seal_tx.lock().expect("seal channel lock").send(event);
+    fn send_control(&self, event: ControlEvent) {
+        let _ = self
+            .control_tx
+            .lock()
+            .expect("control channel lock")
+            .send(event);
+    }
+
+    /// Numbers the files of a scanned batch on from those announced before and keeps them until
+    /// they are settled; returns the batch to announce.
+    fn announce(&self, scanned: ScannedBatch) -> Result<ManifestBatch, SendError> {
+        let ScannedBatch {
+            batch,
+            local_paths,
+            skipped,
+        } = scanned;
+        let count = batch.files.len() as u64;
+        let first = self.files_total.load(Ordering::Acquire);
+        if first + count > u64::from(u32::MAX) {
+            return Err(SendError::Source(format!(
+                "a transfer sends at most {} files",
+                u32::MAX
+            )));
+        }
+        self.skipped.lock().expect("skipped lock").extend(skipped);
+        *self.unsettled.lock().expect("unsettled lock") += count;
+        let mut files = self.files.write().expect("files lock");
+        for (number, (entry, local)) in (first..).zip(batch.files.iter().zip(local_paths)) {
+            let entry = entry.clone();
+            files.insert(number as u32, Arc::new(SourceFile { entry, local }));
+        }
+        drop(files);
+        self.files_total.store(first + count, Ordering::Release);
+        if batch.last {
+            self.manifest_whole.store(true, Ordering::Release);
+        }
+        Ok(batch)
+    }
+
+    /// The announced, unsettled file `file`.
+    fn source_file(&self, file: u32) -> Result<Arc<SourceFile>, SendError> {
+        let files = self.files.read().expect("files lock");
+        files
+            .get(&file)
+            .cloned()
+            .ok_or_else(|| SendError::Protocol(format!("file {file} is not waiting to be sent")))
+    }
+
+    /// File `file` is settled (finalised, or complete on the receiver already): forgets it and
+    /// makes room for the scanner. An error when it was not waiting.
+    fn settle(&self, file: u32) -> Result<(), SendError> {
+        let removed = self.files.write().expect("files lock").remove(&file);
+        if removed.is_none() {
+            return Err(SendError::Protocol(format!(
+                "file {file} settled when it was not waiting"
+            )));
+        }
+        self.files_done.fetch_add(1, Ordering::Relaxed);
+        *self.unsettled.lock().expect("unsettled lock") -= 1;
+        self.settled_cv.notify_all();
+        Ok(())
+    }
+
+    /// Waits while [`wire::SENDER_UNSEALED`] files are unsettled; `false` once the transfer is
+    /// over.
+    fn wait_for_room(&self) -> bool {
+        let mut unsettled = self.unsettled.lock().expect("unsettled lock");
+        while *unsettled >= wire::SENDER_UNSEALED as u64 {
+            if self.is_over() {
+                return false;
+            }
+            unsettled = self
+                .settled_cv
+                .wait_timeout(unsettled, Duration::from_millis(100))
+                .expect("unsettled lock")
+                .0;
+        }
+        !self.is_over()
     }
 
     fn notify_manager(&self, event: ManagerEvent) {
@@ -390,7 +487,7 @@ impl Shared {
         }
         self.queue_cv.notify_all();
         self.outcome_cv.notify_all();
-        self.send_seal(SealEvent::Abort);
+        self.send_control(ControlEvent::Abort);
         self.notify_manager(ManagerEvent::TargetChanged);
         let _ = self.control_socket.shutdown(std::net::Shutdown::Both);
         for handle in self.streams.lock().expect("streams lock").values() {
@@ -452,8 +549,10 @@ impl Shared {
     }
 
     fn file_shown(&self, file: u32) -> String {
-        let entry = &self.manifest.files[file as usize];
-        String::from_utf8_lossy(&entry.path).into_owned()
+        match self.files.read().expect("files lock").get(&file) {
+            Some(source) => String::from_utf8_lossy(&source.entry.path).into_owned(),
+            None => format!("file {file}"),
+        }
     }
 }
 
@@ -462,7 +561,6 @@ pub struct Transfer {
     shared: Arc<Shared>,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     optimized: AtomicBool,
-    skipped_sources: Vec<String>,
     notices: Vec<String>,
 }
 
@@ -485,21 +583,30 @@ impl Transfer {
         }
         config.stall_timeout = config.stall_timeout.max(MIN_STALL_TIMEOUT);
         let stall_timeout = config.stall_timeout;
-        let (manifest, source_data, skipped_sources) = match &source {
+        let (first_batch, source_data, scanner, dest, sink) = match source {
             SendSource::Paths { paths, dest } => {
-                let scanned =
-                    scan_sources(paths, dest).map_err(|e| SendError::Source(e.to_string()))?;
+                let source_err = |e: crate::manifest::ScanError| SendError::Source(e.to_string());
+                let mut scanner = Scanner::new(&paths).map_err(source_err)?;
+                let first = scanner
+                    .next_batch(wire::BATCH_ENTRIES)
+                    .map_err(source_err)?;
                 (
-                    scanned.manifest,
-                    SourceData::Files(scanned.local_paths),
-                    scanned.skipped,
+                    first,
+                    SourceData::Files,
+                    Some(scanner),
+                    dest,
+                    SinkKind::Files,
                 )
             }
-            SendSource::Memory { size } => (
-                Manifest::memory(*size),
-                SourceData::pattern(config.unit_size),
-                Vec::new(),
-            ),
+            SendSource::Memory { size } => {
+                let memory = ScannedBatch {
+                    batch: ManifestBatch::memory(size),
+                    local_paths: vec![PathBuf::new()],
+                    skipped: Vec::new(),
+                };
+                let pattern = SourceData::pattern(config.unit_size);
+                (memory, pattern, None, Vec::new(), SinkKind::Discard)
+            }
         };
         let addrs = resolve(&config.addr)?;
         let (control, transport, fallback) = connect(&addrs, &config.addr, config.transport)?;
@@ -525,24 +632,8 @@ impl Transfer {
             AuthError::Wire(w @ WireError::Io(_)) => SendError::reading(w, stall_timeout),
             other => other.into(),
         })?;
-        wire::write_message(&mut writer, &Message::Manifest(manifest.clone()))
+        wire::write_message(&mut writer, &Message::Start { dest, sink })
             .map_err(|e| SendError::Connection(e.to_string()))?;
-        let answer = read_answer(&mut reader, stall_timeout)?;
-        let plan = match answer {
-            Message::Plan(plan) if plan.len() == manifest.files.len() => plan,
-            Message::Plan(_) => {
-                return Err(SendError::Protocol(
-                    "plan does not match the manifest".into(),
-                ))
-            }
-            Message::Refused { reason } => return Err(SendError::Receiver(reason)),
-            other => {
-                return Err(SendError::Protocol(format!(
-                    "expected Plan, got {}",
-                    auth::name(&other)
-                )))
-            }
-        };
         let quic = match transport {
             Transport::Quic => Some(ask_for_quic(
                 &mut reader,
@@ -553,45 +644,59 @@ impl Transfer {
             )?),
             _ => None,
         };
-        let unit_size = config.unit_size.clamp(1, limits.max_chunk);
-        let (queue, to_seal, files_complete) = build_queue(&manifest, &plan, unit_size)?;
-        let bytes_total = queue.pending().map(|u| u.len as u64).sum();
-        let bytes_skipped = manifest.total_bytes() - bytes_total;
-        let (seal_tx, seal_rx) = mpsc::channel();
+        let (control_tx, control_rx) = mpsc::channel();
         let (manager_tx, manager_rx) = mpsc::channel();
         let max_streams = limits.max_streams.max(1) as usize;
         let shared = Arc::new(Shared {
             target: AtomicUsize::new(config.streams.clamp(1, max_streams)),
+            unit_size: config.unit_size.clamp(1, limits.max_chunk),
             config,
             addrs,
             transport,
             quic,
             session,
             session_key,
-            manifest,
+            files: RwLock::default(),
+            unsettled: Mutex::new(0),
+            settled_cv: Condvar::new(),
+            manifest_whole: AtomicBool::new(false),
+            skipped: Mutex::default(),
             source: source_data,
             start,
-            queue: Mutex::new(queue),
+            queue: Mutex::default(),
             queue_cv: Condvar::new(),
             max_streams,
-            bytes_total,
-            bytes_skipped,
+            bytes_total: AtomicU64::new(0),
+            bytes_skipped: AtomicU64::new(0),
             bytes_acked: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
-            files_done: AtomicU64::new(files_complete),
+            files_total: AtomicU64::new(0),
+            files_done: AtomicU64::new(0),
             streams: Mutex::new(BTreeMap::new()),
             timeline: Mutex::new(Vec::new()),
             closed_retransmits: AtomicU64::new(0),
             nacks: AtomicU64::new(0),
             control_socket: control,
-            seal_tx: Mutex::new(seal_tx),
+            control_tx: Mutex::new(control_tx),
             manager_tx: Mutex::new(manager_tx),
             failed: AtomicBool::new(false),
             outcome: Mutex::new(None),
             outcome_cv: Condvar::new(),
         });
-        for &file in &to_seal.immediately {
-            shared.send_seal(SealEvent::Seal(file));
+        let batch = shared.announce(first_batch)?;
+        let whole = batch.last;
+        wire::write_message(&mut writer, &Message::Entries(batch))
+            .map_err(|e| SendError::Connection(e.to_string()))?;
+        let mut planner = Planner::default();
+        match read_answer(&mut reader, stall_timeout)? {
+            Message::Plan { first, files, last } => planner.apply(&shared, first, &files, last)?,
+            Message::Refused { reason } => return Err(SendError::Receiver(reason)),
+            other => {
+                return Err(SendError::Protocol(format!(
+                    "expected Plan, got {}",
+                    auth::name(&other)
+                )))
+            }
         }
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -599,25 +704,30 @@ impl Transfer {
                 .spawn(f)
                 .map_err(|e| SendError::Source(format!("cannot start a thread: {e}")))
         };
-        let threads = vec![
-            spawn("xfer-seal", {
+        let mut threads = vec![
+            spawn("xfer-control-out", {
                 let shared = shared.clone();
-                Box::new(move || control::run_sealer(&shared, writer, seal_rx))
+                Box::new(move || control::run_writer(&shared, writer, control_rx))
             })?,
-            spawn("xfer-control", {
+            spawn("xfer-control-in", {
                 let shared = shared.clone();
-                Box::new(move || control::run_control_reader(&shared, reader, to_seal.total))
+                Box::new(move || control::run_reader(&shared, reader, planner))
             })?,
             spawn("xfer-streams", {
                 let shared = shared.clone();
                 Box::new(move || stream::run_manager(&shared, manager_rx))
             })?,
         ];
+        if let Some(scanner) = scanner.filter(|_| !whole) {
+            threads.push(spawn("xfer-scan", {
+                let shared = shared.clone();
+                Box::new(move || manifest_stream::run_scanner(&shared, scanner))
+            })?);
+        }
         Ok(Transfer {
             shared,
             threads: Mutex::new(threads),
             optimized: AtomicBool::new(false),
-            skipped_sources,
             notices,
         })
     }
@@ -650,9 +760,11 @@ impl Transfer {
         Ok(())
     }
 
-    /// Sources that were left out of the manifest (links, special files), with why.
-    pub fn skipped_sources(&self) -> &[String] {
-        &self.skipped_sources
+    /// Sources left out of the manifest (links, special files), with why, that were found
+    /// since the last call. The manifest is scanned while data flows, so more may come until
+    /// the transfer is over.
+    pub fn take_skipped_sources(&self) -> Vec<String> {
+        std::mem::take(&mut *self.shared.skipped.lock().expect("skipped lock"))
     }
 
     /// The transport the streams use: the one asked for, or TCP where MPTCP could not be had.
@@ -671,11 +783,11 @@ impl Transfer {
         let s = &self.shared;
         Progress {
             elapsed: s.start.elapsed(),
-            bytes_total: s.bytes_total,
-            bytes_skipped: s.bytes_skipped,
+            bytes_total: s.bytes_total.load(Ordering::Relaxed),
+            bytes_skipped: s.bytes_skipped.load(Ordering::Relaxed),
             bytes_acked: s.bytes_acked.load(Ordering::Relaxed),
             bytes_sent: s.bytes_sent.load(Ordering::Relaxed),
-            files_total: s.manifest.files.len() as u64,
+            files_total: s.files_total.load(Ordering::Acquire),
             files_done: s.files_done.load(Ordering::Relaxed),
             streams_active: s
                 .streams
@@ -716,78 +828,14 @@ impl Transfer {
         let streams_timeline = shared.timeline.lock().expect("timeline lock").clone();
         Ok(Summary {
             bytes: shared.bytes_acked.load(Ordering::Relaxed),
-            bytes_skipped: shared.bytes_skipped,
-            files: shared.manifest.files.len() as u64,
+            bytes_skipped: shared.bytes_skipped.load(Ordering::Relaxed),
+            files: shared.files_total.load(Ordering::Acquire),
             seconds,
             streams_timeline,
             retransmits: shared.closed_retransmits.load(Ordering::Relaxed),
             transport: shared.transport,
         })
     }
-}
-
-/// Which files need a `Seal` and which can be sealed at once (nothing left to send).
-struct SealPlan {
-    total: u64,
-    immediately: Vec<u32>,
-}
-
-fn build_queue(
-    manifest: &Manifest,
-    plan: &[FileStatus],
-    unit_size: u32,
-) -> Result<(WorkQueue, SealPlan, u64), SendError> {
-    let mut pending = VecDeque::new();
-    let mut remaining_per_file = Vec::with_capacity(plan.len());
-    let mut seal = SealPlan {
-        total: 0,
-        immediately: Vec::new(),
-    };
-    let mut complete = 0;
-    for (index, (entry, status)) in manifest.files.iter().zip(plan).enumerate() {
-        let file = index as u32;
-        let mut have = rangemap::RangeSet::new();
-        match status {
-            FileStatus::Complete => {
-                complete += 1;
-                remaining_per_file.push(0);
-                continue;
-            }
-            FileStatus::Missing => {}
-            FileStatus::Partial(ranges) => {
-                for &(offset, len) in ranges {
-                    let end = offset
-                        .checked_add(len)
-                        .filter(|&e| e <= entry.size)
-                        .ok_or_else(|| {
-                            SendError::Protocol(format!(
-                                "plan range {offset}+{len} outside a file of {} bytes",
-                                entry.size
-                            ))
-                        })?;
-                    if len > 0 {
-                        have.insert(offset..end);
-                    }
-                }
-            }
-        }
-        let mut remaining = 0;
-        for gap in have.gaps(&(0..entry.size)) {
-            let mut offset = gap.start;
-            while offset < gap.end {
-                let len = (gap.end - offset).min(unit_size as u64) as u32;
-                pending.push_back(Unit { file, offset, len });
-                offset += len as u64;
-                remaining += len as u64;
-            }
-        }
-        remaining_per_file.push(remaining);
-        seal.total += 1;
-        if remaining == 0 {
-            seal.immediately.push(file);
-        }
-    }
-    Ok((WorkQueue::new(pending, remaining_per_file), seal, complete))
 }
 
 fn conn_err(e: std::io::Error) -> SendError {
@@ -888,17 +936,20 @@ fn ask_for_quic<R: std::io::Read>(
     }
 }
 
-/// What the sender does with a receiver's resume plan: the units left to send.
+/// What the sender does with a receiver's resume plan for `files`: the units left to send.
 #[cfg(feature = "fuzzing")]
 pub(crate) fn queue_for_fuzzing(
-    manifest: &Manifest,
+    files: &[crate::manifest::FileEntry],
     plan: &[crate::wire::FileStatus],
     unit_size: u32,
 ) -> Result<Vec<(u32, u64, u32)>, String> {
-    build_queue(manifest, plan, unit_size)
-        .map(|(queue, _, _)| {
-            let units = queue.pending();
-            units.map(|u| (u.file, u.offset, u.len)).collect()
-        })
-        .map_err(|e| e.to_string())
+    let mut units = Vec::new();
+    for (file, (entry, status)) in (0..).zip(files.iter().zip(plan)) {
+        let file_units = manifest_stream::units_to_send(file, entry, status, unit_size);
+        units.extend(file_units.map_err(|e| e.to_string())?);
+    }
+    Ok(units
+        .into_iter()
+        .map(|u| (u.file, u.offset, u.len))
+        .collect())
 }

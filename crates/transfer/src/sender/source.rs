@@ -3,14 +3,24 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use super::{SendError, Unit};
+use crate::manifest::FileEntry;
 use crate::wire::chunk_checksum;
+
+/// A file announced to the receiver and not yet settled: what the manifest said of it and
+/// where it is on this host (nowhere, for generated data).
+#[derive(Debug)]
+pub(crate) struct SourceFile {
+    pub(crate) entry: FileEntry,
+    pub(crate) local: PathBuf,
+}
 
 /// Where unit bytes come from.
 pub(crate) enum SourceData {
-    /// Local files, same order as the manifest.
-    Files(Vec<PathBuf>),
+    /// Local files, at their [`SourceFile::local`] paths.
+    Files,
     /// A pseudo-random block reused for every unit; its checksum is computed once.
     Pattern {
         /// The block, one unit long.
@@ -32,12 +42,14 @@ impl SourceData {
     }
 
     /// The bytes of `unit` and their checksum. `buf` and `open` are the calling stream's own
-    /// read buffer and last opened file, kept across calls.
+    /// read buffer and last opened file, kept across calls; `locate` finds the unit's file when
+    /// it is not the one open.
     pub(crate) fn unit_data<'a>(
         &'a self,
         unit: Unit,
         buf: &'a mut Vec<u8>,
         open: &mut Option<(u32, File)>,
+        locate: impl Fn() -> Result<Arc<SourceFile>, SendError>,
     ) -> Result<(&'a [u8], u64), SendError> {
         let len = unit.len as usize;
         match self {
@@ -50,21 +62,19 @@ impl SourceData {
                 })?;
                 Ok((data, chunk_checksum(data)))
             }
-            SourceData::Files(paths) => {
-                let path = &paths[unit.file as usize];
-                let read_error = |e: std::io::Error| {
-                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                        SendError::SourceChanged(path.display().to_string())
-                    } else {
-                        SendError::Source(format!("cannot read {}: {e}", path.display()))
+            SourceData::Files => {
+                let opened = match open {
+                    Some((file, handle)) if *file == unit.file => handle,
+                    _ => {
+                        let source = locate()?;
+                        let handle = File::open(&source.local).map_err(|e| source.read_error(e))?;
+                        &open.insert((unit.file, handle)).1
                     }
                 };
-                if open.as_ref().is_none_or(|(file, _)| *file != unit.file) {
-                    *open = Some((unit.file, File::open(path).map_err(read_error)?));
-                }
-                let (_, file) = open.as_ref().expect("just opened");
                 buf.resize(len, 0);
-                file.read_exact_at(buf, unit.offset).map_err(read_error)?;
+                if let Err(e) = opened.read_exact_at(buf, unit.offset) {
+                    return Err(locate()?.read_error(e));
+                }
                 Ok((&buf[..], chunk_checksum(buf)))
             }
         }
@@ -73,14 +83,13 @@ impl SourceData {
     /// Checks that a source file is still the version in the manifest and, when asked, hashes it.
     pub(crate) fn check_unchanged(
         &self,
-        file: u32,
-        entry: &crate::manifest::FileEntry,
+        source: &SourceFile,
         hash: bool,
     ) -> Result<Option<[u8; 32]>, SendError> {
-        let SourceData::Files(paths) = self else {
+        let SourceData::Files = self else {
             return Ok(None);
         };
-        let path = &paths[file as usize];
+        let (path, entry) = (&source.local, &source.entry);
         let changed = || SendError::SourceChanged(path.display().to_string());
         let meta = std::fs::metadata(path).map_err(|_| changed())?;
         if meta.len() != entry.size || crate::manifest::Timestamp::mtime_of(&meta) != entry.mtime {
@@ -98,5 +107,16 @@ impl SourceData {
         )
         .map_err(|e| SendError::Source(format!("cannot read {}: {e}", path.display())))?;
         Ok(Some(*hasher.finalize().as_bytes()))
+    }
+}
+
+impl SourceFile {
+    /// The error for a failed read: a file that ended early changed since it was scanned.
+    fn read_error(&self, e: std::io::Error) -> SendError {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            SendError::SourceChanged(self.local.display().to_string())
+        } else {
+            SendError::Source(format!("cannot read {}: {e}", self.local.display()))
+        }
     }
 }

@@ -404,7 +404,7 @@ fn write_units(
         in_flight_push(Some(unit));
         let (data, checksum) = shared
             .source
-            .unit_data(unit, &mut buf, &mut open)
+            .unit_data(unit, &mut buf, &mut open, || shared.source_file(unit.file))
             .map_err(|e| {
                 shared.fail(e);
                 StreamFailure::Fatal

@@ -4,7 +4,9 @@
 //! straggler instead: the oldest unit in flight on another stream, once it has been in flight
 //! for [`STRAGGLER_FACTOR`] times as long as units usually take to be acknowledged. The first
 //! acknowledgement of a unit counts and the other copy's is ignored (the receiver writes a
-//! chunk it already holds no second time). A unit is carried by at most two streams.
+//! chunk it already holds no second time). A unit is carried by at most two streams. Files join
+//! the queue as the receiver plans each batch of the manifest; the queue is done once it is
+//! closed (the last batch was planned) and every unit is acknowledged.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -38,39 +40,38 @@ pub(super) enum Next {
     /// Nothing now: units are in flight on other streams. Ask again when one is acknowledged
     /// or handed back, or after the time given, when a unit will have become a straggler.
     Wait(Option<Duration>),
-    /// Every unit is acknowledged.
+    /// Every unit is acknowledged and no more will come.
     Done,
 }
 
-/// Units waiting, units in flight, and bytes not yet acknowledged per file.
-#[derive(Debug)]
+/// Units waiting, units in flight, and bytes not yet acknowledged of each file with units.
+#[derive(Debug, Default)]
 pub(super) struct WorkQueue {
     pending: VecDeque<Unit>,
     in_flight: HashMap<Unit, InFlight>,
-    remaining: Vec<u64>,
+    remaining: HashMap<u32, u64>,
+    /// No more files will join.
+    closed: bool,
     /// Moving average of the time from hand-out to acknowledgement.
     unit_time: Option<Duration>,
 }
 
 impl WorkQueue {
-    /// A queue of `pending` units; `remaining` has each file's bytes still to acknowledge.
-    pub(super) fn new(pending: VecDeque<Unit>, remaining: Vec<u64>) -> WorkQueue {
-        WorkQueue {
-            pending,
-            in_flight: HashMap::new(),
-            remaining,
-            unit_time: None,
-        }
+    /// Queues `units`, the parts of `file` still to send, which together are not empty.
+    pub(super) fn add_file(&mut self, file: u32, units: Vec<Unit>) {
+        let bytes = units.iter().map(|u| u64::from(u.len)).sum();
+        self.remaining.insert(file, bytes);
+        self.pending.extend(units);
     }
 
-    /// The units waiting to be sent, in order.
-    pub(super) fn pending(&self) -> impl Iterator<Item = &Unit> {
-        self.pending.iter()
+    /// No more files will join: the queue is done once its units are acknowledged.
+    pub(super) fn close(&mut self) {
+        self.closed = true;
     }
 
-    /// Whether every unit is acknowledged.
+    /// Whether every unit is acknowledged and no more will come.
     pub(super) fn is_done(&self) -> bool {
-        self.pending.is_empty() && self.in_flight.is_empty()
+        self.closed && self.pending.is_empty() && self.in_flight.is_empty()
     }
 
     /// The next unit for `stream` at `now`: a waiting one, else a copy of the oldest straggler
@@ -85,7 +86,11 @@ impl WorkQueue {
             return Next::Unit(unit);
         }
         if self.in_flight.is_empty() {
-            return Next::Done;
+            return if self.closed {
+                Next::Done
+            } else {
+                Next::Wait(None)
+            };
         }
         let Some(usual) = self.unit_time else {
             // Nothing was acknowledged yet: no measure of what is slow.
@@ -117,9 +122,16 @@ impl WorkQueue {
             None => took,
             Some(avg) => (avg * 7 + took) / 8,
         });
-        let left = &mut self.remaining[unit.file as usize];
+        let left = self
+            .remaining
+            .get_mut(&unit.file)
+            .expect("a unit in flight belongs to a queued file");
         *left -= u64::from(unit.len);
-        Some(*left == 0)
+        let done = *left == 0;
+        if done {
+            self.remaining.remove(&unit.file);
+        }
+        Some(done)
     }
 
     /// `stream` gives `unit` up unacknowledged (it broke, or the chunk arrived damaged): the
@@ -149,7 +161,10 @@ mod tests {
     }
 
     fn queue(units: u64) -> WorkQueue {
-        WorkQueue::new((0..units).map(|i| unit(i * 10)).collect(), vec![units * 10])
+        let mut q = WorkQueue::default();
+        q.add_file(0, (0..units).map(|i| unit(i * 10)).collect());
+        q.close();
+        q
     }
 
     const MS: Duration = Duration::from_millis(1);
@@ -207,13 +222,36 @@ mod tests {
             "a straggler copy"
         );
         q.give_back(unit(0), 1);
-        assert_eq!(q.pending().count(), 0, "stream 2 still carries it");
+        assert!(q.pending.is_empty(), "stream 2 still carries it");
         q.give_back(unit(0), 2);
-        assert_eq!(q.pending().copied().collect::<Vec<_>>(), vec![unit(0)]);
+        assert_eq!(q.pending, [unit(0)]);
         assert_eq!(q.next(3, t0 + 11 * MS), Next::Unit(unit(0)));
         assert_eq!(q.acked(unit(0), t0 + 12 * MS), Some(true));
         q.give_back(unit(0), 3);
         assert!(q.is_done(), "a unit acknowledged is never given back");
+    }
+
+    #[test]
+    fn an_open_queue_waits_for_more_files_and_is_done_only_once_closed() {
+        let t0 = Instant::now();
+        let mut q = WorkQueue::default();
+        assert_eq!(q.next(1, t0), Next::Wait(None));
+        assert!(!q.is_done());
+        q.add_file(0, vec![unit(0)]);
+        assert_eq!(q.next(1, t0), Next::Unit(unit(0)));
+        assert_eq!(q.acked(unit(0), t0), Some(true));
+        assert_eq!(q.next(1, t0), Next::Wait(None), "more files may come");
+        let later = Unit {
+            file: 7,
+            offset: 0,
+            len: 5,
+        };
+        q.add_file(7, vec![later]);
+        q.close();
+        assert_eq!(q.next(2, t0), Next::Unit(later));
+        assert_eq!(q.acked(later, t0), Some(true));
+        assert!(q.is_done());
+        assert_eq!(q.next(1, t0), Next::Done);
     }
 
     /// What a test does next to the queue: a stream asks for work, receives the oldest answer

@@ -1,0 +1,172 @@
+//! The manifest as a stream: the scanner announces the sources a batch at a time, holding back
+//! while [`wire::SENDER_UNSEALED`] files wait for their seal, and the [`Planner`] turns each
+//! batch's plan from the receiver into units for the queue and seals for files with nothing
+//! left to send, and says when the session can finish.
+
+use super::work_queue::Unit;
+use super::{ControlEvent, SendError, Shared};
+use crate::manifest::{FileEntry, Scanner};
+use crate::wire::{self, FileStatus};
+use std::sync::atomic::Ordering;
+
+/// Scans the rest of the sources after the first batch and hands each batch to the control
+/// writer; a source that cannot be read fails the transfer.
+pub(super) fn run_scanner(shared: &Shared, mut scanner: Scanner) {
+    loop {
+        if !shared.wait_for_room() {
+            return;
+        }
+        let scanned = match scanner.next_batch(wire::BATCH_ENTRIES) {
+            Ok(scanned) => scanned,
+            Err(e) => return shared.fail(SendError::Source(e.to_string())),
+        };
+        let batch = match shared.announce(scanned) {
+            Ok(batch) => batch,
+            Err(e) => return shared.fail(e),
+        };
+        let last = batch.last;
+        shared.send_control(ControlEvent::Entries(batch));
+        if last {
+            return;
+        }
+    }
+}
+
+/// The sender's account of the receiver's plans and seals (kept by whoever reads the control
+/// connection).
+#[derive(Debug, Default)]
+pub(super) struct Planner {
+    /// Number of the first file not planned yet.
+    next: u32,
+    /// Files planned that need a seal, and those finalised.
+    to_seal: u64,
+    finalized: u64,
+    /// The plan of the last batch arrived.
+    whole: bool,
+    /// `Finish` was asked for.
+    finishing: bool,
+}
+
+impl Planner {
+    /// Takes the receiver's plan for the batch whose first file is `first`: complete files are
+    /// settled, the others' missing parts join the work queue, and files with nothing left to
+    /// send are sealed at once.
+    pub(super) fn apply(
+        &mut self,
+        shared: &Shared,
+        first: u32,
+        plan: &[FileStatus],
+        last: bool,
+    ) -> Result<(), SendError> {
+        let end = u64::from(first) + plan.len() as u64;
+        let announced = shared.files_total.load(Ordering::Acquire);
+        if first != self.next || end > announced || self.whole {
+            return Err(SendError::Protocol(format!(
+                "a plan for files {first}..{end} when {} of {announced} were planned",
+                self.next
+            )));
+        }
+        if last && !(shared.manifest_whole.load(Ordering::Acquire) && end == announced) {
+            return Err(SendError::Protocol(
+                "a plan said it was the last before the manifest's end".into(),
+            ));
+        }
+        let (mut to_send, mut skipped) = (0u64, 0u64);
+        let mut queued = Vec::new();
+        let mut seal_now = Vec::new();
+        let mut complete = Vec::new();
+        for (file, status) in (first..).zip(plan) {
+            let source = shared.source_file(file)?;
+            let units = units_to_send(file, &source.entry, status, shared.unit_size)?;
+            let bytes: u64 = units.iter().map(|u| u64::from(u.len)).sum();
+            to_send += bytes;
+            skipped += source.entry.size - bytes;
+            match status {
+                FileStatus::Complete => complete.push(file),
+                _ if units.is_empty() => seal_now.push(file),
+                _ => queued.push((file, units)),
+            }
+        }
+        self.next = end as u32;
+        self.to_seal += (plan.len() - complete.len()) as u64;
+        self.whole = last;
+        shared.bytes_total.fetch_add(to_send, Ordering::Relaxed);
+        shared.bytes_skipped.fetch_add(skipped, Ordering::Relaxed);
+        {
+            let mut queue = shared.queue();
+            for (file, units) in queued {
+                queue.add_file(file, units);
+            }
+            if last {
+                queue.close();
+            }
+        }
+        shared.queue_cv.notify_all();
+        for file in complete {
+            shared.settle(file)?;
+        }
+        for file in seal_now {
+            shared.send_control(ControlEvent::Seal(file));
+        }
+        self.finish_when_done(shared);
+        Ok(())
+    }
+
+    /// The receiver put `file` in place.
+    pub(super) fn finalized(&mut self, shared: &Shared, file: u32) -> Result<(), SendError> {
+        tracing::debug!("finalised {}", shared.file_shown(file));
+        shared.settle(file)?;
+        self.finalized += 1;
+        self.finish_when_done(shared);
+        Ok(())
+    }
+
+    /// Asks for `Finish` once every file of the whole manifest is finalised.
+    fn finish_when_done(&mut self, shared: &Shared) {
+        if self.whole && !self.finishing && self.finalized == self.to_seal {
+            self.finishing = true;
+            shared.send_control(ControlEvent::AllFinalized);
+        }
+    }
+}
+
+/// The units of `file` (described by `entry`) that the receiver does not hold, by its `status`,
+/// each at most `unit_size` bytes. A plan range outside the file is a protocol error.
+pub(super) fn units_to_send(
+    file: u32,
+    entry: &FileEntry,
+    status: &FileStatus,
+    unit_size: u32,
+) -> Result<Vec<Unit>, SendError> {
+    let mut have = rangemap::RangeSet::new();
+    match status {
+        FileStatus::Complete => return Ok(Vec::new()),
+        FileStatus::Missing => {}
+        FileStatus::Partial(ranges) => {
+            for &(offset, len) in ranges {
+                let end = offset
+                    .checked_add(len)
+                    .filter(|&e| e <= entry.size)
+                    .ok_or_else(|| {
+                        SendError::Protocol(format!(
+                            "plan range {offset}+{len} outside a file of {} bytes",
+                            entry.size
+                        ))
+                    })?;
+                if len > 0 {
+                    have.insert(offset..end);
+                }
+            }
+        }
+    }
+    let mut units = Vec::new();
+    for gap in have.gaps(&(0..entry.size)) {
+        let mut offset = gap.start;
+        while offset < gap.end {
+            let len = (gap.end - offset).min(u64::from(unit_size)) as u32;
+            units.push(Unit { file, offset, len });
+            offset += u64::from(len);
+        }
+    }
+    Ok(units)
+}
