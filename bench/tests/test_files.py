@@ -11,6 +11,8 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (tmpfs, na
 def test_datasets_and_settings_parse_or_say_why():
     d = files.Dataset.parse("1000x4MiB")
     assert (d.count, d.size, d.total_bytes) == (1000, 4 << 20, 1000 * (4 << 20))
+    assert files.Dataset.parse("3x5000").footprint == 3 * 8192
+    assert files.Dataset.parse("2x16B").footprint == 2 * 4096
     for bad in ("1000", "0x4KiB", "ax4KiB", "10x4 parsecs"):
         with pytest.raises(ValueError):
             files.Dataset.parse(bad)

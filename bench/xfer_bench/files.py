@@ -77,6 +77,11 @@ class Dataset:
     def total_bytes(self) -> int:
         return self.count * self.size
 
+    @property
+    def footprint(self) -> int:
+        """Bytes the files take on a tmpfs, which stores each in whole 4 KiB pages."""
+        return self.count * -(-self.size // 4096) * 4096
+
     def create(self, parent: Path) -> Path:
         """Writes the tree (random bytes) under `parent` and returns its directory."""
         top = parent / self.text
@@ -482,8 +487,8 @@ def measure(args: argparse.Namespace, work: Path) -> list[Row]:
     interleaved."""
     datasets = [Dataset.parse(t) for t in args.datasets.split(",")]
     tools = args.tools.split(",")
-    need = sum(d.total_bytes for d in datasets)
-    largest = max(d.total_bytes for d in datasets)
+    need = sum(d.footprint for d in datasets)
+    largest = max(d.footprint for d in datasets)
     rows = []
     with ExitStack() as stack:
         # Huge pages only where a file fills them: 100,000 small files must not take 2 MiB each.

@@ -297,6 +297,9 @@ impl FileTree {
         if state.journaled {
             let _ = f.dir.remove_file(&f.names.journal);
         }
+        // Closed now, whoever still holds the file's state for a moment.
+        state.part = None;
+        state.journal = None;
         drop(state);
         self.files.settle(file);
         self.active.release([&f.rel]);
