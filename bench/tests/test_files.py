@@ -54,6 +54,13 @@ def test_ratios_are_to_the_best_gridftp_setting_of_the_same_cell():
     assert files.disk_costs(one) == [
         "loopback 10x1KiB: xfer file to file at 0.90 x its " "memory-to-memory rate"
     ]
+    rates = {"xxh3_gbit_per_s": 200.0, "blake3_gbit_per_s": 40.0}
+    assert files.checksum_costs(rates, one) == [
+        "checksums on one core: xxh3 200.0 Gbit/s (every chunk), BLAKE3 40.0 Gbit/s (every "
+        "file, with --verify)",
+        "fastest xfer run: 10.0 Gbit/s (loopback 10x1KiB xfer-mem); xxh3 at 20.0 x it, "
+        "BLAKE3 at 4.0 x it",
+    ]
 
 
 @needs_root
@@ -78,4 +85,5 @@ def test_every_tool_moves_a_small_tree_over_loopback_and_the_wan(tmp_path, capsy
         assert (r["sender_rss_mib"] > 0, r["receiver_rss_mib"] > 0) == (reported, reported), r
     printed = capsys.readouterr().out
     assert "reproduce: scripts/bench-files" in printed and "memory-to-memory rate" in printed
+    assert "checksums on one core: xxh3" in printed and "fastest xfer run" in printed
     assert not [ns for ns in netns.namespaces() if ns.startswith(f"xf{os.getpid() % 100000}")]

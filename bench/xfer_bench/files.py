@@ -1,7 +1,8 @@
 """Files benchmark (issue 8): trees of many small files and one large file, sent by xfer,
 globus-url-copy (GridFTP, at several -cc/-p/-pp settings), rsync and scp, over loopback and
 over the emulated WAN, in one run: files/s, Gbit/s and CPU seconds of both sides, and each
-tool's files/s as a ratio to GridFTP's best setting in the same run.
+tool's files/s as a ratio to GridFTP's best setting in the same run; then the rate at which one
+core computes xfer's checksums (`xfer checksum-rate`) beside the fastest xfer run's.
 
 Datasets (`COUNTxSIZE`, such as `10000x64KiB`) are generated once per invocation on a tmpfs,
 random bytes, at most 1000 files per directory. Every run writes into a fresh directory on a
@@ -24,6 +25,7 @@ memory: the file-to-file row's ratio to it is the disk path's cost.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
@@ -440,6 +442,24 @@ def disk_costs(rows: Sequence[Row]) -> list[str]:
     return out
 
 
+def checksum_costs(rates: dict, rows: Sequence[Row]) -> list[str]:
+    """One core's checksum rates (`xfer checksum-rate --json`) beside the fastest xfer run's
+    Gbit/s: whether checksumming could limit that link."""
+    out = [
+        f"checksums on one core: xxh3 {rates['xxh3_gbit_per_s']:.1f} Gbit/s (every chunk), "
+        f"BLAKE3 {rates['blake3_gbit_per_s']:.1f} Gbit/s (every file, with --verify)"
+    ]
+    runs = [r for r in rows if r.tool.startswith("xfer") and r.gbps and not r.error]
+    if runs:
+        top = max(runs, key=lambda r: r.gbps)
+        out.append(
+            f"fastest xfer run: {top.gbps:.1f} Gbit/s ({top.path} {top.dataset} {top.tool}); "
+            f"xxh3 at {rates['xxh3_gbit_per_s'] / top.gbps:.1f} x it, "
+            f"BLAKE3 at {rates['blake3_gbit_per_s'] / top.gbps:.1f} x it"
+        )
+    return out
+
+
 def format_table(rows: Sequence[Row]) -> str:
     """The rows as an aligned text table."""
     head = (
@@ -569,7 +589,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "wan" in args.paths.split(","):
         print(f"\nWAN: {args.rate_mbit:g} Mbit/s, {args.rtt_ms:g} ms RTT")
     print_report(command, format_table(rows), rows, args.json)
-    for line in disk_costs(rows):
+    rates = subprocess.run(
+        [str(args.xfer), "checksum-rate", "--json"], capture_output=True, text=True, check=True
+    )
+    for line in disk_costs(rows) + checksum_costs(json.loads(rates.stdout), rows):
         print(line)
     return 0
 

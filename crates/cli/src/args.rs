@@ -40,6 +40,20 @@ pub enum Command {
     Model(ModelArgs),
     /// Delay packets between TUN devices: the propagation delay of the emulated WAN in bench/.
     DelayLine(DelayLineArgs),
+    /// Measure how fast one core computes the checksums a transfer uses (xxh3 of every chunk,
+    /// BLAKE3 of every file with --verify), to compare with the link's rate.
+    ChecksumRate(ChecksumRateArgs),
+}
+
+/// `xfer checksum-rate`.
+#[derive(Debug, Args)]
+pub struct ChecksumRateArgs {
+    /// Bytes hashed in each measurement, in MiB (of generated data in memory).
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=16384))]
+    pub mib: u32,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `xfer delay-line`.

@@ -2,6 +2,7 @@
 //! the stream-count optimisers on a simulated path.
 
 mod args;
+mod checksum_rate;
 mod controllers;
 mod delay_line;
 mod env;
@@ -46,6 +47,7 @@ fn main() {
         args::Command::Env(a) => env::run(a),
         args::Command::Model(a) => model::run(a),
         args::Command::DelayLine(a) => delay_line::run(a),
+        args::Command::ChecksumRate(a) => checksum_rate::run(a),
     };
     if let Err(e) = result {
         eprintln!("xfer: error: {e:#}");

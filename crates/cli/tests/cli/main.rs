@@ -4,6 +4,7 @@
 
 mod bad_input;
 mod chaos;
+mod checksum_rate;
 mod common;
 mod faults;
 mod mptcp;
