@@ -61,8 +61,8 @@ pub struct ReceiverConfig {
     /// Most connections that may be in their handshake at once (not yet authenticated); more
     /// are closed at once.
     pub max_handshakes: usize,
-    /// How long a new connection may take to authenticate and, for control, to send its
-    /// manifest.
+    /// How long a new connection may take to authenticate and, for control, to say where its
+    /// files go.
     pub handshake_timeout: Duration,
     /// How long a session may go without receiving a byte on any of its connections (while the
     /// receiver is not itself busy for it) before it is closed.
