@@ -338,6 +338,69 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The batches of a scan, in order, together: every entry once, parents before children,
+    /// at most the batch size each, and only the last says so.
+    #[test]
+    fn a_scan_hands_out_the_tree_in_bounded_batches() {
+        let top = tempfile::tempdir().unwrap();
+        let tree = top.path().join("tree");
+        for d in 0..3 {
+            let dir = tree.join(format!("d{d}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            for f in 0..700 {
+                std::fs::write(dir.join(format!("f{f:03}")), [d as u8; 3]).unwrap();
+            }
+        }
+        std::os::unix::fs::symlink("/", tree.join("d1/link")).unwrap();
+        let single = top.path().join("single");
+        std::fs::write(&single, b"12345").unwrap();
+        let mut scanner = Scanner::new(&[tree.clone(), single]).unwrap();
+        let (mut dirs, mut files, mut skipped, mut lasts) = (vec![], vec![], vec![], vec![]);
+        loop {
+            let scanned = scanner.next_batch(1000).unwrap();
+            let batch = &scanned.batch;
+            assert!(batch.dirs.len() + batch.files.len() <= 1000);
+            assert_eq!(batch.files.len(), scanned.local_paths.len());
+            dirs.extend(batch.dirs.iter().map(|d| d.path.clone()));
+            files.extend(
+                batch
+                    .files
+                    .iter()
+                    .zip(&scanned.local_paths)
+                    .map(|(f, local)| {
+                        assert_eq!(f.size, std::fs::metadata(local).unwrap().len());
+                        f.path.clone()
+                    }),
+            );
+            skipped.extend(scanned.skipped);
+            lasts.push(batch.last);
+            if batch.last {
+                break;
+            }
+        }
+        assert_eq!(lasts, [false, false, true]);
+        assert_eq!(dirs, [&b"tree"[..], b"tree/d0", b"tree/d1", b"tree/d2"]);
+        assert_eq!(files.len(), 2101);
+        assert_eq!(files[0], b"tree/d0/f000");
+        assert_eq!(files[2100], b"single");
+        let unique: std::collections::HashSet<_> = files.iter().collect();
+        assert_eq!(unique.len(), files.len());
+        assert_eq!(skipped.len(), 1);
+        assert!(skipped[0].ends_with("d1/link: symbolic link or special file, skipped"));
+    }
+
+    #[test]
+    fn sources_are_checked_before_anything_is_scanned() {
+        let top = tempfile::tempdir().unwrap();
+        let (a, b) = (top.path().join("a"), top.path().join("x/a"));
+        std::fs::create_dir_all(&b).unwrap();
+        std::fs::write(&a, b"").unwrap();
+        let twice = Scanner::new(&[a, b]).err().unwrap();
+        assert!(matches!(twice, ScanError::DuplicateName(_)), "{twice}");
+        let missing = Scanner::new(&[top.path().join("nope")]).err().unwrap();
+        assert!(matches!(missing, ScanError::Unreadable { .. }), "{missing}");
+    }
+
     #[test]
     fn escaping_paths_are_refused() {
         assert!(matches!(

@@ -565,8 +565,10 @@ pub struct Transfer {
 }
 
 impl Transfer {
-    /// Scans the sources, connects and authenticates, exchanges manifest and plan, and starts the
-    /// streams. Returns once data is flowing; errors up to that point are returned here.
+    /// Checks the sources and scans the manifest's first batch, connects and authenticates,
+    /// exchanges that batch and its plan, and starts the streams and the scan of the rest.
+    /// Returns once data is flowing; errors up to that point are returned here, later ones
+    /// (such as a directory deep in a source that cannot be read) by [`Transfer::wait`].
     pub fn start(mut config: SendConfig, source: SendSource) -> Result<Transfer, SendError> {
         let start = Instant::now();
         if config.transport != Transport::Tcp && config.stream_rate_cap.is_some() {
