@@ -201,9 +201,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     let mut last_acked = (Duration::ZERO, 0u64);
     loop {
         let finished = transfer.wait_timeout(TICK);
-        if !args.quiet {
-            warn_skipped(&transfer, bar.as_ref());
-        }
+        warn_skipped(&transfer, bar.as_ref(), args.quiet);
         let progress = transfer.progress();
         if let Some(n) = schedule.as_ref().and_then(|s| s.at(progress.elapsed)) {
             if n as usize != progress.streams_target {
@@ -286,10 +284,11 @@ enum Receiver {
     OverSsh(SshStart),
 }
 
-/// Prints the sources the scanner left out since the last call, above the progress bar.
-fn warn_skipped(transfer: &Transfer, bar: Option<&ProgressBar>) {
+/// Prints the sources the scanner left out since the last call, above the progress bar (or
+/// only forgets them, when `quiet`: a tree of many links must not pile up their names).
+fn warn_skipped(transfer: &Transfer, bar: Option<&ProgressBar>, quiet: bool) {
     let skipped = transfer.take_skipped_sources();
-    if skipped.is_empty() {
+    if skipped.is_empty() || quiet {
         return;
     }
     let print = || {

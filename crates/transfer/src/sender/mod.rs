@@ -764,7 +764,7 @@ impl Transfer {
 
     /// Sources left out of the manifest (links, special files), with why, that were found
     /// since the last call. The manifest is scanned while data flows, so more may come until
-    /// the transfer is over.
+    /// the transfer is over; they are kept until taken.
     pub fn take_skipped_sources(&self) -> Vec<String> {
         std::mem::take(&mut *self.shared.skipped.lock().expect("skipped lock"))
     }
