@@ -22,6 +22,7 @@ pub mod fuzzing;
 pub mod journal;
 pub mod link;
 pub mod manifest;
+mod mapped;
 pub mod mptcp_info;
 pub mod quic;
 pub mod receiver;

@@ -14,7 +14,7 @@
 //! resume journal keeps it.
 
 use std::hash::Hasher;
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, BufRead, IoSlice, Read, Write};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -260,12 +260,25 @@ pub enum Frame<'a> {
     Chunk(ChunkHeader, &'a [u8]),
 }
 
+/// A frame's start as read: a whole control message, or a chunk's header and the length of
+/// the payload that follows it (read next with [`FrameReader::read_payload`] or
+/// [`FrameReader::read_payload_into`]).
+#[derive(Debug)]
+pub enum Head {
+    /// A control or acknowledgement message.
+    Message(Message),
+    /// A data chunk's header and payload length.
+    Chunk(ChunkHeader, usize),
+}
+
 /// Reads frames from a byte stream, reusing one buffer for chunk payloads.
 pub struct FrameReader<R> {
     inner: R,
     buf: Vec<u8>,
     max_chunk: usize,
     max_message: usize,
+    /// Payload bytes of the last chunk head still to be read.
+    payload_due: usize,
 }
 
 impl<R: Read> FrameReader<R> {
@@ -277,6 +290,7 @@ impl<R: Read> FrameReader<R> {
             buf: Vec::new(),
             max_chunk: max_chunk.min(MAX_CHUNK_LEN),
             max_message: MAX_MESSAGE_LEN,
+            payload_due: 0,
         }
     }
 
@@ -292,6 +306,16 @@ impl<R: Read> FrameReader<R> {
 
     /// Reads the next frame. A clean end of stream before a frame starts is `UnexpectedEof`.
     pub fn read_frame(&mut self) -> Result<Frame<'_>, WireError> {
+        match self.read_head()? {
+            Head::Message(m) => Ok(Frame::Message(m)),
+            Head::Chunk(header, _) => Ok(Frame::Chunk(header, self.read_payload()?)),
+        }
+    }
+
+    /// Reads the next frame up to a chunk's payload, which must be read before the next head.
+    /// A clean end of stream before a frame starts is `UnexpectedEof`.
+    pub fn read_head(&mut self) -> Result<Head, WireError> {
+        assert_eq!(self.payload_due, 0, "a chunk's payload was not read");
         let mut prefix = [0u8; FRAME_PREFIX_LEN];
         read_exact(&mut self.inner, &mut prefix)?;
         let len = u32::from_le_bytes(prefix[..4].try_into().expect("4 bytes")) as usize;
@@ -315,7 +339,7 @@ impl<R: Read> FrameReader<R> {
                 verify_check(&[&prefix, message], check, "message")?;
                 let msg = postcard::from_bytes(message)
                     .map_err(|e| WireError::Malformed(format!("bad message: {e}")))?;
-                Ok(Frame::Message(msg))
+                Ok(Head::Message(msg))
             }
             KIND_CHUNK => {
                 let data_len = body_len
@@ -335,13 +359,19 @@ impl<R: Read> FrameReader<R> {
                         limit: self.max_chunk,
                     });
                 }
-                self.buf.resize(data_len, 0);
-                read_exact(&mut self.inner, &mut self.buf)?;
+                self.payload_due = data_len;
                 let fields = fields.try_into().expect("header length");
-                Ok(Frame::Chunk(ChunkHeader::decode(fields), &self.buf))
+                Ok(Head::Chunk(ChunkHeader::decode(fields), data_len))
             }
             other => Err(WireError::Malformed(format!("unknown frame kind {other}"))),
         }
+    }
+
+    /// Reads the payload of the chunk whose head was just read into the reader's own buffer.
+    pub fn read_payload(&mut self) -> Result<&[u8], WireError> {
+        self.buf.resize(std::mem::take(&mut self.payload_due), 0);
+        read_exact(&mut self.inner, &mut self.buf)?;
+        Ok(&self.buf)
     }
 
     /// Reads the next frame and requires it to be a message.
@@ -352,6 +382,21 @@ impl<R: Read> FrameReader<R> {
                 "data chunk where a control message was expected".into(),
             )),
         }
+    }
+}
+
+impl<R: Read> FrameReader<io::BufReader<R>> {
+    /// Reads the payload of the chunk whose head was just read into `dest`, which must be as
+    /// long: what the buffer holds is copied, the rest is read straight into `dest`.
+    pub fn read_payload_into(&mut self, dest: &mut [u8]) -> Result<(), WireError> {
+        assert_eq!(dest.len(), self.payload_due, "payload length");
+        self.payload_due = 0;
+        let buffered = self.inner.buffer();
+        let n = buffered.len().min(dest.len());
+        dest[..n].copy_from_slice(&buffered[..n]);
+        self.inner.consume(n);
+        read_exact(self.inner.get_mut(), &mut dest[n..])?;
+        Ok(())
     }
 }
 

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use transfer::auth::{handshake_as_client, ChannelBinding, SessionKey, Welcomed};
+use transfer::journal::PartPaths;
 use transfer::manifest::{DirEntry, FileEntry, ManifestBatch, SinkKind, Timestamp};
 use transfer::receiver::{Receiver, ReceiverConfig};
 use transfer::wire::{
@@ -768,5 +769,109 @@ fn batches_over_the_unsealed_limit_or_naming_a_path_again_are_refused() {
     assert!(
         matches!(&reply, Message::Refused { reason } if reason.contains("f1 appears twice")),
         "{reply:?}"
+    );
+}
+
+/// A 2 MiB file received through two data streams, in chunks long enough to be received
+/// straight into the part file: no copy that fails its checksum ever lands over one that
+/// verified, whichever stream it comes on and whenever.
+#[test]
+fn copies_of_a_large_chunk_that_fail_their_checksum_never_land_over_good_ones() {
+    const MIB: usize = 1 << 20;
+    let root = tempfile::tempdir().unwrap();
+    let addr = start(root.path());
+    let (mut control, welcomed, _) =
+        open_session(&addr, manifest(vec![entry(b"big", 2 * MIB as u64)], vec![]));
+    let (mut a_reader, mut a) = join(&addr, &welcomed).unwrap();
+    let (mut b_reader, mut b) = join(&addr, &welcomed).unwrap();
+    let good: Vec<u8> = (0..2 * MIB).map(|i| (i * 31 % 253) as u8).collect();
+    let (first, second) = good.split_at(MIB);
+    let ack = |offset: u64| Message::Ack {
+        file: 0,
+        offset,
+        len: MIB as u32,
+    };
+    let nack = |offset: u64| Message::Nack { file: 0, offset };
+    // A frame whose payload was damaged on the way: the header's checksum is the good one.
+    let damaged = |data: &[u8], offset: u64| {
+        let mut frame = Vec::new();
+        write_chunk(&mut frame, &chunk(data, offset), data).unwrap();
+        let last = frame.len() - 1;
+        frame[last] ^= 0xFF;
+        frame
+    };
+
+    // A damaged copy, then a good one on the other stream, then a damaged one again.
+    a.write_all(&damaged(first, 0)).unwrap();
+    assert_eq!(a_reader.read_message().unwrap(), nack(0));
+    write_chunk(&mut b, &chunk(first, 0), first).unwrap();
+    assert_eq!(b_reader.read_message().unwrap(), ack(0));
+    a.write_all(&damaged(first, 0)).unwrap();
+    assert_eq!(a_reader.read_message().unwrap(), nack(0));
+
+    // Stream B is halfway through a damaged copy when A's good copy arrives: A's waits for B's
+    // to be checked, and is written after it.
+    let frame = damaged(second, MIB as u64);
+    b.write_all(&frame[..frame.len() / 2]).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    write_chunk(&mut a, &chunk(second, MIB as u64), second).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    b.write_all(&frame[frame.len() / 2..]).unwrap();
+    assert_eq!(b_reader.read_message().unwrap(), nack(MIB as u64));
+    assert_eq!(a_reader.read_message().unwrap(), ack(MIB as u64));
+
+    assert_eq!(
+        seal(&mut control, None),
+        Message::Finalized {
+            file: 0,
+            error: None
+        }
+    );
+    assert!(std::fs::read(root.path().join("big")).unwrap() == good);
+}
+
+/// Another process cuts a part file short mid-session: the next chunk or the seal says so, the
+/// file is not put in place, and the receiver goes on serving.
+#[test]
+fn a_part_file_cut_short_by_another_process_fails_its_session_only() {
+    const MIB: usize = 1 << 20;
+    let root = tempfile::tempdir().unwrap();
+    let addr = start(root.path());
+    let (_control, welcomed, _) =
+        open_session(&addr, manifest(vec![entry(b"big", 2 * MIB as u64)], vec![]));
+    let (mut reader, mut writer) = join(&addr, &welcomed).unwrap();
+    let data = vec![7u8; MIB];
+    write_chunk(&mut writer, &chunk(&data, 0), &data).unwrap();
+    assert_eq!(
+        reader.read_message().unwrap(),
+        Message::Ack {
+            file: 0,
+            offset: 0,
+            len: MIB as u32
+        }
+    );
+    let part = PartPaths::for_final(&root.path().join("big")).part;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&part)
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
+    write_chunk(&mut writer, &chunk(&data, MIB as u64), &data).unwrap();
+    let reply = reader.read_message().unwrap();
+    assert!(
+        matches!(&reply, Message::Error { message } if message.contains("changed the size of the part file")),
+        "{reply:?}"
+    );
+    assert!(!root.path().join("big").exists());
+    // The receiver still serves.
+    let (mut control, (mut reader, mut writer)) = ten_byte_session(&addr);
+    send_ten_bytes(&mut reader, &mut writer);
+    assert_eq!(
+        seal(&mut control, None),
+        Message::Finalized {
+            file: 0,
+            error: None
+        }
     );
 }

@@ -245,6 +245,38 @@ fn a_source_changed_during_the_transfer_is_detected_and_not_put_in_place() {
     );
 }
 
+/// A source cut short by another process while its units are sent (from mapped windows of the
+/// file): the sender stops with a clear error, not killed by SIGBUS, and nothing is put in place.
+#[test]
+fn a_source_truncated_during_the_transfer_is_detected_and_not_put_in_place() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let file = src.path().join("shrinking.bin");
+    write_data(&file, 32 * MIB, 10);
+    let receiver = Receiver::start(root.path());
+    let sender = start_paced_send(&receiver, &file, 1, 80);
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(4 * MIB)
+        .unwrap();
+    let out = sender.wait_with_output().unwrap();
+    assert!(
+        out.status.code().is_some(),
+        "killed by a signal: {:?}",
+        out.status
+    );
+    let stderr = fails(out);
+    assert!(stderr.contains("changed during the transfer"), "{stderr}");
+    assert!(
+        complete_looking_files(root.path()).is_empty(),
+        "{:?}",
+        complete_looking_files(root.path())
+    );
+}
+
 /// 100,000 small files (0 to 4 KiB, several modes and mtimes, 100 directories): a sender killed
 /// once files are being acknowledged leaves only complete, correct files in place, and the
 /// re-run skips the sealed ones and ends with the whole tree identical.

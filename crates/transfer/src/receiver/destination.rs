@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use rangemap::RangeSet;
 
 use super::announced::Announced;
-use super::file_tree::FileTree;
+use super::file_tree::{FileTree, MappedChunk};
 use crate::manifest::{ManifestBatch, SinkKind};
 use crate::wire::FileStatus;
 
@@ -170,6 +170,20 @@ impl Destination {
         match self {
             Destination::Files(t) => t.write(file, offset, data, checksum),
             Destination::Discard(s) => s.write(file, offset, data.len() as u64),
+        }
+    }
+
+    /// A window of the file's part file to receive a chunk straight into, when that pays and
+    /// nothing stands in the way ([`FileTree::map_chunk`]); `None` for a sink.
+    pub(super) fn map_chunk(
+        &self,
+        file: u32,
+        offset: u64,
+        len: usize,
+    ) -> Result<Option<MappedChunk>, DestinationError> {
+        match self {
+            Destination::Files(t) => t.map_chunk(file, offset, len),
+            Destination::Discard(_) => Ok(None),
         }
     }
 

@@ -11,10 +11,11 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::fs::File;
+use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use cap_std::fs::{Dir, MetadataExt, OpenOptions, OpenOptionsExt};
 use rangemap::RangeSet;
@@ -25,7 +26,8 @@ use super::destination::{
 };
 use crate::journal::{Journal, PartPaths, SourceIdentity};
 use crate::manifest::{split_relative, DirEntry, FileEntry, ManifestBatch, PathError, Timestamp};
-use crate::wire::FileStatus;
+use crate::mapped::{Detachable, Truncated, WriteWindow, MAPPED_MIN};
+use crate::wire::{chunk_checksum, FileStatus};
 
 /// Files smaller than this that arrive in one chunk get no journal: an interruption before
 /// their seal costs sending them again, at most this much each, and saves a journal's create,
@@ -44,6 +46,8 @@ struct TreeFile {
     /// Part and journal names in `dir`.
     names: PartPaths,
     state: Mutex<PartState>,
+    /// Signalled when a range stops being written.
+    written: Condvar,
 }
 
 /// A file's part file and journal (open while chunks are due), and which byte ranges verified.
@@ -57,6 +61,28 @@ struct PartState {
     part: Option<Arc<File>>,
     journal: Option<Journal>,
     verified: RangeSet<u64>,
+    /// Ranges streams are writing now, so that a copy that fails its checksum never lands over
+    /// one that passed ([`TreeFile::claim`]).
+    writing: Vec<Writing>,
+    /// Claims made so far (each gets its number).
+    claims: u64,
+}
+
+/// A range one stream is writing.
+struct Writing {
+    claim: u64,
+    range: Range<u64>,
+    /// The window the stream receives the range into, once mapped.
+    window: Option<Detachable>,
+    /// Another stream's verified copy detached the window: what this stream still receives
+    /// goes nowhere, and it records nothing.
+    detached: bool,
+}
+
+impl Writing {
+    fn blocks(&self, range: &Range<u64>) -> bool {
+        !self.detached && self.range.start < range.end && range.start < self.range.end
+    }
 }
 
 /// Files under the receiver's root for one session.
@@ -199,6 +225,7 @@ impl FileTree {
                 name,
                 names,
                 state: Mutex::default(),
+                written: Condvar::new(),
             };
             if fresh {
                 prepared.push((FileStatus::Missing, file));
@@ -228,32 +255,47 @@ impl FileTree {
         if data.is_empty() {
             return Ok(());
         }
-        let whole = offset == 0 && end == f.entry.size;
-        let part = {
-            let mut state = f.state.lock().expect("part lock");
-            if state.verified.gaps(&(offset..end)).next().is_none() {
-                return Ok(());
-            }
-            f.open_part(&mut state, whole)?
+        let Some((part, claim)) = f.claim(offset..end, true)? else {
+            return Ok(());
         };
         part.write_all_at(data, offset).map_err(io_at(&f.rel))?;
-        let mut state = f.state.lock().expect("part lock");
-        if state.verified.gaps(&(offset..end)).next().is_none() {
-            // Another stream's copy of this chunk got there first.
-            return Ok(());
+        claim.commit(checksum).map(drop)
+    }
+
+    /// A window of `file`'s part file to receive a chunk of `len` bytes at `offset` straight
+    /// into, or `None` when the chunk is better read into a buffer and given to
+    /// [`FileTree::write`]: it is short, its file is sealed, it already verified, another
+    /// stream is writing it, or the part file cannot be mapped.
+    pub(super) fn map_chunk(
+        &self,
+        file: u32,
+        offset: u64,
+        len: usize,
+    ) -> Result<Option<MappedChunk>, DestinationError> {
+        if len < MAPPED_MIN {
+            return Ok(None);
         }
-        if state.journaled {
-            f.journal(&mut state)?
-                .record(offset, data.len() as u64, checksum)
-                .map_err(io_at(&f.rel))?;
+        let Some(f) = self.files.get(file)? else {
+            return Ok(None);
+        };
+        let end = chunk_end(offset, len as u64, f.entry.size)?;
+        let Some((part, claim)) = f.claim(offset..end, false)? else {
+            return Ok(None);
+        };
+        match WriteWindow::map(&part, offset, len) {
+            Ok(window) => {
+                claim.register(window.detachable());
+                Ok(Some(MappedChunk { claim, window }))
+            }
+            Err(_) if part.metadata().is_ok_and(|m| m.len() < end) => Err(f.truncated()),
+            Err(e) => {
+                tracing::debug!(
+                    "{}: receiving through a buffer, the part file cannot be mapped: {e}",
+                    f.rel.display()
+                );
+                Ok(None)
+            }
         }
-        state.verified.insert(offset..end);
-        if state.verified.gaps(&(0..f.entry.size)).next().is_none() {
-            // Nothing more will be written: close until the seal.
-            state.part = None;
-            state.journal = None;
-        }
-        Ok(())
     }
 
     /// Puts a complete file in place: checks every byte verified (and the whole-file BLAKE3 when
@@ -269,6 +311,9 @@ impl FileTree {
         require_complete(&state.verified, f.entry.size, &f.rel.display().to_string())?;
         // Made here for an empty file, which no chunk started.
         let part = f.open_part(&mut state, true)?;
+        if part.metadata().map_err(&io)?.len() != f.entry.size {
+            return Err(f.truncated());
+        }
         if let Some(expected) = expected {
             let mut hasher = blake3::Hasher::new();
             std::io::copy(
@@ -362,7 +407,153 @@ fn not_regular(name: &Path) -> std::io::Error {
     )
 }
 
+/// A range of a file that one stream is writing; released when dropped, whether or not it
+/// was committed.
+struct Claim {
+    file: Arc<TreeFile>,
+    number: u64,
+    range: Range<u64>,
+}
+
+impl Claim {
+    /// Records the window the range is received into, which another stream's verified copy may
+    /// detach (and wakes such a copy waiting for it).
+    fn register(&self, window: Detachable) {
+        let mut state = self.file.state.lock().expect("part lock");
+        if let Some(w) = state.writing.iter_mut().find(|w| w.claim == self.number) {
+            w.window = Some(window);
+        }
+        drop(state);
+        self.file.written.notify_all();
+    }
+
+    /// Records the range as verified (and journals it), once its bytes are in the part file.
+    /// Returns whether the range is verified: when the claim was detached, only if the copy
+    /// that detached it has been recorded.
+    fn commit(&self, checksum: u64) -> Result<bool, DestinationError> {
+        let f = &self.file;
+        let (start, end) = (self.range.start, self.range.end);
+        let mut state = f.state.lock().expect("part lock");
+        if state
+            .writing
+            .iter()
+            .any(|w| w.claim == self.number && w.detached)
+        {
+            return Ok(state.verified.gaps(&self.range).next().is_none());
+        }
+        if state.journaled {
+            f.journal(&mut state)?
+                .record(start, end - start, checksum)
+                .map_err(io_at(&f.rel))?;
+        }
+        state.verified.insert(start..end);
+        if state.verified.gaps(&(0..f.entry.size)).next().is_none() {
+            // Nothing more will be written: close until the seal.
+            state.part = None;
+            state.journal = None;
+        }
+        Ok(true)
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let mut state = self.file.state.lock().expect("part lock");
+        state.writing.retain(|w| w.claim != self.number);
+        drop(state);
+        self.file.written.notify_all();
+    }
+}
+
+/// A chunk being received straight into its part file through a mapped window. The claim is
+/// released before the window is unmapped (fields drop in order), so a window is only ever
+/// detached while it is mapped.
+pub(super) struct MappedChunk {
+    claim: Claim,
+    window: WriteWindow,
+}
+
+impl MappedChunk {
+    /// Where the chunk's bytes go: read them from the connection into this.
+    pub(super) fn bytes(&mut self) -> &mut [u8] {
+        self.window.for_kernel()
+    }
+
+    /// Checks the received bytes against `checksum`; when they match, records the range as
+    /// verified. Returns whether the range is verified now. A mismatch leaves the range
+    /// unverified (a good copy will overwrite it).
+    pub(super) fn commit(self, checksum: u64) -> Result<bool, DestinationError> {
+        let matched = self
+            .window
+            .guard(|bytes| chunk_checksum(bytes) == checksum)
+            .map_err(|Truncated| self.claim.file.truncated())?;
+        if !matched {
+            return Ok(false);
+        }
+        self.claim.commit(checksum)
+    }
+}
+
 impl TreeFile {
+    /// The error for a part file whose size another process changed (it was made full length).
+    fn truncated(&self) -> DestinationError {
+        DestinationError::Refused(format!(
+            "{}: another process changed the size of the part file while it was being received",
+            self.rel.display()
+        ))
+    }
+
+    /// Claims `range` for writing and returns the part file to write it into, or `None` when
+    /// it already verified (a duplicate) or, unless `verified_copy`, when another stream is
+    /// writing it. A `verified_copy` (its checksum matched already) detaches the windows of
+    /// streams still receiving the range, rather than wait for a stream that may be stalled
+    /// for good, and waits only for a copy being written from memory.
+    fn claim(
+        self: &Arc<Self>,
+        range: Range<u64>,
+        verified_copy: bool,
+    ) -> Result<Option<(Arc<File>, Claim)>, DestinationError> {
+        let mut state: MutexGuard<'_, PartState> = self.state.lock().expect("part lock");
+        loop {
+            if state.verified.gaps(&range).next().is_none() {
+                return Ok(None);
+            }
+            let mut blocked = false;
+            for w in state.writing.iter_mut().filter(|w| w.blocks(&range)) {
+                match w.window {
+                    Some(window) if verified_copy => {
+                        // SAFETY: the window's stream removes its claim, under this lock,
+                        // before it unmaps the window; the claim is here, so it is mapped.
+                        unsafe { window.detach() }.map_err(io_at(&self.rel))?;
+                        w.detached = true;
+                    }
+                    _ if verified_copy => blocked = true,
+                    _ => return Ok(None),
+                }
+            }
+            if !blocked {
+                break;
+            }
+            state = self.written.wait(state).expect("part lock");
+        }
+        let whole = range.start == 0 && range.end == self.entry.size;
+        let part = self.open_part(&mut state, whole)?;
+        state.claims += 1;
+        let number = state.claims;
+        state.writing.push(Writing {
+            claim: number,
+            range: range.clone(),
+            window: None,
+            detached: false,
+        });
+        let claim = Claim {
+            file: self.clone(),
+            number,
+            range,
+        };
+        Ok(Some((part, claim)))
+    }
+
     /// Opens a part file or journal; only a regular file is ever opened, so a device node or
     /// FIFO under that name is neither written nor even opened.
     fn open(&self, name: &Path, create: bool) -> std::io::Result<File> {

@@ -27,7 +27,7 @@ use crate::quic::{QuicServer, QuicStream};
 use crate::tls::ServerIdentity;
 use crate::transport::{self, Transport};
 use crate::wire::{
-    self, chunk_checksum, Frame, FrameReader, Message, Role, SessionLimits, WireError,
+    self, chunk_checksum, ChunkHeader, FrameReader, Head, Message, Role, SessionLimits, WireError,
 };
 
 /// Size of the buffer in front of each connection's socket.
@@ -891,36 +891,38 @@ fn receive_chunks(
         if reader.get_mut().buffer().is_empty() {
             writer.flush().map_err(closed)?;
         }
-        let reply = match reader.read_frame() {
-            Ok(Frame::Chunk(header, data)) => {
+        let reply = match reader.read_head() {
+            Ok(Head::Chunk(header, len)) => {
                 if let Some(message) = session.failure.lock().expect("failure lock").clone() {
                     return fail(&mut writer, message);
                 }
-                if chunk_checksum(data) != header.checksum {
+                let verified = match receive_chunk(session, reader, &header, len) {
+                    Ok(verified) => verified,
+                    Err(ChunkError::Wire(e)) => {
+                        let _ = writer.flush();
+                        return Err(StreamEnd::Closed(e.to_string()));
+                    }
+                    Err(ChunkError::Destination(e)) => return fail(&mut writer, e.to_string()),
+                };
+                if verified {
+                    Message::Ack {
+                        file: header.file,
+                        offset: header.offset,
+                        len: len as u32,
+                    }
+                } else {
                     Message::Nack {
                         file: header.file,
                         offset: header.offset,
                     }
-                } else {
-                    match session
-                        .dest
-                        .write(header.file, header.offset, data, header.checksum)
-                    {
-                        Ok(()) => Message::Ack {
-                            file: header.file,
-                            offset: header.offset,
-                            len: data.len() as u32,
-                        },
-                        Err(e) => return fail(&mut writer, e.to_string()),
-                    }
                 }
             }
-            Ok(Frame::Message(Message::EndOfStream)) => {
+            Ok(Head::Message(Message::EndOfStream)) => {
                 wire::write_message(&mut writer, &Message::EndOfStream)
                     .map_err(|e| StreamEnd::Closed(e.to_string()))?;
                 return writer.flush().map_err(closed);
             }
-            Ok(Frame::Message(other)) => {
+            Ok(Head::Message(other)) => {
                 return fail(
                     &mut writer,
                     format!("unexpected {} on a data stream", auth::name(&other)),
@@ -937,6 +939,46 @@ fn receive_chunks(
         };
         wire::write_message(&mut writer, &reply).map_err(|e| StreamEnd::Closed(e.to_string()))?;
     }
+}
+
+/// How receiving one chunk's payload failed.
+enum ChunkError {
+    /// The connection broke while the payload arrived.
+    Wire(WireError),
+    /// The destination refused or failed to write it.
+    Destination(DestinationError),
+}
+
+/// Reads a chunk's payload (straight into its part file when it is long enough, else into the
+/// reader's buffer), checks it against its checksum and, when it matches, writes and journals
+/// it. Returns whether it matched.
+fn receive_chunk(
+    session: &Session,
+    reader: &mut ConnFrames,
+    header: &ChunkHeader,
+    len: usize,
+) -> Result<bool, ChunkError> {
+    let mapped = session
+        .dest
+        .map_chunk(header.file, header.offset, len)
+        .map_err(ChunkError::Destination)?;
+    if let Some(mut chunk) = mapped {
+        reader
+            .read_payload_into(chunk.bytes())
+            .map_err(ChunkError::Wire)?;
+        return chunk
+            .commit(header.checksum)
+            .map_err(ChunkError::Destination);
+    }
+    let data = reader.read_payload().map_err(ChunkError::Wire)?;
+    if chunk_checksum(data) != header.checksum {
+        return Ok(false);
+    }
+    session
+        .dest
+        .write(header.file, header.offset, data, header.checksum)
+        .map_err(ChunkError::Destination)?;
+    Ok(true)
 }
 
 /// What the receiver does with a peer's manifest before any data: the destination checked and

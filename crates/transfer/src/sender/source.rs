@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::{SendError, Unit};
 use crate::manifest::FileEntry;
+use crate::mapped::{ReadWindow, MAPPED_MIN};
 use crate::wire::chunk_checksum;
 
 /// A file announced to the receiver and not yet settled: what the manifest said of it and
@@ -47,7 +48,7 @@ impl SourceData {
     pub(crate) fn unit_data<'a>(
         &'a self,
         unit: Unit,
-        buf: &'a mut Vec<u8>,
+        buf: &'a mut UnitBuffer,
         open: &mut Option<(u32, File)>,
         locate: impl Fn() -> Result<Arc<SourceFile>, SendError>,
     ) -> Result<(&'a [u8], u64), SendError> {
@@ -71,11 +72,23 @@ impl SourceData {
                         &open.insert((unit.file, handle)).1
                     }
                 };
-                buf.resize(len, 0);
-                if let Err(e) = opened.read_exact_at(buf, unit.offset) {
+                if len >= MAPPED_MIN {
+                    buf.bytes = Vec::new();
+                    let window = ReadWindow::map(opened, unit.offset, len)
+                        .map_err(|e| locate().map_or_else(|e| e, |s| s.read_error(e)))?;
+                    let checksum = window.guard(chunk_checksum).map_err(|_| match locate() {
+                        Ok(source) => SendError::SourceChanged(source.local.display().to_string()),
+                        Err(e) => e,
+                    })?;
+                    let window = buf.window.insert(window);
+                    return Ok((window.for_kernel(), checksum));
+                }
+                buf.window = None;
+                buf.bytes.resize(len, 0);
+                if let Err(e) = opened.read_exact_at(&mut buf.bytes, unit.offset) {
                     return Err(locate()?.read_error(e));
                 }
-                Ok((&buf[..], chunk_checksum(buf)))
+                Ok((&buf.bytes[..], chunk_checksum(&buf.bytes)))
             }
         }
     }
@@ -110,10 +123,19 @@ impl SourceData {
     }
 }
 
+/// A stream's own place for the unit it sends: a read buffer for short units, a mapped window
+/// of the file for long ones (kept until the next unit, after the unit is written).
+#[derive(Default)]
+pub(crate) struct UnitBuffer {
+    bytes: Vec<u8>,
+    window: Option<ReadWindow>,
+}
+
 impl SourceFile {
-    /// The error for a failed read: a file that ended early changed since it was scanned.
+    /// The error for a failed read: a file that ended early (or whose window could not be
+    /// faulted in, `EFAULT`) changed since it was scanned.
     fn read_error(&self, e: std::io::Error) -> SendError {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof || e.raw_os_error() == Some(libc::EFAULT) {
             SendError::SourceChanged(self.local.display().to_string())
         } else {
             SendError::Source(format!("cannot read {}: {e}", self.local.display()))

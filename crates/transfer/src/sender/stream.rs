@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use super::source::UnitBuffer;
 use super::{
     connect, sample_connection, ManagerEvent, SendConfig, SendError, Shared, Unit, CONNECT_TIMEOUT,
     MAX_STREAM_FAILURES,
@@ -390,7 +391,7 @@ fn write_units(
     writer: &mut LinkWriter,
     in_flight: &Mutex<VecDeque<Unit>>,
 ) -> Result<(), StreamFailure> {
-    let mut buf = Vec::new();
+    let mut buf = UnitBuffer::default();
     let mut open = None;
     let broken = |e: wire::WireError| StreamFailure::Broken(e.to_string());
     let in_flight_push = |unit: Option<Unit>| {
