@@ -87,3 +87,22 @@ def test_every_tool_moves_a_small_tree_over_loopback_and_the_wan(tmp_path, capsy
     assert "reproduce: scripts/bench-files" in printed and "memory-to-memory rate" in printed
     assert "checksums on one core: xxh3" in printed and "fastest xfer run" in printed
     assert not [ns for ns in netns.namespaces() if ns.startswith(f"xf{os.getpid() % 100000}")]
+
+
+@needs_root
+def test_on_a_disk_direct_io_leaves_the_page_cache_alone(tmp_path):
+    out = tmp_path / "rows.json"
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    args = ["--datasets", "20x64KiB,1x64MiB", "--paths", "loopback", "--disk", str(disk)]
+    args += ["--tools", "xfer,xfer-direct", "--json", str(out)]
+    assert files.main(args) == 0
+    rows = json.loads(out.read_text())
+    cells = {(r["dataset"], r["tool"]): r for r in rows}
+    assert set(cells) == {(d, t) for d in ("20x64KiB", "1x64MiB") for t in ("xfer", "xfer-direct")}
+    assert all(r["complete"] for r in rows), rows
+    # Through the page cache, the source is read into it and the copy written into it: at least
+    # the file's size more than with direct I/O.
+    buffered, direct = cells[("1x64MiB", "xfer")], cells[("1x64MiB", "xfer-direct")]
+    assert buffered["cache_mib"] - direct["cache_mib"] >= 64, (buffered, direct)
+    assert list(disk.iterdir()) == []

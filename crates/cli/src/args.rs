@@ -319,6 +319,11 @@ pub struct SendArgs {
     /// Also compare a BLAKE3 hash of every whole file end to end.
     #[arg(long, conflicts_with = "mem")]
     pub verify: bool,
+    /// Read the files with direct I/O (O_DIRECT), bypassing the page cache: for parallel file
+    /// systems, and to keep the page cache for other work. A receiver this command starts over
+    /// ssh writes with direct I/O too.
+    #[arg(long, conflicts_with = "mem")]
+    pub direct_io: bool,
     /// Encrypt the control connection and every data stream (TLS 1.3). The key handshake
     /// covers each connection's TLS channel, so no one in the middle can relay it.
     #[arg(long)]
@@ -398,6 +403,11 @@ pub struct RecvArgs {
     /// Close a session when none of its connections has received a byte for this long.
     #[arg(long, default_value = "5m", value_parser = parse_positive_time)]
     pub idle_timeout: Duration,
+    /// Write the files with direct I/O (O_DIRECT), bypassing the page cache: for parallel file
+    /// systems, and to keep the page cache for other work. Refused at start when the root's
+    /// file system does not support it.
+    #[arg(long)]
+    pub direct_io: bool,
     /// Close a connection that has not authenticated (and sent its manifest) within this.
     #[arg(long, default_value = "30s", value_parser = parse_positive_time)]
     pub handshake_timeout: Duration,

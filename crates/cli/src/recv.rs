@@ -30,6 +30,7 @@ pub fn run(args: RecvArgs) -> anyhow::Result<()> {
     config.handshake_timeout = args.handshake_timeout;
     config.require_encryption = args.encrypt;
     config.transport = args.transport;
+    config.direct_io = args.direct_io;
     let receiver = Receiver::bind(&args.listen, config)?;
     tracing::info!("serving over {}", receiver.transport());
     let addr = receiver.local_addr().context("reading the bound address")?;

@@ -94,6 +94,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
                 dir: dir.clone(),
                 remote_xfer: args.remote_xfer.clone(),
                 transport: args.transport,
+                direct_io: args.direct_io,
             };
             (Receiver::OverSsh(start), dir, String::new())
         }
@@ -177,6 +178,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         streams: initial as usize,
         unit_size: args.unit_size,
         verify: args.verify,
+        direct_io: args.direct_io,
         stream_rate_cap,
         unsent_limit: args.unsent_limit,
         encrypt: args.encrypt,

@@ -31,6 +31,8 @@ pub struct SshStart {
     pub remote_xfer: String,
     /// What the remote receiver listens for.
     pub transport: Transport,
+    /// The remote receiver writes with direct I/O.
+    pub direct_io: bool,
 }
 
 /// A receiver started over ssh for one session.
@@ -102,8 +104,9 @@ impl SshStart {
             IpAddr::V6(_) => "[::]:0",
         };
         let dir = if self.dir.is_empty() { "." } else { &self.dir };
+        let direct = if self.direct_io { " --direct-io" } else { "" };
         format!(
-            "{} recv --over-ssh --listen {listen} --transport {} --root {}",
+            "{} recv --over-ssh --listen {listen} --transport {}{direct} --root {}",
             self.remote_xfer,
             self.transport,
             shell_words::quote(dir)
@@ -246,6 +249,7 @@ mod tests {
             dir: dir.into(),
             remote_xfer: remote_xfer.into(),
             transport: Transport::Tcp,
+            direct_io: false,
         }
     }
 
@@ -268,5 +272,12 @@ mod tests {
             ..start("d", "xfer")
         };
         assert!(mptcp.remote_command(v4).contains(" --transport mptcp "));
+        let direct = SshStart {
+            direct_io: true,
+            ..start("d", "xfer")
+        };
+        assert!(direct
+            .remote_command(v4)
+            .ends_with(" --transport tcp --direct-io --root d"));
     }
 }

@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+mod direct_io;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod journal;

@@ -235,6 +235,35 @@ fn chunks_outside_their_file_or_too_large_end_the_stream_with_an_error() {
     assert!(!root.path().join("ten").exists());
 }
 
+/// Once a chunk failed its session, a chunk on another of its streams is answered with the same
+/// error. (It used to deadlock that stream's thread on the lock of the failure, which kept the
+/// session, and the paths it claimed, for good.)
+#[test]
+fn after_a_session_failed_its_other_streams_are_told_why() {
+    let root = tempfile::tempdir().unwrap();
+    let addr = start(root.path());
+    let (_control, welcomed, _) = open_session(&addr, manifest(vec![entry(b"ten", 10)], vec![]));
+    let (mut failing, mut failing_writer) = join(&addr, &welcomed).unwrap();
+    let (mut other, mut other_writer) = join(&addr, &welcomed).unwrap();
+    let data = [7u8; 10];
+    write_chunk(&mut failing_writer, &chunk(&data, 5), &data).unwrap();
+    let reply = failing.read_message().unwrap();
+    assert!(
+        matches!(&reply, Message::Error { message } if message.contains("outside")),
+        "{reply:?}"
+    );
+    // The socket's timeout covers its reading half too.
+    other_writer
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write_chunk(&mut other_writer, &chunk(&data, 0), &data).unwrap();
+    let reply = other.read_message().expect("an answer, not silence");
+    assert!(
+        matches!(&reply, Message::Error { message } if message.contains("outside")),
+        "{reply:?}"
+    );
+}
+
 #[test]
 fn corrupted_chunks_are_nacked_and_early_seals_refused() {
     let root = tempfile::tempdir().unwrap();

@@ -26,8 +26,15 @@ fn build_tree(dir: &Path) -> u64 {
 }
 
 /// Starts `xfer send PATH` with `streams` streams each paced to `mbit` Mbit/s and 1 MiB units, so
-/// that a kill or a change lands mid-transfer. Stderr is piped for the caller to read.
-fn start_paced_send(receiver: &Receiver, path: &Path, streams: u64, mbit: u32) -> Child {
+/// that a kill or a change lands mid-transfer, and the `extra` options. Stderr is piped for the
+/// caller to read.
+fn start_paced_send(
+    receiver: &Receiver,
+    path: &Path,
+    streams: u64,
+    mbit: u32,
+    extra: &[&str],
+) -> Child {
     xfer()
         .arg("send")
         .arg(path)
@@ -40,6 +47,7 @@ fn start_paced_send(receiver: &Receiver, path: &Path, streams: u64, mbit: u32) -
             "--stream-rate-cap",
             &mbit.to_string(),
         ])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -47,8 +55,8 @@ fn start_paced_send(receiver: &Receiver, path: &Path, streams: u64, mbit: u32) -
 }
 
 /// Starts the standard interrupted transfer of `tree` (about 4 x 400 Mbit/s).
-fn start_slow_send(receiver: &Receiver, tree: &Path) -> Child {
-    start_paced_send(receiver, tree, STREAMS, 400)
+fn start_slow_send(receiver: &Receiver, tree: &Path, extra: &[&str]) -> Child {
+    start_paced_send(receiver, tree, STREAMS, 400, extra)
 }
 
 /// Bytes of `tree` that the receiver holds verifiably under `dest`: complete files plus the
@@ -105,22 +113,29 @@ fn wait_for_session_end(receiver: &Receiver) {
     std::thread::sleep(Duration::from_millis(200));
 }
 
-/// Re-runs the send and checks it moved only what was missing and ended identical.
-fn rerun_and_check(receiver: &Receiver, src: &Path, root: &Path, total: u64) {
+/// Re-runs the send with units of `unit_size` (at most [`UNIT`]) and the `extra` options, and
+/// checks it moved only what was missing and ended identical.
+fn rerun_and_check(
+    receiver: &Receiver,
+    src: &Path,
+    root: &Path,
+    total: u64,
+    unit_size: &str,
+    extra: &[&str],
+) {
     let tree = src.join("tree");
     let missing = total - bytes_held(&tree, &root.join("tree"));
-    let out = ok(send(
-        receiver,
-        &[
-            tree.to_str().unwrap(),
-            &receiver.addr,
-            "--streams",
-            &STREAMS.to_string(),
-            "--unit-size",
-            "1MiB",
-            "--json",
-        ],
-    ));
+    let streams = STREAMS.to_string();
+    let args = [
+        tree.to_str().unwrap(),
+        &receiver.addr,
+        "--streams",
+        &streams,
+        "--unit-size",
+        unit_size,
+        "--json",
+    ];
+    let out = ok(send(receiver, &[&args[..], extra].concat()));
     let summary = summary(&out);
     let (sent, skipped) = (
         summary["bytes"].as_u64().unwrap(),
@@ -147,7 +162,7 @@ fn sender_killed_at_a_random_point_then_rerun_sends_only_what_is_missing() {
     let root = tempfile::tempdir().unwrap();
     let total = build_tree(&src.path().join("tree"));
     let receiver = Receiver::start(root.path());
-    let mut sender = start_slow_send(&receiver, &src.path().join("tree"));
+    let mut sender = start_slow_send(&receiver, &src.path().join("tree"), &[]);
     std::thread::sleep(random_delay(seed(), 200, 900));
     sender.kill().unwrap();
     sender.wait().unwrap();
@@ -159,7 +174,7 @@ fn sender_killed_at_a_random_point_then_rerun_sends_only_what_is_missing() {
         }),
         "a complete-looking file on the receiver differs from its source"
     );
-    rerun_and_check(&receiver, src.path(), root.path(), total);
+    rerun_and_check(&receiver, src.path(), root.path(), total, "1MiB", &[]);
 }
 
 #[test]
@@ -177,7 +192,7 @@ fn receiver_killed_at_a_random_point_then_rerun_sends_only_what_is_missing() {
     let total = build_tree(&src.path().join("tree"));
     let mut receiver =
         Receiver::start_with(root.path(), &["--key-file", key_file.to_str().unwrap()]);
-    let sender = start_slow_send(&receiver, &src.path().join("tree"));
+    let sender = start_slow_send(&receiver, &src.path().join("tree"), &[]);
     std::thread::sleep(random_delay(seed(), 200, 900));
     receiver.kill();
     let out = sender.wait_with_output().unwrap();
@@ -187,7 +202,7 @@ fn receiver_killed_at_a_random_point_then_rerun_sends_only_what_is_missing() {
         "expected one error line, got: {stderr}"
     );
     let receiver = Receiver::start_with(root.path(), &["--key-file", key_file.to_str().unwrap()]);
-    rerun_and_check(&receiver, src.path(), root.path(), total);
+    rerun_and_check(&receiver, src.path(), root.path(), total, "1MiB", &[]);
 }
 
 #[test]
@@ -197,7 +212,7 @@ fn a_source_changed_since_the_interrupted_attempt_is_sent_again_whole() {
     let file = src.path().join("data.bin");
     write_data(&file, 64 * MIB, 5);
     let receiver = Receiver::start(root.path());
-    let mut sender = start_paced_send(&receiver, &file, 2, 80);
+    let mut sender = start_paced_send(&receiver, &file, 2, 80, &[]);
     let part = PartPaths::for_final(&root.path().join("data.bin"));
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::fs::metadata(&part.journal)
@@ -233,7 +248,7 @@ fn a_source_changed_during_the_transfer_is_detected_and_not_put_in_place() {
     let file = src.path().join("growing.log");
     write_data(&file, 32 * MIB, 9);
     let receiver = Receiver::start(root.path());
-    let sender = start_paced_send(&receiver, &file, 1, 80);
+    let sender = start_paced_send(&receiver, &file, 1, 80, &[]);
     std::thread::sleep(Duration::from_millis(500));
     set_mtime(&file, 1_600_000_000, 0);
     let stderr = fails(sender.wait_with_output().unwrap());
@@ -246,34 +261,66 @@ fn a_source_changed_during_the_transfer_is_detected_and_not_put_in_place() {
 }
 
 /// A source cut short by another process while its units are sent (from mapped windows of the
-/// file): the sender stops with a clear error, not killed by SIGBUS, and nothing is put in place.
+/// file, or with direct reads): the sender stops with a clear error, not killed by SIGBUS, and
+/// nothing is put in place.
 #[test]
 fn a_source_truncated_during_the_transfer_is_detected_and_not_put_in_place() {
+    for extra in [&[][..], &["--direct-io"]] {
+        let src = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let file = src.path().join("shrinking.bin");
+        write_data(&file, 32 * MIB, 10);
+        let receiver = Receiver::start(root.path());
+        let sender = start_paced_send(&receiver, &file, 1, 80, extra);
+        std::thread::sleep(Duration::from_millis(500));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_len(4 * MIB)
+            .unwrap();
+        let out = sender.wait_with_output().unwrap();
+        assert!(
+            out.status.code().is_some(),
+            "{extra:?}: killed by a signal: {:?}",
+            out.status
+        );
+        let stderr = fails(out);
+        assert!(
+            stderr.contains("changed during the transfer"),
+            "{extra:?}: {stderr}"
+        );
+        assert!(
+            complete_looking_files(root.path()).is_empty(),
+            "{extra:?}: {:?}",
+            complete_looking_files(root.path())
+        );
+    }
+}
+
+/// With direct I/O on both ends: a sender killed mid-transfer and run again with another unit
+/// size (so that its chunks start off the blocks direct I/O writes, and go through the page
+/// cache beside direct writes) and `--verify` (whole-file hashes read directly) sends only what
+/// is missing, and the tree arrives identical, odd tails included.
+#[test]
+fn with_direct_io_a_killed_sender_resumes_with_another_unit_size_and_the_tree_arrives_whole() {
     let src = tempfile::tempdir().unwrap();
     let root = tempfile::tempdir().unwrap();
-    let file = src.path().join("shrinking.bin");
-    write_data(&file, 32 * MIB, 10);
-    let receiver = Receiver::start(root.path());
-    let sender = start_paced_send(&receiver, &file, 1, 80);
-    std::thread::sleep(Duration::from_millis(500));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&file)
-        .unwrap()
-        .set_len(4 * MIB)
-        .unwrap();
-    let out = sender.wait_with_output().unwrap();
-    assert!(
-        out.status.code().is_some(),
-        "killed by a signal: {:?}",
-        out.status
-    );
-    let stderr = fails(out);
-    assert!(stderr.contains("changed during the transfer"), "{stderr}");
-    assert!(
-        complete_looking_files(root.path()).is_empty(),
-        "{:?}",
-        complete_looking_files(root.path())
+    let total = build_tree(&src.path().join("tree"));
+    let receiver = Receiver::start_with(root.path(), &["--direct-io"]);
+    let mut sender = start_slow_send(&receiver, &src.path().join("tree"), &["--direct-io"]);
+    std::thread::sleep(random_delay(seed(), 200, 900));
+    sender.kill().unwrap();
+    sender.wait().unwrap();
+    wait_for_session_end(&receiver);
+    let odd_unit = (UNIT - 4321).to_string();
+    rerun_and_check(
+        &receiver,
+        src.path(),
+        root.path(),
+        total,
+        &odd_unit,
+        &["--direct-io", "--verify"],
     );
 }
 

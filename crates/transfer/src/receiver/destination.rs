@@ -134,6 +134,8 @@ pub struct Placement<'a> {
     pub active: &'a Arc<ActivePaths>,
     /// Most files held unsealed at once.
     pub max_unsealed: usize,
+    /// Write files with direct I/O ([`crate::direct_io`]).
+    pub direct_io: bool,
 }
 
 impl Destination {
@@ -185,6 +187,11 @@ impl Destination {
             Destination::Files(t) => t.map_chunk(file, offset, len),
             Destination::Discard(_) => Ok(None),
         }
+    }
+
+    /// Whether chunks are written with direct I/O (and are best received into aligned memory).
+    pub(super) fn writes_direct(&self) -> bool {
+        matches!(self, Destination::Files(t) if t.writes_direct())
     }
 
     /// Finalises a file whose chunks all arrived; `blake3` is the sender's whole-file hash.
@@ -265,8 +272,9 @@ pub(super) fn require_complete(
     }
 }
 
-/// Checks at start-up that `root` is a directory this process can create files in.
-pub fn check_root_writable(root: &Path) -> std::io::Result<PathBuf> {
+/// Checks at start-up that `root` is a directory this process can create files in (and, with
+/// `direct_io`, open them for direct I/O).
+pub fn check_root_writable(root: &Path, direct_io: bool) -> std::io::Result<PathBuf> {
     let root = std::fs::canonicalize(root)?;
     if !root.is_dir() {
         return Err(std::io::Error::new(
@@ -280,7 +288,18 @@ pub fn check_root_writable(root: &Path) -> std::io::Result<PathBuf> {
         .create_new(true)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&probe)?;
+    let direct = if direct_io {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | crate::direct_io::O_DIRECT)
+            .open(&probe)
+            .map(drop)
+            .map_err(crate::direct_io::open_error)
+    } else {
+        Ok(())
+    };
     std::fs::remove_file(&probe)?;
+    direct?;
     Ok(root)
 }
 

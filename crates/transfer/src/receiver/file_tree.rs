@@ -13,7 +13,7 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::ops::Range;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt as _, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -24,6 +24,7 @@ use super::announced::Announced;
 use super::destination::{
     chunk_end, require_complete, ActivePaths, DestinationError, Placement, CLAIM_WAIT,
 };
+use crate::direct_io;
 use crate::journal::{Journal, PartPaths, SourceIdentity};
 use crate::manifest::{split_relative, DirEntry, FileEntry, ManifestBatch, PathError, Timestamp};
 use crate::mapped::{Detachable, Truncated, WriteWindow, MAPPED_MIN};
@@ -48,6 +49,8 @@ struct TreeFile {
     state: Mutex<PartState>,
     /// Signalled when a range stops being written.
     written: Condvar,
+    /// Write the part file with direct I/O.
+    direct: bool,
 }
 
 /// A file's part file and journal (open while chunks are due), and which byte ranges verified.
@@ -58,7 +61,7 @@ struct PartState {
     started: bool,
     /// The file has a journal: it arrives in several chunks.
     journaled: bool,
-    part: Option<Arc<File>>,
+    part: Option<Arc<PartFile>>,
     journal: Option<Journal>,
     verified: RangeSet<u64>,
     /// Ranges streams are writing now, so that a copy that fails its checksum never lands over
@@ -66,6 +69,24 @@ struct PartState {
     writing: Vec<Writing>,
     /// Claims made so far (each gets its number).
     claims: u64,
+}
+
+/// An open part file.
+struct PartFile {
+    file: File,
+    /// The same file opened for direct I/O, when the receiver writes that way.
+    direct: Option<File>,
+}
+
+impl PartFile {
+    /// Writes `data` at `offset`, directly where the receiver writes that way and the data is
+    /// aligned ([`direct_io::write_at`]).
+    fn write_at(&self, data: &[u8], offset: u64) -> std::io::Result<()> {
+        match &self.direct {
+            Some(direct) => direct_io::write_at(direct, &self.file, data, offset),
+            None => self.file.write_all_at(data, offset),
+        }
+    }
 }
 
 /// A range one stream is writing.
@@ -98,6 +119,8 @@ pub struct FileTree {
     dirs: Mutex<Vec<(PathBuf, DirEntry)>>,
     files: Announced<TreeFile>,
     active: Arc<ActivePaths>,
+    /// Write with direct I/O.
+    direct: bool,
 }
 
 impl Drop for FileTree {
@@ -143,7 +166,13 @@ impl FileTree {
             dirs: Mutex::default(),
             files: Announced::new(placement.max_unsealed),
             active: placement.active.clone(),
+            direct: placement.direct_io,
         })
+    }
+
+    /// Whether chunks are written with direct I/O.
+    pub(super) fn writes_direct(&self) -> bool {
+        self.direct
     }
 
     /// Takes a batch of the manifest: checks every path, claims its files against other
@@ -226,6 +255,7 @@ impl FileTree {
                 names,
                 state: Mutex::default(),
                 written: Condvar::new(),
+                direct: self.direct,
             };
             if fresh {
                 prepared.push((FileStatus::Missing, file));
@@ -258,21 +288,22 @@ impl FileTree {
         let Some((part, claim)) = f.claim(offset..end, true)? else {
             return Ok(());
         };
-        part.write_all_at(data, offset).map_err(io_at(&f.rel))?;
+        part.write_at(data, offset).map_err(io_at(&f.rel))?;
         claim.commit(checksum).map(drop)
     }
 
     /// A window of `file`'s part file to receive a chunk of `len` bytes at `offset` straight
     /// into, or `None` when the chunk is better read into a buffer and given to
-    /// [`FileTree::write`]: it is short, its file is sealed, it already verified, another
-    /// stream is writing it, or the part file cannot be mapped.
+    /// [`FileTree::write`]: it is short, the receiver writes with direct I/O, its file is
+    /// sealed, it already verified, another stream is writing it, or the part file cannot be
+    /// mapped.
     pub(super) fn map_chunk(
         &self,
         file: u32,
         offset: u64,
         len: usize,
     ) -> Result<Option<MappedChunk>, DestinationError> {
-        if len < MAPPED_MIN {
+        if len < MAPPED_MIN || self.direct {
             return Ok(None);
         }
         let Some(f) = self.files.get(file)? else {
@@ -282,12 +313,12 @@ impl FileTree {
         let Some((part, claim)) = f.claim(offset..end, false)? else {
             return Ok(None);
         };
-        match WriteWindow::map(&part, offset, len) {
+        match WriteWindow::map(&part.file, offset, len) {
             Ok(window) => {
                 claim.register(window.detachable());
                 Ok(Some(MappedChunk { claim, window }))
             }
-            Err(_) if part.metadata().is_ok_and(|m| m.len() < end) => Err(f.truncated()),
+            Err(_) if part.file.metadata().is_ok_and(|m| m.len() < end) => Err(f.truncated()),
             Err(e) => {
                 tracing::debug!(
                     "{}: receiving through a buffer, the part file cannot be mapped: {e}",
@@ -310,18 +341,17 @@ impl FileTree {
         let mut state = f.state.lock().expect("part lock");
         require_complete(&state.verified, f.entry.size, &f.rel.display().to_string())?;
         // Made here for an empty file, which no chunk started.
-        let part = f.open_part(&mut state, true)?;
+        let part_file = f.open_part(&mut state, true)?;
+        let part = &part_file.file;
         if part.metadata().map_err(&io)?.len() != f.entry.size {
             return Err(f.truncated());
         }
         if let Some(expected) = expected {
-            let mut hasher = blake3::Hasher::new();
-            std::io::copy(
-                &mut std::io::BufReader::with_capacity(1 << 20, &*part),
-                &mut hasher,
-            )
-            .map_err(&io)?;
-            if hasher.finalize() != blake3::Hash::from(expected) {
+            let hash = match &part_file.direct {
+                Some(direct) => direct_io::blake3_of(direct, true),
+                None => direct_io::blake3_of(part, false),
+            };
+            if hash.map_err(&io)? != blake3::Hash::from(expected) {
                 return Err(DestinationError::Refused(format!(
                     "{}: end-to-end BLAKE3 differs from the sender's; the file was not put in place",
                     f.rel.display()
@@ -386,13 +416,14 @@ fn open_dir_for_metadata(root: &Dir, rel: &Path) -> std::io::Result<File> {
 
 /// Options for opening a part file or journal in its directory: read-write, never through a
 /// symbolic link, never blocking (on a FIFO someone left there), private until renamed into
-/// place.
-fn part_options(create: bool) -> OpenOptions {
+/// place; with `direct`, for direct I/O.
+fn part_options(create: bool, direct: bool) -> OpenOptions {
     let mut options = OpenOptions::new();
     options.read(true).write(true).create(create);
+    let direct = if direct { direct_io::O_DIRECT } else { 0 };
     options
         .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | direct);
     options
 }
 
@@ -512,7 +543,7 @@ impl TreeFile {
         self: &Arc<Self>,
         range: Range<u64>,
         verified_copy: bool,
-    ) -> Result<Option<(Arc<File>, Claim)>, DestinationError> {
+    ) -> Result<Option<(Arc<PartFile>, Claim)>, DestinationError> {
         let mut state: MutexGuard<'_, PartState> = self.state.lock().expect("part lock");
         loop {
             if state.verified.gaps(&range).next().is_none() {
@@ -557,12 +588,17 @@ impl TreeFile {
     /// Opens a part file or journal; only a regular file is ever opened, so a device node or
     /// FIFO under that name is neither written nor even opened.
     fn open(&self, name: &Path, create: bool) -> std::io::Result<File> {
+        self.open_with(name, &part_options(create, false))
+    }
+
+    /// [`TreeFile::open`] with the given options.
+    fn open_with(&self, name: &Path, options: &OpenOptions) -> std::io::Result<File> {
         if let Ok(meta) = self.dir.symlink_metadata(name) {
             if !meta.is_file() {
                 return Err(not_regular(name));
             }
         }
-        let file = self.dir.open_with(name, &part_options(create))?.into_std();
+        let file = self.dir.open_with(name, options)?.into_std();
         // The name may have been swapped between the check and the open.
         if !file.metadata()?.is_file() {
             return Err(not_regular(name));
@@ -573,7 +609,11 @@ impl TreeFile {
     /// The open part file. The first chunk creates it (preallocated, so a full disk shows at
     /// once) with a journal beside it unless that chunk is the `whole` of a small file; later
     /// ones reopen it if it was closed.
-    fn open_part(&self, state: &mut PartState, whole: bool) -> Result<Arc<File>, DestinationError> {
+    fn open_part(
+        &self,
+        state: &mut PartState,
+        whole: bool,
+    ) -> Result<Arc<PartFile>, DestinationError> {
         if let Some(part) = &state.part {
             return Ok(part.clone());
         }
@@ -589,7 +629,24 @@ impl TreeFile {
             }
             state.started = true;
         }
-        let part = Arc::new(part);
+        let direct = if self.direct {
+            let options = part_options(false, true);
+            let direct = self
+                .open_with(&self.names.part, &options)
+                .map_err(|e| io(direct_io::open_error(e)))?;
+            // The name may have been given to another file between the two opens.
+            let inode = |f: &File| f.metadata().map(|m| (m.dev(), m.ino()));
+            if inode(&direct).map_err(&io)? != inode(&part).map_err(&io)? {
+                return Err(DestinationError::Refused(format!(
+                    "{}: another process replaced the part file while it was being opened",
+                    self.rel.display()
+                )));
+            }
+            Some(direct)
+        } else {
+            None
+        };
+        let part = Arc::new(PartFile { file: part, direct });
         state.part = Some(part.clone());
         Ok(part)
     }
@@ -791,6 +848,7 @@ mod tests {
             owner: [0; 16],
             active: &active,
             max_unsealed: 1,
+            direct_io: false,
         })
         .unwrap();
         let (first, plan) = tree.add_batch(&batch).unwrap();

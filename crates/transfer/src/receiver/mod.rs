@@ -22,6 +22,7 @@ use destination::{ActivePaths, Destination, DestinationError, Placement};
 use reader::{Activity, ConnReader, Source};
 
 use crate::auth::{self, random_bytes, ChannelBinding, SessionKey};
+use crate::direct_io::AlignedBuffer;
 use crate::link::{self, Connection, LinkReader, LinkWriter};
 use crate::quic::{QuicServer, QuicStream};
 use crate::tls::ServerIdentity;
@@ -74,12 +75,17 @@ pub struct ReceiverConfig {
     /// UDP port of the same number besides TCP (which carries every session's control
     /// connection, and serves TCP senders too).
     pub transport: Transport,
+    /// Write received files with direct I/O (`O_DIRECT`), bypassing the page cache: for
+    /// parallel file systems, and so that transfers do not fill this host's page cache. The
+    /// receiver refuses to start when its root's file system does not support it.
+    pub direct_io: bool,
 }
 
 impl ReceiverConfig {
     /// Defaults: 256 streams per session, 16 MiB chunks, 4 GiB of buffers per session,
     /// 32 sessions, 64 MiB manifest batches, 262,144 unsealed files, 64 connections in their
-    /// handshake, a 30 s handshake and a 5 min idle timeout; plain and encrypted sessions; TCP.
+    /// handshake, a 30 s handshake and a 5 min idle timeout; plain and encrypted sessions; TCP;
+    /// writes through the page cache.
     pub fn new(root: PathBuf, key: SessionKey) -> Self {
         ReceiverConfig {
             root,
@@ -97,6 +103,7 @@ impl ReceiverConfig {
             idle_timeout: Duration::from_secs(300),
             require_encryption: false,
             transport: Transport::Tcp,
+            direct_io: false,
         }
     }
 
@@ -131,7 +138,8 @@ pub enum ReceiverError {
         /// The cause (address in use, permission denied, ...).
         source: std::io::Error,
     },
-    /// The root directory is missing or not writable.
+    /// The root directory is missing or not writable (or, with direct I/O, on a file system
+    /// that does not support it).
     #[error("receiver root {path} is not a writable directory: {source}")]
     Root {
         /// The root given.
@@ -217,7 +225,8 @@ pub struct Receiver {
 impl Receiver {
     /// Checks the root, binds `addr`, and returns the receiver (nothing is served until `serve`).
     pub fn bind(addr: &str, mut config: ReceiverConfig) -> Result<Receiver, ReceiverError> {
-        config.root = check_root_writable(&config.root).map_err(|source| ReceiverError::Root {
+        let root = check_root_writable(&config.root, config.direct_io);
+        config.root = root.map_err(|source| ReceiverError::Root {
             path: config.root.display().to_string(),
             source,
         })?;
@@ -581,6 +590,7 @@ fn serve_session(
         owner: id,
         active: &shared.active_paths,
         max_unsealed: config.max_unsealed,
+        direct_io: config.direct_io,
     };
     let dest = match Destination::open(placement, sink) {
         Ok(dest) => dest,
@@ -872,6 +882,7 @@ fn receive_chunks(
 ) -> Result<(), StreamEnd> {
     let closed = |e: std::io::Error| StreamEnd::Closed(e.to_string());
     let mut writer = BufWriter::with_capacity(REPLY_BUFFER, writer);
+    let mut aligned = AlignedBuffer::default();
     let fail = |writer: &mut BufWriter<&mut LinkWriter>, message: String| {
         session
             .failure
@@ -893,10 +904,13 @@ fn receive_chunks(
         }
         let reply = match reader.read_head() {
             Ok(Head::Chunk(header, len)) => {
-                if let Some(message) = session.failure.lock().expect("failure lock").clone() {
+                // Bound first: a guard in the `if let` would be held through `fail`, which
+                // locks again.
+                let failed = session.failure.lock().expect("failure lock").clone();
+                if let Some(message) = failed {
                     return fail(&mut writer, message);
                 }
-                let verified = match receive_chunk(session, reader, &header, len) {
+                let verified = match receive_chunk(session, reader, &mut aligned, &header, len) {
                     Ok(verified) => verified,
                     Err(ChunkError::Wire(e)) => {
                         let _ = writer.flush();
@@ -950,11 +964,12 @@ enum ChunkError {
 }
 
 /// Reads a chunk's payload (straight into its part file when it is long enough, else into the
-/// reader's buffer), checks it against its checksum and, when it matches, writes and journals
-/// it. Returns whether it matched.
+/// reader's buffer, or into `aligned` memory for direct I/O), checks it against its checksum
+/// and, when it matches, writes and journals it. Returns whether it matched.
 fn receive_chunk(
     session: &Session,
     reader: &mut ConnFrames,
+    aligned: &mut AlignedBuffer,
     header: &ChunkHeader,
     len: usize,
 ) -> Result<bool, ChunkError> {
@@ -970,7 +985,20 @@ fn receive_chunk(
             .commit(header.checksum)
             .map_err(ChunkError::Destination);
     }
-    let data = reader.read_payload().map_err(ChunkError::Wire)?;
+    // Memory that cannot be had for direct I/O leaves the chunk to be written through the
+    // page cache.
+    let direct = if session.dest.writes_direct() {
+        aligned.get(len).ok()
+    } else {
+        None
+    };
+    let data = match direct {
+        Some(buf) => {
+            reader.read_payload_into(buf).map_err(ChunkError::Wire)?;
+            buf
+        }
+        None => reader.read_payload().map_err(ChunkError::Wire)?,
+    };
     if chunk_checksum(data) != header.checksum {
         return Ok(false);
     }
@@ -997,6 +1025,7 @@ pub(crate) fn prepare_for_fuzzing(
         owner: [0; 16],
         active: &active,
         max_unsealed: 1 << 10,
+        direct_io: false,
     };
     let destination = Destination::open(placement, crate::manifest::SinkKind::Files)
         .map_err(|e| e.to_string())?;

@@ -80,6 +80,10 @@ pub struct SendConfig {
     pub unit_size: u32,
     /// Also compare a BLAKE3 hash of each whole file end to end.
     pub verify: bool,
+    /// Read source files with direct I/O (`O_DIRECT`), bypassing the page cache: for parallel
+    /// file systems, and so that a transfer does not fill this host's page cache. A file whose
+    /// file system does not support it fails the transfer with that reason.
+    pub direct_io: bool,
     /// Cap on each stream's sending rate in bytes per second (`SO_MAX_PACING_RATE`, enforced by
     /// TCP's own pacing), as paper 001 throttles each stream; `None`: no cap.
     pub stream_rate_cap: Option<u64>,
@@ -594,7 +598,9 @@ impl Transfer {
                     .map_err(source_err)?;
                 (
                     first,
-                    SourceData::Files,
+                    SourceData::Files {
+                        direct: config.direct_io,
+                    },
                     Some(scanner),
                     dest,
                     SinkKind::Files,

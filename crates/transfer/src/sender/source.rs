@@ -1,11 +1,12 @@
 //! Reading a unit's bytes on the sender: from a file, or from a generated pattern.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{SendError, Unit};
+use crate::direct_io::{self, AlignedBuffer};
 use crate::manifest::FileEntry;
 use crate::mapped::{ReadWindow, MAPPED_MIN};
 use crate::wire::chunk_checksum;
@@ -21,7 +22,10 @@ pub(crate) struct SourceFile {
 /// Where unit bytes come from.
 pub(crate) enum SourceData {
     /// Local files, at their [`SourceFile::local`] paths.
-    Files,
+    Files {
+        /// Read them with direct I/O ([`crate::direct_io`]), not through the page cache.
+        direct: bool,
+    },
     /// A pseudo-random block reused for every unit; its checksum is computed once.
     Pattern {
         /// The block, one unit long.
@@ -63,17 +67,23 @@ impl SourceData {
                 })?;
                 Ok((data, chunk_checksum(data)))
             }
-            SourceData::Files => {
+            SourceData::Files { direct } => {
                 let opened = match open {
                     Some((file, handle)) if *file == unit.file => handle,
                     _ => {
                         let source = locate()?;
-                        let handle = File::open(&source.local).map_err(|e| source.read_error(e))?;
+                        let handle = open_source(&source.local, *direct)
+                            .map_err(|e| source.open_error(e, *direct))?;
                         &open.insert((unit.file, handle)).1
                     }
                 };
+                if *direct {
+                    buf.window = None;
+                    let data = direct_io::read_at(opened, unit.offset, len, &mut buf.aligned)
+                        .map_err(|e| locate().map_or_else(|e| e, |s| s.read_error(e)))?;
+                    return Ok((data, chunk_checksum(data)));
+                }
                 if len >= MAPPED_MIN {
-                    buf.bytes = Vec::new();
                     let window = ReadWindow::map(opened, unit.offset, len)
                         .map_err(|e| locate().map_or_else(|e| e, |s| s.read_error(e)))?;
                     let checksum = window.guard(chunk_checksum).map_err(|_| match locate() {
@@ -99,7 +109,7 @@ impl SourceData {
         source: &SourceFile,
         hash: bool,
     ) -> Result<Option<[u8; 32]>, SendError> {
-        let SourceData::Files = self else {
+        let SourceData::Files { direct } = *self else {
             return Ok(None);
         };
         let (path, entry) = (&source.local, &source.entry);
@@ -111,27 +121,40 @@ impl SourceData {
         if !hash {
             return Ok(None);
         }
-        let mut hasher = blake3::Hasher::new();
-        let file_handle = File::open(path)
-            .map_err(|e| SendError::Source(format!("cannot read {}: {e}", path.display())))?;
-        std::io::copy(
-            &mut std::io::BufReader::with_capacity(1 << 20, file_handle),
-            &mut hasher,
-        )
-        .map_err(|e| SendError::Source(format!("cannot read {}: {e}", path.display())))?;
-        Ok(Some(*hasher.finalize().as_bytes()))
+        let unreadable = |e| SendError::Source(format!("cannot read {}: {e}", path.display()));
+        let file = open_source(path, direct).map_err(unreadable)?;
+        let hash = direct_io::blake3_of(&file, direct).map_err(unreadable)?;
+        Ok(Some(*hash.as_bytes()))
     }
 }
 
 /// A stream's own place for the unit it sends: a read buffer for short units, a mapped window
-/// of the file for long ones (kept until the next unit, after the unit is written).
+/// of the file for long ones (kept until the next unit, after the unit is written), aligned
+/// memory for direct reads.
 #[derive(Default)]
 pub(crate) struct UnitBuffer {
     bytes: Vec<u8>,
     window: Option<ReadWindow>,
+    aligned: AlignedBuffer,
+}
+
+/// Opens a source file for reading, with direct I/O when asked.
+fn open_source(path: &Path, direct: bool) -> std::io::Result<File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    if direct {
+        options.custom_flags(direct_io::O_DIRECT);
+    }
+    options.open(path)
 }
 
 impl SourceFile {
+    /// The error for a file that cannot be opened.
+    fn open_error(&self, e: std::io::Error, direct: bool) -> SendError {
+        let e = if direct { direct_io::open_error(e) } else { e };
+        SendError::Source(format!("cannot read {}: {e}", self.local.display()))
+    }
+
     /// The error for a failed read: a file that ended early (or whose window could not be
     /// faulted in, `EFAULT`) changed since it was scanned.
     fn read_error(&self, e: std::io::Error) -> SendError {
