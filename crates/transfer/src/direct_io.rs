@@ -9,6 +9,7 @@
 
 use std::fs::File;
 use std::io::{Error, ErrorKind};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 
 use memmap2::MmapMut;
@@ -31,6 +32,44 @@ pub(crate) fn open_error(e: Error) -> Error {
     } else {
         e
     }
+}
+
+/// Checks that `file`, opened with [`O_DIRECT`], takes direct I/O aligned to [`DIRECT_ALIGN`],
+/// where its file system says what it needs (`statx` with `STATX_DIOALIGN`, Linux 6.1 and
+/// later): one that needs more, or has no direct I/O for this file, is refused with that reason
+/// before any data moves. Where nothing is said, the reads and writes will tell.
+pub(crate) fn check_alignment(file: &File) -> std::io::Result<()> {
+    // SAFETY: statx is plain old data; all-zero is a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: with AT_EMPTY_PATH and an empty path, statx describes the open descriptor (which
+    // `file` keeps open) into `stx`, which lives for the call.
+    let rc = unsafe {
+        libc::statx(
+            file.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            &mut stx,
+        )
+    };
+    if rc != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
+        return Ok(());
+    }
+    let (offset, memory) = (stx.stx_dio_offset_align, stx.stx_dio_mem_align);
+    if offset == 0 {
+        return Err(open_error(Error::from_raw_os_error(libc::EINVAL)));
+    }
+    let needed = offset.max(memory) as usize;
+    if needed > DIRECT_ALIGN {
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "its file system needs direct I/O aligned to {needed} bytes, more than the \
+                 {DIRECT_ALIGN} xfer aligns to"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Page-aligned memory for direct I/O, grown on demand and reused.
@@ -148,6 +187,7 @@ mod tests {
             .write(true)
             .custom_flags(O_DIRECT)
             .open(path)
+            .and_then(|file| check_alignment(&file).map(|()| file))
             .map_err(open_error)
             .unwrap()
     }

@@ -293,7 +293,7 @@ pub fn check_root_writable(root: &Path, direct_io: bool) -> std::io::Result<Path
             .write(true)
             .custom_flags(libc::O_NOFOLLOW | crate::direct_io::O_DIRECT)
             .open(&probe)
-            .map(drop)
+            .and_then(|file| crate::direct_io::check_alignment(&file))
             .map_err(crate::direct_io::open_error)
     } else {
         Ok(())

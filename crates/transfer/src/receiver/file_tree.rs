@@ -633,6 +633,7 @@ impl TreeFile {
             let options = part_options(false, true);
             let direct = self
                 .open_with(&self.names.part, &options)
+                .and_then(|direct| direct_io::check_alignment(&direct).map(|()| direct))
                 .map_err(|e| io(direct_io::open_error(e)))?;
             // The name may have been given to another file between the two opens.
             let inode = |f: &File| f.metadata().map(|m| (m.dev(), m.ino()));

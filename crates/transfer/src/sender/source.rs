@@ -145,7 +145,11 @@ fn open_source(path: &Path, direct: bool) -> std::io::Result<File> {
     if direct {
         options.custom_flags(direct_io::O_DIRECT);
     }
-    options.open(path)
+    let file = options.open(path)?;
+    if direct {
+        direct_io::check_alignment(&file)?;
+    }
+    Ok(file)
 }
 
 impl SourceFile {
