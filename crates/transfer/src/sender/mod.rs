@@ -361,6 +361,12 @@ impl Shared {
         }
     }
 
+    /// Whether `unit` still waits for its first acknowledgement: a stream carrying a copy of
+    /// one that no longer does has nothing left to send of it.
+    fn awaits_ack(&self, unit: Unit) -> bool {
+        self.queue().awaits_ack(unit)
+    }
+
     /// A unit's acknowledgement arrived; the first of its copies counts.
     fn unit_acked(&self, unit: Unit) {
         let Some(file_done) = self.queue().acked(unit, Instant::now()) else {

@@ -403,13 +403,24 @@ fn write_units(
     };
     while let Some(unit) = shared.next_unit(handle.id, &handle.retire) {
         in_flight_push(Some(unit));
-        let (data, checksum) = shared
+        let read = shared
             .source
-            .unit_data(unit, &mut buf, &mut open, || shared.source_file(unit.file))
-            .map_err(|e| {
+            .unit_data(unit, &mut buf, &mut open, || shared.source_file(unit.file));
+        let (data, checksum) = match read {
+            Ok(read) => read,
+            // A copy of a straggler whose other copy was acknowledged meanwhile: its file may
+            // be finalised and forgotten already, and nothing is left to send.
+            Err(_) if !shared.awaits_ack(unit) => {
+                let mut units = in_flight.lock().expect("in-flight lock");
+                units.pop_back();
+                handle.set_ack_clock(shared, !units.is_empty());
+                continue;
+            }
+            Err(e) => {
                 shared.fail(e);
-                StreamFailure::Fatal
-            })?;
+                return Err(StreamFailure::Fatal);
+            }
+        };
         let header = ChunkHeader {
             file: unit.file,
             offset: unit.offset,

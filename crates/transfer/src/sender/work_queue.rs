@@ -74,6 +74,11 @@ impl WorkQueue {
         self.closed && self.pending.is_empty() && self.in_flight.is_empty()
     }
 
+    /// Whether `unit` is still waiting for its first acknowledgement (handed out or not).
+    pub(super) fn awaits_ack(&self, unit: Unit) -> bool {
+        self.in_flight.contains_key(&unit) || self.pending.contains(&unit)
+    }
+
     /// The next unit for `stream` at `now`: a waiting one, else a copy of the oldest straggler
     /// that only another stream carries.
     pub(super) fn next(&mut self, stream: u64, now: Instant) -> Next {
@@ -203,7 +208,9 @@ mod tests {
         // Carried twice already: nobody else copies it; unit 20 is not a straggler yet.
         assert_eq!(q.next(4, t0 + 31 * MS), Next::Wait(Some(9 * MS)));
         // The copy on stream 3 is acknowledged first; stream 1's late ack is ignored.
+        assert!(q.awaits_ack(unit(0)));
         assert_eq!(q.acked(unit(0), t0 + 32 * MS), Some(false));
+        assert!(!q.awaits_ack(unit(0)));
         assert_eq!(q.acked(unit(0), t0 + 90 * MS), None);
         assert_eq!(q.acked(unit(20), t0 + 40 * MS), Some(true));
         assert!(q.is_done());
