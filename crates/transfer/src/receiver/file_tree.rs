@@ -87,6 +87,14 @@ impl PartFile {
             None => self.file.write_all_at(data, offset),
         }
     }
+
+    /// The BLAKE3 hash of the whole file, read the way the receiver writes.
+    fn blake3(&self) -> std::io::Result<blake3::Hash> {
+        match &self.direct {
+            Some(direct) => direct_io::blake3_of(direct, true),
+            None => direct_io::blake3_of(&self.file, false),
+        }
+    }
 }
 
 /// A range one stream is writing.
@@ -341,26 +349,23 @@ impl FileTree {
         let mut state = f.state.lock().expect("part lock");
         require_complete(&state.verified, f.entry.size, &f.rel.display().to_string())?;
         // Made here for an empty file, which no chunk started.
-        let part_file = f.open_part(&mut state, true)?;
-        let part = &part_file.file;
-        if part.metadata().map_err(&io)?.len() != f.entry.size {
+        let part = f.open_part(&mut state, true)?;
+        if part.file.metadata().map_err(&io)?.len() != f.entry.size {
             return Err(f.truncated());
         }
         if let Some(expected) = expected {
-            let hash = match &part_file.direct {
-                Some(direct) => direct_io::blake3_of(direct, true),
-                None => direct_io::blake3_of(part, false),
-            };
-            if hash.map_err(&io)? != blake3::Hash::from(expected) {
+            if part.blake3().map_err(&io)? != blake3::Hash::from(expected) {
                 return Err(DestinationError::Refused(format!(
                     "{}: end-to-end BLAKE3 differs from the sender's; the file was not put in place",
                     f.rel.display()
                 )));
             }
         }
-        part.set_permissions(std::fs::Permissions::from_mode(f.entry.mode & 0o777))
+        part.file
+            .set_permissions(std::fs::Permissions::from_mode(f.entry.mode & 0o777))
             .map_err(&io)?;
-        part.set_modified(f.entry.mtime.to_system_time())
+        part.file
+            .set_modified(f.entry.mtime.to_system_time())
             .map_err(&io)?;
         if f.dir.symlink_metadata(&f.name).is_ok_and(|m| m.is_dir()) {
             return Err(DestinationError::Refused(format!(
