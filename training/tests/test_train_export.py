@@ -74,8 +74,10 @@ def test_xfer_sim_runs_the_export_beside_the_baselines(xfer, exported, tmp_path)
     assert set(report["families"]) == {*evaluate.FAMILIES, "shipped"}
     assert "--first-path 7" in (tmp_path / "evaluation.md").read_text()
     for stats in report["families"].values():
-        assert set(stats) == {"ppo", "gd", "bo", "fixed:8"}
-    assert "| shipped | ppo |" in (tmp_path / "evaluation.md").read_text()
+        assert set(stats) == {"ppo", "auto", "gd", "bo", "fixed:8"}
+    md = (tmp_path / "evaluation.md").read_text()
+    assert "| shipped | ppo |" in md and "| shipped | auto |" in md
+    assert set(report["auto_verdict"]["shipped"]) >= {"utility_close", "not_slower"}
     for png in ["t95.png", "utility.png", "trace-paper-fig2.png"]:
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
 
@@ -104,6 +106,14 @@ def test_verdicts_compare_ppo_with_the_faster_and_the_better_baseline():
     }
     v = evaluate.verdict(stats)
     assert v["faster"] and v["t95_ratio"] == pytest.approx(0.6)
+    stats["auto"] = {"t95_mis": 9.0, "utility": 0.935}
+    a = evaluate.auto_verdict(stats)
+    assert a["utility_close"] and a["utility_diff"] == pytest.approx(-0.025)
+    assert a["not_slower"] and a["slowest_t95_mis"] == 10.0
+    stats["auto"] = {"t95_mis": 11.0, "utility": 0.92}
+    a = evaluate.auto_verdict(stats)
+    assert not a["utility_close"] and not a["not_slower"]
+    assert not evaluate.verdict(stats, "auto")["faster"]
     assert not v["utility_as_high"] and v["utility_diff"] == pytest.approx(-0.01)
     immediate = {c: {**v, "t95_mis": 0.0} for c, v in stats.items()}
     assert evaluate.verdict(immediate)["faster"], "nobody beats 95 % from the start"

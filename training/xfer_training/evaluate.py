@@ -3,8 +3,10 @@
 Every controller runs in ``xfer sim`` itself (the policy through the ONNX export xfer ships), on
 random paths of every family with seeds the training never draws (from 2^40 on) and on the
 shipped scenarios, several noise seeds each. For each family it reports the MIs to 95 % of the
-best utility and the mean utility over the best, and whether ppo meets the targets: at most 60 %
-of the MIs of the faster of gd and bo, and a mean utility at least as high as both.
+best utility and the mean utility over the best, and whether ppo (and auto, the policy guarded by
+a tuner) meets the targets: at most 60 % of the MIs of the faster of gd and bo, and a mean
+utility at least as high as both; and whether auto is within 3 % of the best mean utility of
+ppo, gd and bo without converging slower than the slowest of them.
 
 Example::
 
@@ -39,6 +41,10 @@ SHIPPED = [
     "shallow-buffer",
 ]
 BASELINES = ["gd", "bo", "fixed:8"]
+#: The controllers that run the model, by the name ``xfer sim`` reports.
+LEARNED = ["ppo", "auto"]
+#: How far below the best of ppo, gd and bo auto's mean utility may be (issue 9).
+AUTO_UTILITY_SLACK = 0.03
 
 
 def sim_summaries(
@@ -87,28 +93,44 @@ def aggregate(rows: list[dict[str, Any]], duration_s: float) -> dict[str, dict[s
     return result
 
 
-def verdict(stats: dict[str, dict[str, float]]) -> dict[str, Any]:
-    """Whether ppo meets the targets against gd and bo in one family."""
-    ppo = stats["ppo"]
+def verdict(stats: dict[str, dict[str, float]], controller: str = "ppo") -> dict[str, Any]:
+    """Whether ``controller`` meets the targets against gd and bo in one family."""
+    own = stats[controller]
     faster = min(stats["gd"]["t95_mis"], stats["bo"]["t95_mis"])
     best_utility = max(stats["gd"]["utility"], stats["bo"]["utility"])
     if faster > 0:
-        ratio = ppo["t95_mis"] / faster
+        ratio = own["t95_mis"] / faster
     else:
-        ratio = 0.0 if ppo["t95_mis"] == 0 else float("inf")
+        ratio = 0.0 if own["t95_mis"] == 0 else float("inf")
     return {
         "t95_ratio": ratio,
-        "utility_diff": ppo["utility"] - best_utility,
+        "utility_diff": own["utility"] - best_utility,
         # A controller at 95 % from the first interval on cannot be beaten.
-        "faster": ppo["t95_mis"] <= 0.6 * faster or ppo["t95_mis"] == 0,
-        "utility_as_high": ppo["utility"] >= best_utility,
+        "faster": own["t95_mis"] <= 0.6 * faster or own["t95_mis"] == 0,
+        "utility_as_high": own["utility"] >= best_utility,
+    }
+
+
+def auto_verdict(stats: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Whether auto is within ``AUTO_UTILITY_SLACK`` of the best mean utility of ppo, gd and bo
+    and converges no slower than the slowest of them, in one family."""
+    auto = stats["auto"]
+    others = [stats[c] for c in ["ppo", "gd", "bo"]]
+    best_utility = max(o["utility"] for o in others)
+    slowest = max(o["t95_mis"] for o in others)
+    return {
+        "utility_diff": auto["utility"] - best_utility,
+        "t95_mis": auto["t95_mis"],
+        "slowest_t95_mis": slowest,
+        "utility_close": auto["utility"] >= best_utility - AUTO_UTILITY_SLACK,
+        "not_slower": auto["t95_mis"] <= slowest,
     }
 
 
 def plot(families: dict[str, dict[str, dict[str, float]]], out: Path) -> list[Path]:
     """Bar charts of MIs to 95 % and mean utility per family and controller."""
     paths = []
-    controllers = ["ppo", *BASELINES]
+    controllers = [*LEARNED, *BASELINES]
     for key, label, name in [
         ("t95_mis", "MIs to 95 % of the best utility (lower is better)", "t95.png"),
         ("utility", "mean utility / best (higher is better)", "utility.png"),
@@ -162,9 +184,9 @@ def settling(
 
 
 def plot_trace(xfer: Path, model: Path, scenario: str, out: Path) -> Path:
-    """Stream count over time on one scenario for ppo, gd and bo (seed 1)."""
+    """Stream count over time on one scenario for ppo, auto, gd and bo (seed 1)."""
     fig, ax = plt.subplots(figsize=(9, 4))
-    for controller in [f"ppo:{model}", "gd", "bo"]:
+    for controller in [f"ppo:{model}", f"auto:{model}", "gd", "bo"]:
         mis = trace(xfer, controller, scenario)
         ax.step(
             [r["time"] for r in mis],
@@ -185,13 +207,17 @@ def plot_trace(xfer: Path, model: Path, scenario: str, out: Path) -> Path:
     return path
 
 
-def markdown(families: dict[str, dict[str, dict[str, float]]], verdicts: dict[str, Any]) -> str:
+def markdown(
+    families: dict[str, dict[str, dict[str, float]]],
+    verdicts: dict[str, dict[str, Any]],
+    auto_verdicts: dict[str, Any],
+) -> str:
     lines = [
         "| family | controller | runs | MIs to 95 % | never | mean U/best |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for family, stats in families.items():
-        for c in ["ppo", *BASELINES]:
+        for c in [*LEARNED, *BASELINES]:
             if c in stats:
                 s = stats[c]
                 lines.append(
@@ -200,14 +226,27 @@ def markdown(families: dict[str, dict[str, dict[str, float]]], verdicts: dict[st
                 )
     lines += [
         "",
-        "| family | ppo MIs / faster of gd, bo | target <= 0.6 | ppo U - best of gd, bo | "
+        "| family | controller | MIs / faster of gd, bo | target <= 0.6 | U - best of gd, bo | "
         "target >= 0 |",
-        "| --- | ---: | --- | ---: | --- |",
+        "| --- | --- | ---: | --- | ---: | --- |",
     ]
-    for family, v in verdicts.items():
+    for family, by_controller in verdicts.items():
+        for c, v in by_controller.items():
+            lines.append(
+                f"| {family} | {c} | {v['t95_ratio']:.2f} | {'met' if v['faster'] else 'missed'} "
+                f"| {v['utility_diff']:+.3f} | {'met' if v['utility_as_high'] else 'missed'} |"
+            )
+    lines += [
+        "",
+        f"| family | auto U - best of ppo, gd, bo | target >= -{AUTO_UTILITY_SLACK} "
+        "| auto MIs to 95 % | slowest of ppo, gd, bo | target <= slowest |",
+        "| --- | ---: | --- | ---: | ---: | --- |",
+    ]
+    for family, v in auto_verdicts.items():
         lines.append(
-            f"| {family} | {v['t95_ratio']:.2f} | {'met' if v['faster'] else 'missed'} "
-            f"| {v['utility_diff']:+.3f} | {'met' if v['utility_as_high'] else 'missed'} |"
+            f"| {family} | {v['utility_diff']:+.3f} | {'met' if v['utility_close'] else 'missed'} "
+            f"| {v['t95_mis']:.1f} | {v['slowest_t95_mis']:.1f} "
+            f"| {'met' if v['not_slower'] else 'missed'} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -239,7 +278,7 @@ def evaluate(
     The paths of each family are the held-out seeds ``first_path`` to ``first_path +
     per_family - 1`` (counted from the start of the held-out range): a range never looked at
     while choosing a model gives an unbiased check of the chosen one."""
-    optimizers = [f"ppo:{model}", *BASELINES]
+    optimizers = [f"ppo:{model}", f"auto:{model}", *BASELINES]
     first = HELD_OUT_SEEDS + first_path
     groups = {f: [f"random:{f}:{first + i}" for i in range(per_family)] for f in FAMILIES}
     groups["shipped"] = SHIPPED
@@ -247,8 +286,11 @@ def evaluate(
         name: aggregate(sim_summaries(xfer, scenarios, optimizers, seeds, duration_s), duration_s)
         for name, scenarios in groups.items()
     }
-    verdicts = {name: verdict(stats) for name, stats in families.items()}
-    settle = {c: settling(xfer, c if c != "ppo" else f"ppo:{model}") for c in ["ppo", "gd", "bo"]}
+    verdicts = {name: {c: verdict(stats, c) for c in LEARNED} for name, stats in families.items()}
+    auto_verdicts = {name: auto_verdict(stats) for name, stats in families.items()}
+    settle = {
+        c: settling(xfer, f"{c}:{model}" if c in LEARNED else c) for c in [*LEARNED, "gd", "bo"]
+    }
     report = {
         "model": str(model),
         "per_family": per_family,
@@ -257,6 +299,7 @@ def evaluate(
         "duration_s": duration_s,
         "families": families,
         "verdict": verdicts,
+        "auto_verdict": auto_verdicts,
         "paper_fig2_settled_at_mi": settle,
     }
     if out is not None:
@@ -267,7 +310,9 @@ def evaluate(
             f"--duration {duration_s:g} --first-path {first_path}"
         )
         (out / "evaluation.md").write_text(
-            f"Reproduce: `{command}`\n\n" + markdown(families, verdicts) + settle_markdown(settle)
+            f"Reproduce: `{command}`\n\n"
+            + markdown(families, verdicts, auto_verdicts)
+            + settle_markdown(settle)
         )
         plot(families, out)
         plot_trace(xfer, model, "paper-fig2", out)
@@ -303,7 +348,7 @@ def main() -> None:
         args.out,
         args.first_path,
     )
-    print(markdown(report["families"], report["verdict"]), end="")
+    print(markdown(report["families"], report["verdict"], report["auto_verdict"]), end="")
     print(settle_markdown(report["paper_fig2_settled_at_mi"]), end="")
     print(f"plots and evaluation.json in {args.out}")
 

@@ -95,8 +95,9 @@ pub struct SimArgs {
     /// commas; `all` is every shipped scenario.
     #[arg(long, value_delimiter = ',', required = true)]
     pub scenario: Vec<String>,
-    /// Controllers, separated by commas: gd, bo, fixed:N, ppo (the built-in policy) or
-    /// ppo:PATH (an export of training/).
+    /// Controllers, separated by commas: gd, bo, fixed:N, ppo (the built-in policy),
+    /// ppo:PATH (an export of training/), auto or auto:PATH (that policy guarded and
+    /// fine-tuned by a probing tuner).
     #[arg(long, value_delimiter = ',', default_value = "gd")]
     pub optimizer: Vec<OptimizerSpec>,
     /// Simulated time.
@@ -298,7 +299,9 @@ pub struct SendArgs {
     pub streams_schedule: Option<Schedule<u32>>,
     /// Who chooses the stream count each monitoring interval: gd (gradient ascent on the
     /// utility), bo (Bayesian optimisation), ppo (the built-in learned policy), ppo:PATH (an
-    /// export of training/), external:SOCKET (an agent on a Unix socket xfer listens on,
+    /// export of training/), auto or auto:PATH (that policy, with a tuner that takes over
+    /// once it settles, probes the counts next to it and hands back when the path changes),
+    /// external:SOCKET (an agent on a Unix socket xfer listens on,
     /// speaking the protocol of `xfer env`) or fixed:N [default: gd, or none when --streams
     /// or --streams-schedule is given].
     #[arg(long)]

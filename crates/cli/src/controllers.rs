@@ -1,13 +1,13 @@
 //! The controllers `--optimizer` names: the built-in ones (gd, bo, fixed:N), the learned
-//! policy (ppo, or ppo:PATH for an export of training/) and an external agent
-//! (external:SOCKET).
+//! policy (ppo, or ppo:PATH for an export of training/), the policy guarded by a tuner
+//! (auto, auto:PATH) and an external agent (external:SOCKET).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use anyhow::{bail, Context};
 use optimizer::policy::PolicyController;
-use optimizer::{Controller, ControllerSpec};
+use optimizer::{Auto, AutoParams, Controller, ControllerSpec};
 
 use crate::args::TuningArgs;
 use crate::external::ExternalAgent;
@@ -20,6 +20,8 @@ pub enum OptimizerSpec {
     Builtin(ControllerSpec),
     /// The learned policy: the built-in one, or the export at this path.
     Ppo(Option<PathBuf>),
+    /// That policy guarded and fine-tuned by a probing tuner ([`optimizer::Auto`]).
+    Auto(Option<PathBuf>),
     /// An agent speaking the environment protocol on a Unix socket at this path.
     External(PathBuf),
 }
@@ -31,12 +33,15 @@ impl FromStr for OptimizerSpec {
         match s.split_once(':') {
             None if s == "ppo" => Ok(OptimizerSpec::Ppo(None)),
             Some(("ppo", path)) if !path.is_empty() => Ok(OptimizerSpec::Ppo(Some(path.into()))),
+            None if s == "auto" => Ok(OptimizerSpec::Auto(None)),
+            Some(("auto", path)) if !path.is_empty() => Ok(OptimizerSpec::Auto(Some(path.into()))),
             Some(("external", path)) if !path.is_empty() => {
                 Ok(OptimizerSpec::External(path.into()))
             }
             _ => s.parse().map(OptimizerSpec::Builtin).map_err(|_| {
                 format!(
-                    "unknown optimizer {s:?}: expected gd, bo, fixed:N (N >= 1), ppo, ppo:PATH or external:SOCKET"
+                    "unknown optimizer {s:?}: expected gd, bo, fixed:N (N >= 1), ppo, ppo:PATH, auto, \
+                     auto:PATH or external:SOCKET"
                 )
             }),
         }
@@ -56,14 +61,14 @@ impl OptimizerSpec {
         let utility = tuning.utility()?;
         match self {
             OptimizerSpec::Builtin(spec) => Ok(spec.build(max_streams, utility, seed)),
-            OptimizerSpec::Ppo(path) => {
-                let source = PolicySource::open(path.as_deref())?;
-                let model = source.model(tuning.policy_runtime)?;
-                let controller =
-                    PolicyController::new(model, &source.metadata, max_streams, utility)
-                        .with_context(|| format!("policy {}", source.describe()))?;
-                Ok(Box::new(controller))
-            }
+            OptimizerSpec::Ppo(path) => Ok(Box::new(policy(path.as_deref(), tuning)?)),
+            OptimizerSpec::Auto(path) => Ok(Box::new(Auto::new(
+                Box::new(policy(path.as_deref(), tuning)?),
+                AutoParams {
+                    max_streams,
+                    ..AutoParams::default()
+                },
+            ))),
             OptimizerSpec::External(path) if live => Ok(Box::new(ExternalAgent::listen(
                 path,
                 max_streams,
@@ -79,6 +84,19 @@ impl OptimizerSpec {
     }
 }
 
+/// The policy at `path` (the built-in one for `None`), for a transfer tuned as `tuning` says.
+fn policy(path: Option<&Path>, tuning: &TuningArgs) -> anyhow::Result<PolicyController> {
+    let source = PolicySource::open(path)?;
+    let model = source.model(tuning.policy_runtime)?;
+    PolicyController::new(
+        model,
+        &source.metadata,
+        tuning.max_streams as usize,
+        tuning.utility()?,
+    )
+    .with_context(|| format!("policy {}", source.describe()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,6 +108,11 @@ mod tests {
             "ppo:models/x".parse(),
             Ok(OptimizerSpec::Ppo(Some("models/x".into())))
         );
+        assert_eq!("auto".parse(), Ok(OptimizerSpec::Auto(None)));
+        assert_eq!(
+            "auto:models/x".parse(),
+            Ok(OptimizerSpec::Auto(Some("models/x".into())))
+        );
         assert_eq!(
             "fixed:3".parse(),
             Ok(OptimizerSpec::Builtin(ControllerSpec::Fixed(3)))
@@ -98,7 +121,7 @@ mod tests {
             "external:/tmp/a.sock".parse(),
             Ok(OptimizerSpec::External("/tmp/a.sock".into()))
         );
-        for bad in ["ppo:", "pp", "fixed:0", "external:"] {
+        for bad in ["ppo:", "pp", "fixed:0", "external:", "auto:"] {
             let err = bad.parse::<OptimizerSpec>().unwrap_err();
             assert!(err.contains("ppo:PATH"), "{err}");
         }
@@ -118,6 +141,13 @@ mod tests {
         let ppo = OptimizerSpec::Ppo(None);
         assert_eq!(ppo.build(&tuning(&[]), 0, false).unwrap().name(), "ppo");
         let err = ppo.build(&tuning(&["--k", "1.1"]), 0, false).err().unwrap();
+        assert!(format!("{err:#}").contains("re-train"), "{err:#}");
+        let auto = OptimizerSpec::Auto(None);
+        assert_eq!(auto.build(&tuning(&[]), 0, false).unwrap().name(), "auto");
+        let err = auto
+            .build(&tuning(&["--k", "1.1"]), 0, false)
+            .err()
+            .unwrap();
         assert!(format!("{err:#}").contains("re-train"), "{err:#}");
         let external = OptimizerSpec::External("/nonexistent/agent.sock".into());
         let err = external.build(&tuning(&[]), 0, false).err().unwrap();

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use serde::Serialize;
+
 use crate::bo::{BayesianOptimizer, BoParams};
 use crate::gd::{GdParams, GradientDescent};
 use crate::settle::Settling;
@@ -17,6 +19,24 @@ pub trait Controller: Send {
 
     /// The stream count for the next interval, at least 1.
     fn decide(&mut self, observation: &Observation) -> usize;
+
+    /// For a controller made of others (`auto`): which of them made the last decision, and
+    /// why control passed to it if it just did. `None` for a controller that is one.
+    fn acting(&self) -> Option<Acting> {
+        None
+    }
+}
+
+/// Which part of a composite controller made a decision ([`Controller::acting`]); in logs,
+/// the fields `acting` and `switch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Acting {
+    /// The part that chose the count, e.g. `ppo` or `tuner`.
+    #[serde(rename = "acting")]
+    pub controller: &'static str,
+    /// Why control passed to it with this decision; `None` when it already had it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub switch: Option<String>,
 }
 
 /// Always the same count: the baseline every transfer tool has.

@@ -7,13 +7,14 @@
 //! into an [`Observation`] (throughput, loss, RTT ratio and gradient, utility, reward), and a
 //! [`Controller`] answers with the stream count for the next interval.
 //!
-//! The controllers: [`Fixed`], [`GradientDescent`], [`BayesianOptimizer`] and the learned
+//! The controllers: [`Fixed`], [`GradientDescent`], [`BayesianOptimizer`], the learned
 //! [`policy::PolicyController`] (a PPO policy exported by `training/`, run by tract or, with
-//! the `tch` feature, libtorch). The [`mod@env`] module serves the environment protocol that trains such a
+//! the `tch` feature, libtorch), and [`Auto`], which guards and fine-tunes a policy. The [`mod@env`] module serves the environment protocol that trains such a
 //! policy on the [`sim`]ulator.
 
 #![warn(missing_docs)]
 
+mod auto;
 mod bo;
 mod controller;
 pub mod env;
@@ -24,8 +25,9 @@ mod signals;
 pub mod sim;
 mod utility;
 
+pub use auto::{Auto, AutoParams};
 pub use bo::{BayesianOptimizer, BoParams};
-pub use controller::{Controller, ControllerSpec, Fixed, SpecError};
+pub use controller::{Acting, Controller, ControllerSpec, Fixed, SpecError};
 pub use gd::{GdParams, GradientDescent};
 pub use settle::{IntervalRamp, RampClock, Settling, RAMP_RTTS};
 pub use signals::{MiStats, Observation, SignalTracker};

@@ -27,6 +27,22 @@ fn the_learned_policy_drives_a_real_transfer_that_arrives_byte_identical() {
     }
 }
 
+#[test]
+fn auto_drives_a_real_transfer_and_logs_who_acts() {
+    let records = optimized_transfer("auto");
+    let mut acting = "ppo";
+    for r in records.iter().filter(|r| r["decision"].is_number()) {
+        let now = r["acting"].as_str().unwrap_or_else(|| panic!("{r}"));
+        assert!(["ppo", "tuner"].contains(&now), "{r}");
+        if r["switch"].is_null() {
+            assert_eq!(now, acting, "control changed hands without a reason: {r}");
+        } else {
+            assert!(r["switch"].is_string(), "{r}");
+        }
+        acting = now;
+    }
+}
+
 /// Sends a tree with `controller` choosing the count (paced streams, 200 ms intervals, at
 /// most 16 streams), checks that it arrived byte-identical and that its MI log is well formed,
 /// and returns the log.

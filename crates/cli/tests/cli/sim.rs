@@ -106,7 +106,7 @@ fn bad_scenarios_and_optimizers_are_named() {
             "capacity_mbps must be a positive number",
         ),
         (
-            vec!["--scenario", "paper-fig2", "--optimizer", "auto"],
+            vec!["--scenario", "paper-fig2", "--optimizer", "magic"],
             "unknown optimizer",
         ),
         (
@@ -116,6 +116,17 @@ fn bad_scenarios_and_optimizers_are_named() {
         (vec!["--scenario", "random:lossy:x"], "\"x\" is not a seed"),
         (
             vec!["--scenario", "paper-fig2", "--optimizer", "ppo", "--b", "3"],
+            "trained for the utility K=1.02 B=10",
+        ),
+        (
+            vec![
+                "--scenario",
+                "paper-fig2",
+                "--optimizer",
+                "auto",
+                "--k",
+                "1.1",
+            ],
             "trained for the utility K=1.02 B=10",
         ),
         (
@@ -133,6 +144,47 @@ fn bad_scenarios_and_optimizers_are_named() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(expected), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn auto_logs_who_acts_and_why_control_changed_hands() {
+    // background-arrives: best 20 streams; background flows take half the link at 100 s.
+    let stdout = sim_ok(&os(&[
+        "--scenario",
+        "background-arrives",
+        "--optimizer",
+        "auto",
+        "--seed",
+        "2",
+        "--json",
+    ]));
+    let lines = json_lines(&stdout);
+    let (summary, mis) = lines.split_last().unwrap();
+    let mut acting = "ppo";
+    let mut switches = Vec::new();
+    for mi in mis {
+        let now = mi["acting"].as_str().unwrap_or_else(|| panic!("{mi}"));
+        assert!(["ppo", "tuner"].contains(&now), "{mi}");
+        match mi["switch"].as_str() {
+            Some(why) => switches.push((mi["mi"].as_u64().unwrap(), now, why.to_owned())),
+            None => assert_eq!(now, acting, "control changed hands without a reason: {mi}"),
+        }
+        acting = now;
+    }
+    assert_eq!(switches[0].1, "tuner", "{switches:?}");
+    assert!(
+        switches[0].2.starts_with("the policy holds"),
+        "{switches:?}"
+    );
+    assert!(
+        switches.iter().any(|(mi, who, why)| (100..110).contains(mi)
+            && *who == "ppo"
+            && why.contains("without a change of count")),
+        "the arrival of background traffic hands control back: {switches:?}"
+    );
+    assert_eq!(summary["controller"], "auto");
+    let utility = summary["mean_utility_fraction"].as_f64().unwrap();
+    assert!(utility > 0.93, "{summary}");
 }
 
 #[test]

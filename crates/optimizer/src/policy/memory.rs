@@ -81,12 +81,32 @@ impl UtilityMemory {
     /// The count with the highest remembered utility and that utility (the fewer streams on a
     /// tie); `None` while nothing is remembered.
     pub fn best(&self) -> Option<(usize, f64)> {
-        self.by_count
-            .iter()
-            .fold(None, |best: Option<(usize, f64)>, (&n, e)| match best {
+        self.best_of(|_| true)
+    }
+
+    /// Like [`best`](Self::best), among the counts whose value was measured settled.
+    pub fn best_settled(&self) -> Option<(usize, f64)> {
+        self.best_of(|e| e.settled)
+    }
+
+    /// The best remembered count among the entries `keep` accepts.
+    fn best_of(&self, keep: impl Fn(&Entry) -> bool) -> Option<(usize, f64)> {
+        self.by_count.iter().filter(|(_, e)| keep(e)).fold(
+            None,
+            |best: Option<(usize, f64)>, (&n, e)| match best {
                 Some((_, b)) if b >= e.utility => best,
                 _ => Some((n, e.utility)),
-            })
+            },
+        )
+    }
+
+    /// The remembered utility at `streams`, if the run it comes from measured that count
+    /// settled (not only its new streams ramping up).
+    pub fn settled_at(&self, streams: usize) -> Option<f64> {
+        self.by_count
+            .get(&streams)
+            .filter(|e| e.settled)
+            .map(|e| e.utility)
     }
 
     /// What the memory says about an interval at `streams` that measured `utility`, in the
@@ -182,9 +202,13 @@ mod tests {
         let mut m = UtilityMemory::new(8);
         m.record(10, 2.0, 0, false);
         assert_eq!(m.best(), Some((10, 2.0)));
+        assert_eq!(m.settled_at(10), None, "only ramp-up measured");
+        m.record(4, 1.0, 0, true);
+        assert_eq!(m.best_settled(), Some((4, 1.0)));
         m.record(10, 6.0, 1, true);
         m.record(10, 8.0, 2, true);
         assert_eq!(m.best(), Some((10, 7.0)), "the ramp-up is not in the mean");
+        assert_eq!(m.settled_at(10), Some(7.0));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use serde::Serialize;
 pub use random::{random_scenario, Family, HELD_OUT_SEEDS};
 pub use scenario::{BackgroundStep, Scenario, ScenarioError, SHIPPED};
 
-use crate::controller::Controller;
+use crate::controller::{Acting, Controller};
 use crate::signals::{MiStats, Observation, SignalTracker};
 use crate::utility::{RewardParams, UtilityParams};
 
@@ -296,6 +296,9 @@ pub struct TraceRow {
     pub utility_fraction: f64,
     /// The count the controller chose for the next interval.
     pub decision: usize,
+    /// For `auto`: which of its parts chose, and why control passed to it if it just did.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub acting: Option<Acting>,
 }
 
 /// Summary of a simulated run.
@@ -345,6 +348,7 @@ pub fn run(
             best_streams,
             utility_fraction,
             decision,
+            acting: controller.acting(),
         });
         n = decision;
     }

@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use optimizer::{Controller, Observation, RewardParams, SignalTracker, UtilityParams};
+use optimizer::{Acting, Controller, Observation, RewardParams, SignalTracker, UtilityParams};
 use serde::Serialize;
 
 use super::meter::{IntervalMeter, PathStats};
@@ -53,6 +53,9 @@ pub struct MiRecord {
     pub decision: Option<usize>,
     /// Seconds from the end of the interval until the decision was applied.
     pub decision_latency: Option<f64>,
+    /// For `auto`: which of its parts chose, and why control passed to it if it just did.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub acting: Option<Acting>,
     /// What each path did, for MPTCP streams (empty, and left out of the log, for TCP).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<PathStats>,
@@ -120,13 +123,14 @@ fn decide(
     log: Option<mpsc::Sender<MiRecord>>,
 ) {
     let name = controller.name();
-    let record = |(observation, paths, _): Pending, decision, latency: Option<Duration>| {
+    let record = |(observation, paths, _): Pending, decided: Option<(usize, Duration)>, acting| {
         if let Some(log) = &log {
             let _ = log.send(MiRecord {
                 observation,
                 controller: name.clone(),
-                decision,
-                decision_latency: latency.map(|l| l.as_secs_f64()),
+                decision: decided.map(|(streams, _)| streams),
+                decision_latency: decided.map(|(_, latency)| latency.as_secs_f64()),
+                acting,
                 paths,
             });
         }
@@ -140,6 +144,6 @@ fn decide(
             shared.set_target(streams);
         }
         let latency = newest.2.elapsed();
-        record(newest, Some(streams), Some(latency));
+        record(newest, Some((streams, latency)), controller.acting());
     }
 }

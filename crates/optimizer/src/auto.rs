@@ -1,0 +1,596 @@
+//! `--optimizer auto`: the learned policy as the outer loop, a model-based tuner as its guard.
+//!
+//! Paper 000 finds learned agents fast to react but apt to settle on a wrong equilibrium, and
+//! model-based controllers stable but slow. [`Auto`] lets the policy choose the count until it
+//! holds one, then hands control to a tuner that checks that count against its neighbours:
+//! - it first goes back to a count measured clearly better in the last intervals (a policy
+//!   move that lost utility is undone);
+//! - after holding a while it probes one stream more, then one fewer, keeps a probe whose
+//!   utility beats the held count by more than the noise and goes on in that direction (with
+//!   steps that grow), and otherwise returns and waits twice as long before probing that way
+//!   again, or the longest wait when the probe fell off a cliff (the path overflowing).
+//!
+//! Control goes back to the policy when the utility at an unchanged count moves far from what
+//! it was (the path or its other traffic changed, which the policy reacts to fastest), and to
+//! the tuner early when the policy keeps reversing itself (a failed convergence). The policy
+//! sees every interval, whoever acts, so its input is current when it takes over again. Each
+//! switch and its reason is reported through [`Controller::acting`].
+
+use std::collections::VecDeque;
+
+use crate::controller::{Acting, Controller};
+use crate::policy::UtilityMemory;
+use crate::settle::RampClock;
+use crate::signals::Observation;
+
+/// Tuning of [`Auto`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AutoParams {
+    /// Most streams it asks for.
+    pub max_streams: usize,
+    /// Settled intervals the policy must keep a count before the tuner takes over.
+    pub settle_holds: u32,
+    /// Smallest relative gain of utility that counts as better (the noise sets a larger one).
+    pub margin: f64,
+    /// Intervals from taking over, or from finding a better count, to the tuner's next probe
+    /// in each direction; each probe that finds nothing better doubles its direction's wait,
+    /// up to `max_wait`.
+    pub first_wait: u64,
+    /// Longest wait between probes in one direction; also the wait after a probe that lost
+    /// more than `cliff` of the utility.
+    pub max_wait: u64,
+    /// Relative loss of utility in a probe that marks a cliff (a count past which the path
+    /// overflows): its direction waits the longest.
+    pub cliff: f64,
+    /// Smallest relative change of utility at an unchanged count, in two settled intervals in
+    /// a row, that hands control back to the policy (the noise sets a larger one).
+    pub change: f64,
+    /// Intervals a measured utility is remembered.
+    pub memory: usize,
+    /// Reversals of direction among the policy's last `oscillation_window` moves that count
+    /// as a failed convergence.
+    pub oscillation_reversals: usize,
+    /// How many of the policy's moves the oscillation check looks at.
+    pub oscillation_window: usize,
+    /// Intervals a probe may take to be measured settled before it is given up.
+    pub probe_patience: u32,
+    /// Settled intervals in a row in which the policy asks for another count than the one
+    /// the tuner holds, after which it gets control back unless a measurement speaks against
+    /// its choice (the tuner cannot see gains smaller than the noise; the policy can act on
+    /// what it learned).
+    pub overrule_after: u32,
+}
+
+impl Default for AutoParams {
+    fn default() -> Self {
+        AutoParams {
+            max_streams: 256,
+            settle_holds: 2,
+            margin: 0.02,
+            first_wait: 4,
+            max_wait: 64,
+            cliff: 0.25,
+            change: 0.2,
+            memory: 32,
+            oscillation_reversals: 4,
+            oscillation_window: 8,
+            probe_patience: 8,
+            overrule_after: 3,
+        }
+    }
+}
+
+/// Who acts, and the tuner's state.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mode {
+    /// The policy chooses; `held`: settled intervals in a row it kept the count.
+    Policy { held: u32 },
+    /// The tuner holds `base` until a direction's next probe is due.
+    Hold { base: usize },
+    /// The tuner tries `trial` against `base`.
+    Probe(Probe),
+}
+
+/// A probe of the tuner.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Probe {
+    base: usize,
+    trial: usize,
+    /// +1 or -1.
+    direction: i64,
+    step: usize,
+    /// Settled intervals measured at `trial`.
+    samples: u32,
+    /// Intervals since `trial` was asked for.
+    asked: u32,
+    /// Whether this round of probes already found a better count.
+    improved: bool,
+}
+
+/// Up and down, as indices of the tuner's per-direction state.
+const UP: usize = 0;
+const DOWN: usize = 1;
+
+/// The index of `direction` (+1 or -1).
+fn index(direction: i64) -> usize {
+    if direction > 0 {
+        UP
+    } else {
+        DOWN
+    }
+}
+
+/// How much `utility` is above `reference`, relative to the reference's magnitude but in
+/// units of at least `unit` (so that utilities near 0 do not blow up).
+fn relative(utility: f64, reference: f64, unit: f64) -> f64 {
+    (utility - reference) / unit.max(reference.abs())
+}
+
+/// The `auto` controller: a learned policy guarded and fine-tuned by a probing tuner.
+pub struct Auto {
+    params: AutoParams,
+    policy: Box<dyn Controller>,
+    clock: RampClock,
+    memory: UtilityMemory,
+    mode: Mode,
+    /// The policy's last moves (0 for a hold), newest last.
+    moves: VecDeque<i64>,
+    /// Settled intervals in a row in which the policy asked for another count than the one
+    /// the tuner holds.
+    disagree: u32,
+    /// The tuner's wait between probes up and down.
+    waits: [u64; 2],
+    /// The interval from which the tuner's next probe up and down is due.
+    due: [u64; 2],
+    /// Mean absolute relative deviation of a settled interval from the remembered utility of
+    /// its count: the measurement noise.
+    noise: f64,
+    /// A count whose utility moved far from its remembered value (that value) and in how many
+    /// settled intervals in a row.
+    moved: Option<(usize, f64, u32)>,
+    acting: Acting,
+}
+
+impl Auto {
+    /// Guards `policy` (normally the PPO policy).
+    pub fn new(policy: Box<dyn Controller>, params: AutoParams) -> Self {
+        Auto {
+            policy,
+            clock: RampClock::default(),
+            memory: UtilityMemory::new(params.memory),
+            mode: Mode::Policy { held: 0 },
+            moves: VecDeque::with_capacity(params.oscillation_window + 1),
+            disagree: 0,
+            waits: [params.first_wait; 2],
+            due: [0; 2],
+            noise: params.margin / 2.0,
+            moved: None,
+            acting: Acting {
+                controller: "ppo",
+                switch: None,
+            },
+            params,
+        }
+    }
+
+    /// The gain that counts as better than noise.
+    fn margin(&self) -> f64 {
+        self.params.margin.max(1.5 * self.noise)
+    }
+
+    /// Whether the policy reversed its direction often among its last moves and got nowhere
+    /// (its net move under a quarter of the way it went).
+    fn oscillating(&self) -> bool {
+        let moves: Vec<i64> = self.moves.iter().copied().filter(|&m| m != 0).collect();
+        let reversals = moves.windows(2).filter(|w| w[0].signum() != w[1].signum());
+        let net: i64 = moves.iter().sum();
+        let way: i64 = moves.iter().map(|m| m.abs()).sum();
+        reversals.count() >= self.params.oscillation_reversals && 4 * net.abs() < way
+    }
+
+    /// Hands control to the tuner at `n`, or at a count remembered clearly better.
+    fn tune(&mut self, n: usize, mi: u64, unit: f64, why: &str) -> usize {
+        self.moves.clear();
+        self.disagree = 0;
+        self.found_better(mi);
+        let here = self.memory.settled_at(n);
+        let better = self
+            .memory
+            .best_settled()
+            .filter(|&(b, u)| b != n && here.is_some_and(|h| relative(u, h, unit) > self.margin()));
+        let (base, switch) = match (better, here) {
+            (Some((b, u)), Some(h)) => (
+                b,
+                format!(
+                    "{why}; {b} streams measured {:.0} % better: back to {b}",
+                    100.0 * relative(u, h, unit)
+                ),
+            ),
+            _ => (n, format!("{why}: tuning around {n}")),
+        };
+        self.mode = Mode::Hold { base };
+        self.switch("tuner", switch);
+        base
+    }
+
+    /// If this settled interval at `n` is the second in a row whose utility is far from what
+    /// `n` measured before, how far (relative); updates the noise estimate on the way.
+    fn path_changed(&mut self, n: usize, o: &Observation, unit: f64) -> Option<f64> {
+        let reference = match self.moved {
+            Some((m, reference, _)) if m == n => Some(reference),
+            _ => self.memory.settled_at(n),
+        };
+        let Some(reference) = reference else {
+            self.moved = None;
+            return None;
+        };
+        let deviation = relative(o.utility, reference, unit);
+        if !deviation.is_finite() {
+            return None;
+        }
+        // The noise is judged on intervals that kept the count of the one before.
+        if o.actions.last().is_none_or(|&a| a == 0) {
+            self.noise += 0.1 * (deviation.abs().min(0.5) - self.noise);
+        }
+        if deviation.abs() <= self.params.change.max(5.0 * self.noise) {
+            self.moved = None;
+            return None;
+        }
+        let times = match self.moved {
+            Some((m, _, times)) if m == n => times + 1,
+            _ => 1,
+        };
+        self.moved = Some((n, reference, times));
+        if times < 2 {
+            return None;
+        }
+        self.moved = None;
+        Some(deviation)
+    }
+
+    /// Whether the policy, asking for `proposal` while the tuner holds `base` (measured
+    /// settled this interval), has asked long enough, with nothing measured against it: the
+    /// utility at `proposal` and at the neighbour of `base` towards it are not remembered
+    /// clearly worse than at `base`.
+    fn policy_overrules(&mut self, base: usize, proposal: usize, unit: f64) -> bool {
+        if proposal == base {
+            self.disagree = 0;
+            return false;
+        }
+        self.disagree += 1;
+        let Some(here) = self.memory.settled_at(base) else {
+            return false;
+        };
+        let toward = if proposal > base { base + 1 } else { base - 1 };
+        let margin = self.margin();
+        let against = [toward, proposal]
+            .into_iter()
+            .filter_map(|m| self.memory.settled_at(m))
+            .any(|u| relative(u, here, unit) < -margin);
+        if self.disagree < self.params.overrule_after || against {
+            return false;
+        }
+        self.disagree = 0;
+        true
+    }
+
+    /// Records that `controller` acts from now on, for `reason`.
+    fn switch(&mut self, controller: &'static str, reason: String) {
+        self.acting = Acting {
+            controller,
+            switch: Some(reason),
+        };
+    }
+
+    /// The policy's turn.
+    fn policy_decides(
+        &mut self,
+        n: usize,
+        mi: u64,
+        proposal: usize,
+        settled: bool,
+        unit: f64,
+    ) -> usize {
+        let Mode::Policy { held } = &mut self.mode else {
+            unreachable!("the policy decides in policy mode")
+        };
+        if proposal != n {
+            *held = 0;
+        } else if settled {
+            *held += 1;
+        }
+        let held = *held;
+        self.moves.push_back(proposal as i64 - n as i64);
+        while self.moves.len() > self.params.oscillation_window {
+            self.moves.pop_front();
+        }
+        if held >= self.params.settle_holds {
+            self.tune(n, mi, unit, &format!("the policy holds {n} streams"))
+        } else if self.oscillating() {
+            self.tune(n, mi, unit, "the policy keeps reversing itself")
+        } else {
+            proposal
+        }
+    }
+
+    /// The tuner's turn: hold, start a probe, or judge one.
+    fn tuner_decides(&mut self, n: usize, mi: u64, settled: bool, unit: f64) -> usize {
+        let max = self.params.max_streams;
+        let mut p = match self.mode {
+            Mode::Policy { .. } => unreachable!("the tuner decides in tuner modes"),
+            Mode::Hold { base } => {
+                if n != base || !settled {
+                    return base;
+                }
+                return match self.due_probe(base, mi) {
+                    Some(p) => {
+                        self.mode = Mode::Probe(p);
+                        p.trial
+                    }
+                    None => base,
+                };
+            }
+            Mode::Probe(p) => p,
+        };
+        p.asked += 1;
+        if n != p.trial || !settled {
+            if p.asked > self.params.probe_patience {
+                return self.end_round(p);
+            }
+            self.mode = Mode::Probe(p);
+            return p.trial;
+        }
+        p.samples += 1;
+        let (Some(trial), Some(base)) = (
+            self.memory.settled_at(p.trial),
+            self.memory.settled_at(p.base),
+        ) else {
+            return self.end_round(p);
+        };
+        let gain = relative(trial, base, unit);
+        let margin = self.margin();
+        // One interval decides when it is clear; an unclear one gets a second, after which
+        // fewer streams win unless they measured worse (each stream costs utility for
+        // nothing when throughput is flat), more streams only if clearly better.
+        let enough = if p.direction < 0 { 0.0 } else { margin };
+        if gain > 2.0 * margin || (p.samples >= 2 && gain > enough) {
+            self.found_better(mi);
+            let step = if p.improved {
+                (p.step * 2).min(p.trial / 2).max(1)
+            } else {
+                1
+            };
+            let next = (p.trial as i64 + p.direction * step as i64).clamp(1, max as i64) as usize;
+            let climbed = Probe {
+                base: p.trial,
+                trial: next,
+                step,
+                samples: 0,
+                asked: 0,
+                improved: true,
+                ..p
+            };
+            if next == p.trial {
+                return self.end_round(climbed);
+            }
+            self.mode = Mode::Probe(climbed);
+            return next;
+        }
+        if gain > -margin && p.samples < 2 {
+            self.mode = Mode::Probe(p);
+            return p.trial;
+        }
+        // Nothing better this way: wait longer before trying it again, longest past a cliff.
+        let d = index(p.direction);
+        self.waits[d] = if gain < -self.params.cliff {
+            self.params.max_wait
+        } else {
+            (self.waits[d] * 2).min(self.params.max_wait)
+        };
+        self.due[d] = mi + self.waits[d];
+        if !p.improved {
+            if let Some(down) = self.due_probe(p.base, mi).filter(|q| q.direction < 0) {
+                self.mode = Mode::Probe(down);
+                return down.trial;
+            }
+        }
+        self.end_round(p)
+    }
+
+    /// The probe from `base` due at interval `mi`, if any: up first.
+    fn due_probe(&self, base: usize, mi: u64) -> Option<Probe> {
+        let max = self.params.max_streams;
+        let direction = [(UP, 1), (DOWN, -1)]
+            .into_iter()
+            .find(|&(d, direction)| {
+                let trial = base as i64 + direction;
+                mi >= self.due[d] && (1..=max as i64).contains(&trial)
+            })?
+            .1;
+        Some(Probe {
+            base,
+            trial: (base as i64 + direction) as usize,
+            direction,
+            step: 1,
+            samples: 0,
+            asked: 0,
+            improved: false,
+        })
+    }
+
+    /// A better count was found (or the tuner took over) at interval `mi`: probes in both
+    /// directions are due after the first wait again.
+    fn found_better(&mut self, mi: u64) {
+        self.waits = [self.params.first_wait; 2];
+        self.due = [mi + self.params.first_wait; 2];
+    }
+
+    /// Ends a round of probes: the tuner holds its base.
+    fn end_round(&mut self, p: Probe) -> usize {
+        self.mode = Mode::Hold { base: p.base };
+        p.base
+    }
+}
+
+impl Controller for Auto {
+    fn name(&self) -> String {
+        "auto".into()
+    }
+
+    fn decide(&mut self, o: &Observation) -> usize {
+        let max = self.params.max_streams.max(1);
+        let n = o.streams.clamp(1, max);
+        let settled = !self.clock.observe(o).mostly_ramp_up();
+        // The policy sees every interval, so its input is current whenever it acts.
+        let proposal = self.policy.decide(o).clamp(1, max);
+        // Utilities compare in units of at least 1 % of the best throughput seen.
+        let unit = 0.01 * o.best_throughput();
+        self.memory.forget(o.mi);
+        let changed = settled.then(|| self.path_changed(n, o, unit)).flatten();
+        if let (Some(deviation), false) = (changed, matches!(self.mode, Mode::Policy { .. })) {
+            // What was measured before the change no longer holds.
+            self.memory = UtilityMemory::new(self.params.memory);
+            self.memory.record(n, o.utility, o.mi, settled);
+            self.mode = Mode::Policy { held: 0 };
+            self.switch(
+                "ppo",
+                format!(
+                    "the utility at {n} streams moved {:+.0} % without a change of count",
+                    100.0 * deviation
+                ),
+            );
+            return proposal;
+        }
+        self.memory.record(n, o.utility, o.mi, settled);
+        self.acting.switch = None;
+        if let Mode::Hold { base } = self.mode {
+            if n == base && settled && self.policy_overrules(base, proposal, unit) {
+                self.mode = Mode::Policy { held: 0 };
+                self.switch(
+                    "ppo",
+                    format!(
+                        "the policy asks for {proposal} streams and nothing measured speaks \
+                         against it"
+                    ),
+                );
+                return proposal;
+            }
+        }
+        if matches!(self.mode, Mode::Policy { .. }) {
+            self.policy_decides(n, o.mi, proposal, settled, unit)
+        } else {
+            self.tuner_decides(n, o.mi, settled, unit)
+        }
+    }
+
+    fn acting(&self) -> Option<Acting> {
+        Some(self.acting.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::{run, RunConfig, Scenario, TraceRow};
+
+    /// A stand-in for a policy: from each count it proposes `script(count)`.
+    struct Scripted(fn(usize) -> usize);
+
+    impl Controller for Scripted {
+        fn name(&self) -> String {
+            "scripted".into()
+        }
+
+        fn decide(&mut self, observation: &Observation) -> usize {
+            (self.0)(observation.streams)
+        }
+    }
+
+    /// Runs `auto` around `policy` on a shipped scenario (seed 1, 64 streams at most).
+    fn run_auto(scenario: &str, policy: fn(usize) -> usize, seconds: f64) -> Vec<TraceRow> {
+        let mut auto = Auto::new(
+            Box::new(Scripted(policy)),
+            AutoParams {
+                max_streams: 64,
+                ..AutoParams::default()
+            },
+        );
+        let config = RunConfig {
+            duration: seconds,
+            max_streams: 64,
+            ..RunConfig::default()
+        };
+        run(&Scenario::shipped(scenario).unwrap(), &mut auto, &config).0
+    }
+
+    /// The switches of a run: interval, who took over, why.
+    fn switches(rows: &[TraceRow]) -> Vec<(u64, &'static str, String)> {
+        rows.iter()
+            .filter_map(|r| {
+                let a = r.acting.clone()?;
+                Some((r.observation.mi, a.controller, a.switch?))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_policy_stuck_below_the_best_is_tuned_up_to_it() {
+        // paper-fig2: 50 Mbit/s streams on 1 Gbit/s, best 20; the policy never leaves 1.
+        let rows = run_auto("paper-fig2", |n| n, 100.0);
+        let s = switches(&rows);
+        assert_eq!(s[0].1, "tuner", "{s:?}");
+        assert!(s[0].2.contains("the policy holds 1 streams"), "{s:?}");
+        let end = &rows[rows.len() - 20..];
+        assert!(
+            end.iter().all(|r| r.observation.streams.abs_diff(20) <= 2),
+            "{:?}",
+            end.iter()
+                .map(|r| r.observation.streams)
+                .collect::<Vec<_>>()
+        );
+        let held = rows.iter().skip(60).filter(|r| r.utility_fraction >= 0.95);
+        assert!(held.count() >= 36, "probes stay rare once at the best");
+    }
+
+    #[test]
+    fn a_policy_move_that_lost_utility_is_undone() {
+        // From 20 (the best) the policy moves to 40 and holds there: each extra stream
+        // costs 2 % and buys nothing.
+        let rows = run_auto("paper-fig2", |n| if n < 20 { 20 } else { 40 }, 30.0);
+        let s = switches(&rows);
+        assert!(s[0].2.contains("back to 20"), "{s:?}");
+        let last = rows.last().unwrap().observation.streams;
+        assert!(last.abs_diff(20) <= 1, "{last}");
+    }
+
+    #[test]
+    fn a_change_of_the_path_hands_control_back_to_the_policy() {
+        // background-arrives: 20 background flows take half the link at 100 s.
+        let rows = run_auto("background-arrives", |n| n.max(20), 160.0);
+        let s = switches(&rows);
+        let back = s
+            .iter()
+            .find(|(mi, who, _)| *mi >= 100 && *who == "ppo")
+            .unwrap_or_else(|| panic!("{s:?}"));
+        assert!(back.0 < 106, "{s:?}");
+        assert!(back.2.contains("without a change of count"), "{s:?}");
+        assert!(
+            s.iter().all(|(mi, who, _)| *who != "ppo" || *mi >= 100),
+            "no false alarm before: {s:?}"
+        );
+    }
+
+    #[test]
+    fn a_policy_that_keeps_reversing_hands_over_to_the_tuner() {
+        // Between 8 and 2 streams for ever.
+        let rows = run_auto("paper-fig2", |n| if n <= 4 { 8 } else { 2 }, 20.0);
+        let s = switches(&rows);
+        assert!(s[0].2.contains("reversing"), "{s:?}");
+        assert!(s[0].0 <= 6, "{s:?}");
+        let counts: Vec<usize> = rows.iter().map(|r| r.observation.streams).collect();
+        assert!(
+            counts[10..].iter().all(|&n| n >= 8),
+            "tuned from the better one: {counts:?}"
+        );
+    }
+}
