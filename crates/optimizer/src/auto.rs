@@ -11,10 +11,13 @@
 //!   again, or the longest wait when the probe fell off a cliff (the path overflowing).
 //!
 //! Control goes back to the policy when the utility at an unchanged count moves far from what
-//! it was (the path or its other traffic changed, which the policy reacts to fastest), and to
-//! the tuner early when the policy keeps reversing itself (a failed convergence). The policy
+//! it was (the path or its other traffic changed, which the policy reacts to fastest), or when
+//! the policy keeps asking for another count that nothing measured speaks against (a gain
+//! smaller than the noise, which the tuner cannot see); it goes to the tuner early when the
+//! policy keeps reversing itself without getting anywhere (a failed convergence). The policy
 //! sees every interval, whoever acts, so its input is current when it takes over again. Each
-//! switch and its reason is reported through [`Controller::acting`].
+//! switch and its reason is reported through [`Controller::acting`], the policy's part under
+//! the name `ppo`.
 
 use std::collections::VecDeque;
 
