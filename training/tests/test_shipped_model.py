@@ -1,41 +1,63 @@
-"""The policy in models/default: Python reproduces its golden vectors with both exports."""
+"""The policies in models/ (the default and the presets): Python reproduces their golden vectors
+with both exports."""
 
 import json
 
 import numpy as np
 import onnx
+import pytest
 import torch
 from onnx.reference import ReferenceEvaluator
 
 from xfer_training.env import REPO
+from xfer_training.train import PRESETS
 
-MODEL = REPO / "models" / "default"
+MODELS = sorted(p.parent for p in (REPO / "models").glob("*/metadata.json"))
 
 
-def golden():
-    data = json.loads((MODEL / "golden.json").read_text())
+def test_the_default_and_both_presets_are_shipped():
+    assert [m.name for m in MODELS] == ["default", "fill-the-pipe", "gentle"]
+
+
+def golden(model):
+    data = json.loads((model / "golden.json").read_text())
     return zip(data["inputs"], data["logits"], data["actions"], strict=True)
 
 
-def test_onnx_export_reproduces_the_golden_vectors():
-    session = ReferenceEvaluator(onnx.load(str(MODEL / "policy.onnx")))
-    for x, logits, action in golden():
+@pytest.fixture(params=MODELS, ids=lambda m: m.name)
+def model(request):
+    return request.param
+
+
+def test_onnx_export_reproduces_the_golden_vectors(model):
+    session = ReferenceEvaluator(onnx.load(str(model / "policy.onnx")))
+    for x, logits, action in golden(model):
         (y,) = session.run(None, {"observation": np.asarray([x], dtype=np.float32)})
         assert np.max(np.abs(y[0] - np.asarray(logits))) < 1e-5
         assert int(np.argmax(y[0])) == action
 
 
-def test_torchscript_export_reproduces_the_golden_vectors():
-    module = torch.jit.load(str(MODEL / "policy.pt"))
-    for x, logits, action in golden():
+def test_torchscript_export_reproduces_the_golden_vectors(model):
+    module = torch.jit.load(str(model / "policy.pt"))
+    for x, logits, action in golden(model):
         with torch.no_grad():
             y = module(torch.tensor([x], dtype=torch.float32))[0].numpy()
         assert np.max(np.abs(y - np.asarray(logits))) < 1e-5
         assert int(np.argmax(y)) == action
 
 
-def test_the_model_is_small_and_describes_itself():
-    metadata = json.loads((MODEL / "metadata.json").read_text())
-    assert sum((MODEL / f).stat().st_size for f in metadata["files"].values()) < 400_000
+def test_the_model_is_small_and_describes_itself(model):
+    metadata = json.loads((model / "metadata.json").read_text())
+    assert sum((model / f).stat().st_size for f in metadata["files"].values()) < 400_000
     assert metadata["training"]["steps"] > 100_000
     assert metadata["training"]["source_revision"] != "unknown"
+
+
+def test_the_presets_are_the_default_fine_tuned_for_their_utility():
+    for model in MODELS:
+        if model.name == "default":
+            continue
+        metadata = json.loads((model / "metadata.json").read_text())
+        assert metadata["utility"] == PRESETS[model.name]
+        assert metadata["training"]["preset"] == model.name
+        assert metadata["training"]["fine_tuned_from"]["path"] == "models/default"

@@ -5,6 +5,10 @@ Example (the shipped model)::
 
     xfer-train --steps 4000000 --seed 1 --out models/default
 
+Fine-tuning the shipped policy for other goals (2 minutes; see ``PRESETS``)::
+
+    xfer-train --from models/default --preset gentle --steps 600000 --out models/gentle
+
 Each of ``--envs`` environments is an ``xfer env --randomize SEED+i`` process that draws a new
 random path (link 100 Mbit/s-100 Gbit/s, RTT 1-300 ms, loss 0-1 %, buffers, per-stream caps,
 changing background traffic) for every episode. TensorBoard logs go to ``--runs``.
@@ -28,7 +32,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from . import evaluate
+from . import evaluate, warm_start
 from .env import DEFAULT_XFER, XferEnv, sim_command
 from .export import Actor, export, logits
 
@@ -43,6 +47,22 @@ HYPERPARAMETERS: dict[str, Any] = {
     "learning_rate": 3e-4,
     "clip_range": 0.2,
 }
+
+#: Utility weights for other goals than the default (K=1.02, B=10), by name (``--preset``).
+PRESETS: dict[str, dict[str, float]] = {
+    # A stream must add 0.5 % throughput to pay, and 1 % loss costs 3 %: for a site that owns
+    # the path and wants it full, loss or not.
+    "fill-the-pipe": {"k": 1.005, "b": 3.0},
+    # A stream must add 5 % throughput to pay, and 1 % loss costs 30 %: the fewest streams that
+    # keep most of the rate, backing off at the first sign of a full queue.
+    "gentle": {"k": 1.05, "b": 30.0},
+}
+#: K and B when neither ``--preset`` nor ``--k``/``--b`` say otherwise.
+DEFAULT_UTILITY = {"k": 1.02, "b": 10.0}
+#: Layout and network settings a fine-tuned policy takes from the export it starts from.
+INHERITED = ["history", "action_history", "max_streams", "net"]
+#: Learning rate of fine-tuning (``--from``): a third of training's keeps what the policy knew.
+FINE_TUNING_LEARNING_RATE = 1e-4
 
 
 class _Progress(BaseCallback):
@@ -108,7 +128,10 @@ def make_env(args: argparse.Namespace, index: int) -> gym.Env:
         action_history=args.action_history,
         reward=args.reward,
         initial_streams=args.initial_streams,
-        extra=["--k", str(args.k), "--b", str(args.b), "--max-streams", str(args.max_streams)],
+        extra=[
+            *("--k", str(args.k), "--b", str(args.b), "--max-streams", str(args.max_streams)),
+            *reward_flags(args),
+        ],
     )
     env: gym.Env = XferEnv(command)
     if args.reward_power != 1:
@@ -116,6 +139,54 @@ def make_env(args: argparse.Namespace, index: int) -> gym.Env:
     if args.reward_bonus:
         env = AtBestBonus(env, args.reward_bonus)
     return env
+
+
+def reward_flags(args: argparse.Namespace) -> list[str]:
+    """The ``xfer env`` flags for the reward weights the options set (the others: xfer's)."""
+    flags = []
+    for name in ["x", "y", "eps"]:
+        value = getattr(args, f"reward_{name}")
+        if value is not None:
+            flags += [f"--reward-{name}", str(value)]
+    return flags
+
+
+def resolve(args: argparse.Namespace) -> argparse.Namespace:
+    """Fills in what the options leave open: K and B from ``--preset`` (or the defaults) where
+    not given, and, with ``--from``, the layout and network of the export to start from."""
+    preset = PRESETS[args.preset] if args.preset else DEFAULT_UTILITY
+    for name in ["k", "b"]:
+        if getattr(args, name) is None:
+            setattr(args, name, preset[name])
+    if args.from_:
+        meta = warm_start.source_metadata(args.from_)
+        inherited = {
+            "history": meta["layout"]["history"],
+            "action_history": meta["layout"]["action_history"],
+            "max_streams": meta["training"]["max_streams"],
+            "net": meta["training"]["net"],
+        }
+        for name in INHERITED:
+            given = getattr(args, name)
+            if given is not None and given != inherited[name]:
+                raise SystemExit(
+                    f"xfer-train: --{name.replace('_', '-')} {given} differs from the "
+                    f"{inherited[name]} of {args.from_}, which --from starts from"
+                )
+            setattr(args, name, inherited[name])
+    defaults = {
+        "history": 8,
+        "action_history": 8,
+        "max_streams": 64,
+        "net": [64, 64],
+        "learning_rate": FINE_TUNING_LEARNING_RATE
+        if args.from_
+        else HYPERPARAMETERS["learning_rate"],
+    }
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
 
 
 def golden_inputs(actor: Actor, env: gym.Env, episodes: int, seed: int) -> np.ndarray:
@@ -137,11 +208,18 @@ def golden_inputs(actor: Actor, env: gym.Env, episodes: int, seed: int) -> np.nd
 
 
 def train(args: argparse.Namespace) -> Path:
-    """Trains, exports to ``args.out`` and returns the metadata file."""
+    """Trains (or, with ``--from``, fine-tunes), exports to ``args.out`` and returns the
+    metadata file."""
+    args = resolve(args)
     torch.set_num_threads(1)
     started = time.monotonic()
     venv = DummyVecEnv([lambda i=i: Monitor(make_env(args, i)) for i in range(args.envs)])
-    hyper = {**HYPERPARAMETERS, "n_steps": args.n_steps, "batch_size": args.batch_size}
+    hyper = {
+        **HYPERPARAMETERS,
+        "n_steps": args.n_steps,
+        "batch_size": args.batch_size,
+        "learning_rate": args.learning_rate,
+    }
     model = PPO(
         "MlpPolicy",
         venv,
@@ -152,9 +230,21 @@ def train(args: argparse.Namespace) -> Path:
         verbose=0,
         **hyper,
     )
-    model.learn(
-        total_timesteps=args.steps, callback=_Progress(), tb_log_name=f"ppo-seed{args.seed}"
-    )
+    name = f"ppo-seed{args.seed}"
+    warmup = 0
+    if args.from_:
+        warm_start.load_actor(model, args.from_)
+        warmup = min(args.critic_warmup, args.steps)
+        warm_start.freeze_actor(model, frozen=True)
+        model.learn(total_timesteps=warmup, callback=_Progress(), tb_log_name=name)
+        warm_start.freeze_actor(model, frozen=False)
+    if args.steps > warmup:
+        model.learn(
+            total_timesteps=args.steps - warmup,
+            callback=_Progress(),
+            tb_log_name=name,
+            reset_num_timesteps=not args.from_,
+        )
     wall = time.monotonic() - started
     venv.close()
     env = make_env(args, 999)
@@ -181,6 +271,16 @@ def train(args: argparse.Namespace) -> Path:
         },
         "wall_time_s": round(wall, 1),
     }
+    if args.preset:
+        training["preset"] = args.preset
+    if args.from_:
+        source = warm_start.source_metadata(args.from_)["training"]
+        training["fine_tuned_from"] = {
+            "path": str(args.from_),
+            "source_revision": source.get("source_revision"),
+            "steps": source.get("steps"),
+            "critic_warmup_steps": warmup,
+        }
     metadata = export(model, args.out, description, inputs, training)
     model.save(args.runs / f"ppo-seed{args.seed}.zip")
     print(f"xfer-train: {model.num_timesteps} steps in {wall:.0f} s; exported to {args.out}")
@@ -202,9 +302,36 @@ def parser() -> argparse.ArgumentParser:
         "environments their families in turn",
     )
     p.add_argument("--episode-s", type=float, default=100.0, help="simulated seconds/episode")
-    p.add_argument("--history", type=int, default=8, help="signal vectors per observation")
-    p.add_argument("--action-history", type=int, default=8, help="past actions per observation")
+    p.add_argument(
+        "--from",
+        dest="from_",
+        type=Path,
+        metavar="EXPORT",
+        help="fine-tune this export (e.g. models/default) instead of starting from scratch; "
+        "the layout and network are its own",
+    )
+    p.add_argument(
+        "--critic-warmup",
+        type=int,
+        default=200_000,
+        metavar="STEPS",
+        help="with --from: first steps that train only the new critic, the actor frozen",
+    )
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="utility weights for another goal: "
+        + "; ".join(f"{n}: K={v['k']} B={v['b']}" for n, v in PRESETS.items()),
+    )
+    p.add_argument("--history", type=int, help="signal vectors per observation [8]")
+    p.add_argument("--action-history", type=int, help="past actions per observation [8]")
     p.add_argument("--reward", choices=["utility", "change"], default="utility")
+    for name, meaning in [
+        ("x", "reward when the utility rose by more than --reward-eps (reward change)"),
+        ("y", "reward when it fell by more than --reward-eps (reward change)"),
+        ("eps", "relative change of utility that counts as none (reward change)"),
+    ]:
+        p.add_argument(f"--reward-{name}", type=float, help=f"{meaning} [xfer's default]")
     p.add_argument(
         "--reward-power",
         type=float,
@@ -223,12 +350,19 @@ def parser() -> argparse.ArgumentParser:
         help="streams at the start of an episode: a count, random (1 to --max-streams) or "
         "random:SHARE (random in that share of episodes, 1 in the others)",
     )
-    p.add_argument("--k", type=float, default=1.02, help="utility: cost per stream")
-    p.add_argument("--b", type=float, default=10.0, help="utility: loss penalty")
-    p.add_argument("--max-streams", type=int, default=64)
-    p.add_argument("--net", type=lambda s: [int(x) for x in s.split(",")], default=[64, 64])
+    p.add_argument("--k", type=float, help="utility: cost per stream [the preset's, or 1.02]")
+    p.add_argument("--b", type=float, help="utility: loss penalty [the preset's, or 10]")
+    p.add_argument("--max-streams", type=int, help="[64]")
+    p.add_argument(
+        "--net", type=lambda s: [int(x) for x in s.split(",")], help="hidden layers [64,64]"
+    )
     p.add_argument("--n-steps", type=int, default=HYPERPARAMETERS["n_steps"], help="per env")
     p.add_argument("--batch-size", type=int, default=HYPERPARAMETERS["batch_size"])
+    p.add_argument(
+        "--learning-rate",
+        type=float,
+        help=f"[{HYPERPARAMETERS['learning_rate']}; with --from {FINE_TUNING_LEARNING_RATE}]",
+    )
     p.add_argument(
         "--evaluate",
         type=int,

@@ -207,12 +207,14 @@ pub struct TuningArgs {
     /// Most streams the controller may use.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub max_streams: u32,
-    /// Utility: cost of each extra stream, K in U = T/K^n - T*L*B (at least 1).
-    #[arg(long, default_value_t = UtilityParams::default().k)]
-    pub k: f64,
-    /// Utility: loss penalty, B in U = T/K^n - T*L*B (at least 0).
-    #[arg(long, default_value_t = UtilityParams::default().b)]
-    pub b: f64,
+    /// Utility: cost of each extra stream, K in U = T/K^n - T*L*B (at least 1) [default: the
+    /// K a ppo or auto model was trained for, else 1.02].
+    #[arg(long)]
+    pub k: Option<f64>,
+    /// Utility: loss penalty, B in U = T/K^n - T*L*B (at least 0) [default: the B a ppo or auto
+    /// model was trained for, else 10].
+    #[arg(long)]
+    pub b: Option<f64>,
     /// Reward when the utility rose by more than --reward-eps.
     #[arg(long, default_value_t = RewardParams::default().x, allow_negative_numbers = true)]
     pub reward_x: f64,
@@ -229,15 +231,19 @@ pub struct TuningArgs {
 }
 
 impl TuningArgs {
-    /// The utility parameters, checked.
-    pub fn utility(&self) -> anyhow::Result<UtilityParams> {
-        if !(self.k.is_finite() && self.k >= 1.0 && self.b.is_finite() && self.b >= 0.0) {
+    /// The utility parameters: `--k` and `--b` where given, the others from `fallback`; checked.
+    pub fn utility_or(&self, fallback: UtilityParams) -> anyhow::Result<UtilityParams> {
+        let k = self.k.unwrap_or(fallback.k);
+        let b = self.b.unwrap_or(fallback.b);
+        if !(k.is_finite() && k >= 1.0 && b.is_finite() && b >= 0.0) {
             bail!("--k must be at least 1 and --b at least 0");
         }
-        Ok(UtilityParams {
-            k: self.k,
-            b: self.b,
-        })
+        Ok(UtilityParams { k, b })
+    }
+
+    /// The utility parameters `--k` and `--b` give, with the defaults for those not given.
+    pub fn utility(&self) -> anyhow::Result<UtilityParams> {
+        self.utility_or(UtilityParams::default())
     }
 
     /// The reward parameters, checked.

@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use anyhow::{bail, Context};
 use optimizer::policy::PolicyController;
-use optimizer::{Auto, AutoParams, Controller, ControllerSpec};
+use optimizer::{Auto, AutoParams, Controller, ControllerSpec, UtilityParams};
 
 use crate::args::TuningArgs;
 use crate::external::ExternalAgent;
@@ -49,21 +49,30 @@ impl FromStr for OptimizerSpec {
 }
 
 impl OptimizerSpec {
-    /// Builds the controller for a transfer measured and judged as `tuning` says; `seed`
-    /// seeds random choices. `live`: for a real transfer (an external agent needs one).
+    /// The policy this controller runs, if it runs one: `Some(None)` for the built-in policy.
+    fn policy_path(&self) -> Option<Option<&Path>> {
+        match self {
+            OptimizerSpec::Ppo(path) | OptimizerSpec::Auto(path) => Some(path.as_deref()),
+            OptimizerSpec::Builtin(_) | OptimizerSpec::External(_) => None,
+        }
+    }
+
+    /// Builds the controller for a transfer measured as `tuning` says and judged by `utility`
+    /// (see [`utility`]); `seed` seeds random choices. `live`: for a real transfer (an external
+    /// agent needs one).
     pub fn build(
         &self,
         tuning: &TuningArgs,
+        utility: UtilityParams,
         seed: u64,
         live: bool,
     ) -> anyhow::Result<Box<dyn Controller>> {
         let max_streams = tuning.max_streams as usize;
-        let utility = tuning.utility()?;
         match self {
             OptimizerSpec::Builtin(spec) => Ok(spec.build(max_streams, utility, seed)),
-            OptimizerSpec::Ppo(path) => Ok(Box::new(policy(path.as_deref(), tuning)?)),
+            OptimizerSpec::Ppo(path) => Ok(Box::new(policy(path.as_deref(), tuning, utility)?)),
             OptimizerSpec::Auto(path) => Ok(Box::new(Auto::new(
-                Box::new(policy(path.as_deref(), tuning)?),
+                Box::new(policy(path.as_deref(), tuning, utility)?),
                 AutoParams {
                     max_streams,
                     ..AutoParams::default()
@@ -84,15 +93,47 @@ impl OptimizerSpec {
     }
 }
 
-/// The policy at `path` (the built-in one for `None`), for a transfer tuned as `tuning` says.
-fn policy(path: Option<&Path>, tuning: &TuningArgs) -> anyhow::Result<PolicyController> {
+/// The utility that judges a run of these controllers: `--k` and `--b` where given, else the
+/// utility the policies among them were trained for (a model re-trained for other weights needs
+/// no flags), else the default. Policies trained for different utilities need `--k` and `--b`
+/// (and then refuse to run if those are not theirs).
+pub fn utility(specs: &[OptimizerSpec], tuning: &TuningArgs) -> anyhow::Result<UtilityParams> {
+    let mut trained: Option<(UtilityParams, String)> = None;
+    if tuning.k.is_none() || tuning.b.is_none() {
+        for path in specs.iter().filter_map(OptimizerSpec::policy_path) {
+            let source = PolicySource::open(path)?;
+            let own = source.metadata.utility;
+            match &trained {
+                Some((first, name)) if *first != own => bail!(
+                    "policy {name} was trained for the utility K={} B={} and policy {} for                      K={} B={}: give --k and --b to compare them under one utility",
+                    first.k,
+                    first.b,
+                    source.describe(),
+                    own.k,
+                    own.b
+                ),
+                Some(_) => {}
+                None => trained = Some((own, source.describe())),
+            }
+        }
+    }
+    tuning.utility_or(trained.map_or_else(UtilityParams::default, |(u, _)| u))
+}
+
+/// The policy at `path` (the built-in one for `None`), for a transfer tuned as `tuning` says
+/// and judged by `utility`.
+fn policy(
+    path: Option<&Path>,
+    tuning: &TuningArgs,
+    utility: UtilityParams,
+) -> anyhow::Result<PolicyController> {
     let source = PolicySource::open(path)?;
     let model = source.model(tuning.policy_runtime)?;
     PolicyController::new(
         model,
         &source.metadata,
         tuning.max_streams as usize,
-        tuning.utility()?,
+        utility,
     )
     .with_context(|| format!("policy {}", source.describe()))
 }
@@ -127,30 +168,70 @@ mod tests {
         }
     }
 
+    fn tuning(extra: &[&str]) -> TuningArgs {
+        use clap::Parser;
+        let mut args = vec!["xfer", "sim", "--scenario", "x"];
+        args.extend_from_slice(extra);
+        match crate::args::Cli::parse_from(args).command {
+            crate::args::Command::Sim(sim) => sim.tuning,
+            _ => unreachable!(),
+        }
+    }
+
+    /// Builds `spec` under the utility [`utility`] picks for it alone.
+    fn build(spec: &OptimizerSpec, extra: &[&str]) -> anyhow::Result<Box<dyn Controller>> {
+        let tuning = tuning(extra);
+        let utility = utility(std::slice::from_ref(spec), &tuning)?;
+        spec.build(&tuning, utility, 0, false)
+    }
+
     #[test]
     fn the_built_in_policy_runs_with_the_default_utility_only() {
-        use clap::Parser;
-        let tuning = |extra: &[&str]| {
-            let mut args = vec!["xfer", "sim", "--scenario", "x"];
-            args.extend_from_slice(extra);
-            match crate::args::Cli::parse_from(args).command {
-                crate::args::Command::Sim(sim) => sim.tuning,
-                _ => unreachable!(),
-            }
-        };
         let ppo = OptimizerSpec::Ppo(None);
-        assert_eq!(ppo.build(&tuning(&[]), 0, false).unwrap().name(), "ppo");
-        let err = ppo.build(&tuning(&["--k", "1.1"]), 0, false).err().unwrap();
+        assert_eq!(build(&ppo, &[]).unwrap().name(), "ppo");
+        let err = build(&ppo, &["--k", "1.1"]).err().unwrap();
         assert!(format!("{err:#}").contains("re-train"), "{err:#}");
         let auto = OptimizerSpec::Auto(None);
-        assert_eq!(auto.build(&tuning(&[]), 0, false).unwrap().name(), "auto");
-        let err = auto
-            .build(&tuning(&["--k", "1.1"]), 0, false)
-            .err()
-            .unwrap();
+        assert_eq!(build(&auto, &[]).unwrap().name(), "auto");
+        let err = build(&auto, &["--k", "1.1"]).err().unwrap();
         assert!(format!("{err:#}").contains("re-train"), "{err:#}");
         let external = OptimizerSpec::External("/nonexistent/agent.sock".into());
-        let err = external.build(&tuning(&[]), 0, false).err().unwrap();
+        let err = build(&external, &[]).err().unwrap();
         assert!(err.to_string().contains("xfer env"), "{err}");
+    }
+
+    #[test]
+    fn a_model_trained_for_another_utility_brings_it_unless_flags_say_otherwise() {
+        let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/default");
+        let dir = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(&default).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+        }
+        let meta = dir.path().join("metadata.json");
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&meta).unwrap()).unwrap();
+        json["utility"] = serde_json::json!({"k": 1.05, "b": 30.0});
+        std::fs::write(&meta, json.to_string()).unwrap();
+        let gentle = OptimizerSpec::Ppo(Some(dir.path().into()));
+        let gd = OptimizerSpec::Builtin(ControllerSpec::Gd);
+        let trained = UtilityParams { k: 1.05, b: 30.0 };
+
+        // The model's utility judges it and every controller run beside it.
+        let pair = [gd.clone(), gentle.clone()];
+        assert_eq!(utility(&pair, &tuning(&[])).unwrap(), trained);
+        assert_eq!(build(&gentle, &[]).unwrap().name(), "ppo");
+        // Flags that repeat it are fine; flags that differ are refused by the model.
+        assert!(build(&gentle, &["--k", "1.05", "--b", "30"]).is_ok());
+        let err = build(&gentle, &["--b", "10"]).err().unwrap();
+        assert!(format!("{err:#}").contains("K=1.05 B=30"), "{err:#}");
+        // Without a policy, flags or the default decide.
+        assert_eq!(
+            utility(std::slice::from_ref(&gd), &tuning(&[])).unwrap(),
+            UtilityParams::default()
+        );
+        // Two policies trained for different utilities need flags to be compared.
+        let err = utility(&[OptimizerSpec::Ppo(None), gentle], &tuning(&[])).unwrap_err();
+        assert!(err.to_string().contains("give --k and --b"), "{err}");
     }
 }

@@ -217,12 +217,32 @@ mod tests {
     }
 
     #[test]
-    fn the_export_directory_reproduces_its_golden_vectors() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/default");
-        let source = PolicySource::open(Some(&dir)).unwrap();
-        assert_eq!(source.metadata, PolicySource::open(None).unwrap().metadata);
-        let mut model = source.model(PolicyRuntime::Onnx).unwrap();
-        assert!(source.golden().unwrap().check(model.as_mut()).unwrap() <= TOLERANCE);
+    fn every_shipped_export_reproduces_its_golden_vectors() {
+        let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+        let mut checked = Vec::new();
+        for entry in std::fs::read_dir(&models).unwrap() {
+            let dir = entry.unwrap().path();
+            if !dir.join("metadata.json").exists() {
+                continue;
+            }
+            let source = PolicySource::open(Some(&dir)).unwrap();
+            if dir.ends_with("default") {
+                assert_eq!(source.metadata, PolicySource::open(None).unwrap().metadata);
+            }
+            let golden = source.golden().unwrap();
+            for runtime in runtimes() {
+                let mut model = source.model(runtime).unwrap();
+                let worst = golden.check(model.as_mut()).unwrap();
+                assert!(
+                    worst <= TOLERANCE,
+                    "{}, {runtime:?}: off by {worst}",
+                    dir.display()
+                );
+            }
+            checked.push(dir.file_name().unwrap().to_string_lossy().into_owned());
+        }
+        checked.sort();
+        assert_eq!(checked, ["default", "fill-the-pipe", "gentle"]);
     }
 
     /// Runs the built-in policy on a shipped scenario from one stream.

@@ -21,7 +21,7 @@ use transfer::tcp_info::TcpInfo;
 use transfer::transport::Transport;
 
 use crate::args::{parse_destination, Destination, SendArgs};
-use crate::controllers::OptimizerSpec;
+use crate::controllers::{self, OptimizerSpec};
 use crate::ssh_start::SshStart;
 
 /// How often the progress bar and the stream schedule are updated.
@@ -137,15 +137,16 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         }
         (None, _) => None,
     };
+    let utility = controllers::utility(controller.as_slice(), &args.tuning)?;
     let settings = OptimizerSettings {
         interval: args.tuning.mi,
-        utility: args.tuning.utility()?,
+        utility,
         reward: args.tuning.reward()?,
         ..OptimizerSettings::default()
     };
     // Built before the transfer starts, so that a policy that cannot run stops nothing.
     let controller = controller
-        .map(|spec| spec.build(&args.tuning, args.seed, true))
+        .map(|spec| spec.build(&args.tuning, utility, args.seed, true))
         .transpose()?;
     let initial = schedule
         .as_ref()

@@ -7,6 +7,7 @@ use optimizer::sim::{self, RunConfig, RunSummary, Scenario, TraceRow};
 use serde::Serialize;
 
 use crate::args::SimArgs;
+use crate::controllers;
 
 /// Loads a scenario by shipped name, as `random:FAMILY:SEED` (background changes within
 /// `horizon` seconds), or from a file when the name is neither.
@@ -52,13 +53,14 @@ fn scenarios(names: &[String], horizon: f64) -> anyhow::Result<Vec<Scenario>> {
 /// Runs `xfer sim`.
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let scenarios = scenarios(&args.scenario, args.duration.as_secs_f64())?;
+    let utility = controllers::utility(&args.optimizer, &args.tuning)?;
     let base = RunConfig {
         duration: args.duration.as_secs_f64(),
         mi: args.tuning.mi.as_secs_f64(),
         max_streams: args.tuning.max_streams as usize,
         initial_streams: 1,
         seed: args.seed,
-        utility: args.tuning.utility()?,
+        utility,
         reward: args.tuning.reward()?,
     };
     let runs = scenarios.len() * args.optimizer.len() * args.seeds as usize;
@@ -69,7 +71,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             let mut summaries = Vec::new();
             for seed in args.seed..args.seed + args.seeds {
                 let config = RunConfig { seed, ..base };
-                let mut controller = spec.build(&args.tuning, seed, false)?;
+                let mut controller = spec.build(&args.tuning, utility, seed, false)?;
                 let (rows, summary) = sim::run(scenario, controller.as_mut(), &config);
                 if runs == 1 {
                     return print_trace(&mut out, &rows, &summary, args.json);
