@@ -105,7 +105,8 @@ pub fn utility(specs: &[OptimizerSpec], tuning: &TuningArgs) -> anyhow::Result<U
             let own = source.metadata.utility;
             match &trained {
                 Some((first, name)) if *first != own => bail!(
-                    "policy {name} was trained for the utility K={} B={} and policy {} for                      K={} B={}: give --k and --b to compare them under one utility",
+                    "policy {name} was trained for the utility K={} B={} and policy {} for \
+                     K={} B={}: give --k and --b to compare them under one utility",
                     first.k,
                     first.b,
                     source.describe(),
@@ -232,6 +233,10 @@ mod tests {
         );
         // Two policies trained for different utilities need flags to be compared.
         let err = utility(&[OptimizerSpec::Ppo(None), gentle], &tuning(&[])).unwrap_err();
-        assert!(err.to_string().contains("give --k and --b"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("for K=1.05 B=30: give --k and --b"),
+            "{err}"
+        );
     }
 }
