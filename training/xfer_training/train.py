@@ -59,8 +59,6 @@ PRESETS: dict[str, dict[str, float]] = {
 }
 #: K and B when neither ``--preset`` nor ``--k``/``--b`` say otherwise.
 DEFAULT_UTILITY = {"k": 1.02, "b": 10.0}
-#: Layout and network settings a fine-tuned policy takes from the export it starts from.
-INHERITED = ["history", "action_history", "max_streams", "net"]
 #: Learning rate of fine-tuning (``--from``): a third of training's keeps what the policy knew.
 FINE_TUNING_LEARNING_RATE = 1e-4
 
@@ -160,13 +158,14 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
             setattr(args, name, preset[name])
     if args.from_:
         meta = warm_start.source_metadata(args.from_)
+        # What a fine-tuned policy takes from the export it starts from.
         inherited = {
             "history": meta["layout"]["history"],
             "action_history": meta["layout"]["action_history"],
             "max_streams": meta["training"]["max_streams"],
             "net": meta["training"]["net"],
         }
-        for name in INHERITED:
+        for name in inherited:
             given = getattr(args, name)
             if given is not None and given != inherited[name]:
                 raise SystemExit(
@@ -235,9 +234,10 @@ def train(args: argparse.Namespace) -> Path:
     if args.from_:
         warm_start.load_actor(model, args.from_)
         warmup = min(args.critic_warmup, args.steps)
-        warm_start.freeze_actor(model, frozen=True)
-        model.learn(total_timesteps=warmup, callback=_Progress(), tb_log_name=name)
-        warm_start.freeze_actor(model, frozen=False)
+        if warmup > 0:
+            warm_start.freeze_actor(model, frozen=True)
+            model.learn(total_timesteps=warmup, callback=_Progress(), tb_log_name=name)
+            warm_start.freeze_actor(model, frozen=False)
     if args.steps > warmup:
         model.learn(
             total_timesteps=args.steps - warmup,
