@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-from xfer_training import evaluate, train
+from xfer_training import distill, evaluate, train
 from xfer_training.env import XferEnv, sim_command
 
 
@@ -210,3 +210,31 @@ def test_fine_tuning_refuses_a_network_that_does_not_fit_the_export(xfer, export
     source, _ = exported
     with pytest.raises(SystemExit, match="--net"):
         fine_tune(xfer, source, tmp_path / "out", tmp_path / "runs", "--net", "32,32")
+
+
+def test_distilling_gives_a_smaller_policy_that_learns_the_teachers_actions(
+    xfer, exported, tmp_path
+):
+    teacher, _ = exported
+    out = tmp_path / "light"
+    args = distill.parser().parse_args(
+        ["--teacher", str(teacher), "--net", "16,16", "--rounds", "2"]
+        + ["--steps-per-round", "2048", "--envs", "2", "--out", str(out), "--xfer", str(xfer)]
+    )
+    training = distill.distill(args)
+    first, second = training["rounds"]
+    assert second["observations"] == 2 * first["observations"] == 4096
+    # The second round's observations are new to the student, yet it agrees with the teacher
+    # more often than before it learned anything.
+    assert second["agreement_before_training"] > first["agreement_before_training"] + 0.1
+    metadata = json.loads((out / "metadata.json").read_text())
+    assert metadata["training"]["net"] == [16, 16]
+    assert metadata["training"]["teacher"]["path"] == str(teacher)
+    assert (out / "policy.onnx").stat().st_size < (teacher / "policy.onnx").stat().st_size / 2
+    report = subprocess.run(
+        [str(xfer), "model", str(out), "--json", "--decisions", "100"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(report.stdout)["golden_max_logit_error"] < 1e-5

@@ -31,14 +31,16 @@ ONNX_OPSET = 18
 
 
 class Actor(torch.nn.Module):
-    """The policy part of an SB3 actor-critic: observation -> action logits."""
+    """The policy part of an SB3 actor-critic: observation -> action logits. A copy of the
+    model's weights, or with ``share`` the model's own (training it trains the model)."""
 
-    def __init__(self, model: PPO) -> None:
+    def __init__(self, model: PPO, share: bool = False) -> None:
         super().__init__()
         policy = model.policy
-        self.features = copy.deepcopy(policy.pi_features_extractor)
-        self.body = copy.deepcopy(policy.mlp_extractor.policy_net)
-        self.head = copy.deepcopy(policy.action_net)
+        take = (lambda m: m) if share else copy.deepcopy
+        self.features = take(policy.pi_features_extractor)
+        self.body = take(policy.mlp_extractor.policy_net)
+        self.head = take(policy.action_net)
         self.eval()
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:

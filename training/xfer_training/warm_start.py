@@ -1,4 +1,5 @@
-"""Starting PPO from an exported policy, to fine-tune it for other goals (paper 002_*).
+"""Starting from an exported policy: fine-tuning it for other goals, or distilling it (paper
+002_*).
 
 An export holds the actor alone (``policy.pt``, the TorchScript of :class:`export.Actor`), so
 fine-tuning loads those weights into a fresh PPO model of the same shape and first trains the
@@ -28,14 +29,20 @@ def source_metadata(export_dir: Path) -> dict[str, Any]:
         raise SystemExit(f"xfer-train: --from {export_dir}: not a policy export ({e})") from e
 
 
-def load_actor(model: PPO, export_dir: Path) -> None:
-    """Copies the actor weights of the export in ``export_dir`` into ``model``'s policy, which
-    must have the same network shape (refused with a clear error otherwise)."""
+def load_exported(export_dir: Path) -> torch.nn.Module:
+    """The actor network of the export in ``export_dir`` (observation -> logits)."""
     with warnings.catch_warnings():
         # torch.jit is deprecated but is what the tch runtime reads; the export writes it.
         warnings.simplefilter("ignore", DeprecationWarning)
-        exported = torch.jit.load(str(export_dir / TORCHSCRIPT_FILE), map_location="cpu")
-    state = exported.state_dict()
+        actor = torch.jit.load(str(export_dir / TORCHSCRIPT_FILE), map_location="cpu")
+    actor.eval()
+    return actor
+
+
+def load_actor(model: PPO, export_dir: Path) -> None:
+    """Copies the actor weights of the export in ``export_dir`` into ``model``'s policy, which
+    must have the same network shape (refused with a clear error otherwise)."""
+    state = load_exported(export_dir).state_dict()
     parts = {
         "body.": model.policy.mlp_extractor.policy_net,
         "head.": model.policy.action_net,
