@@ -1,5 +1,5 @@
-"""The policies in models/ (the default and the presets): Python reproduces their golden vectors
-with both exports."""
+"""The policies in models/ (the default, the presets and the light one): Python reproduces their
+golden vectors with both exports."""
 
 import json
 
@@ -15,8 +15,8 @@ from xfer_training.train import PRESETS
 MODELS = sorted(p.parent for p in (REPO / "models").glob("*/metadata.json"))
 
 
-def test_the_default_and_both_presets_are_shipped():
-    assert [m.name for m in MODELS] == ["default", "fill-the-pipe", "gentle"]
+def test_the_default_both_presets_and_the_light_policy_are_shipped():
+    assert [m.name for m in MODELS] == ["default", "fill-the-pipe", "gentle", "light"]
 
 
 def golden(model):
@@ -55,9 +55,20 @@ def test_the_model_is_small_and_describes_itself(model):
 
 def test_the_presets_are_the_default_fine_tuned_for_their_utility():
     for model in MODELS:
-        if model.name == "default":
+        if model.name not in PRESETS:
             continue
         metadata = json.loads((model / "metadata.json").read_text())
         assert metadata["utility"] == PRESETS[model.name]
         assert metadata["training"]["preset"] == model.name
         assert metadata["training"]["fine_tuned_from"]["path"] == "models/default"
+
+
+def test_the_light_policy_is_the_default_distilled_to_under_half_its_size():
+    light, default = REPO / "models" / "light", REPO / "models" / "default"
+    metadata = json.loads((light / "metadata.json").read_text())
+    assert metadata["training"]["teacher"]["path"] == "models/default"
+    assert metadata["utility"] == json.loads((default / "metadata.json").read_text())["utility"]
+    # The student picked the teacher's action on most observations it had not trained on.
+    assert metadata["training"]["rounds"][-1]["agreement_before_training"] > 0.9
+    for export in ("policy.onnx", "policy.pt"):
+        assert (light / export).stat().st_size < (default / export).stat().st_size / 2

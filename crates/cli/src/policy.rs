@@ -242,7 +242,7 @@ mod tests {
             checked.push(dir.file_name().unwrap().to_string_lossy().into_owned());
         }
         checked.sort();
-        assert_eq!(checked, ["default", "fill-the-pipe", "gentle"]);
+        assert_eq!(checked, ["default", "fill-the-pipe", "gentle", "light"]);
     }
 
     /// Runs the built-in policy on a shipped scenario from one stream.
