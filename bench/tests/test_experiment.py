@@ -3,8 +3,9 @@ import os
 
 import pytest
 
-from xfer_bench import experiment, metrics, run_experiment
+from xfer_bench import experiment, metrics, report, run_experiment
 from xfer_bench.metrics import Sample, TransferResult
+from xfer_bench.runner import RunResult
 
 SMOKE = """
 name = "smoke"
@@ -102,6 +103,24 @@ def test_metrics():
     ramp = TransferResult("R", 2, [Sample(2 + t, min(10 * t, 100), 1, 0) for t in range(1, 20)])
     assert ramp.time_to_95() == 10
     assert TransferResult("short", 0, [Sample(1, 5, 1, 0)]).time_to_95() is None
+    # Against another best than its own: 95 % of 50 Mbit/s at one stream is reached sooner.
+    assert ramp.best_sustained() == pytest.approx(100 / metrics.K)
+    assert ramp.time_to_95(best=50 / metrics.K) == 5
+    assert ramp.time_to_95(best=110 / metrics.K) is None
+    lossy = TransferResult("L", 0, [Sample(1, 100, 0, 0.01)])
+    assert lossy.mean_utility() == pytest.approx(100 - 100 * 0.01 * metrics.B)
+
+
+def test_the_report_compares_runs_on_the_best_utility_any_of_them_sustained(tmp_path):
+    def run(variant: str, mbit: list[float]) -> RunResult:
+        t = TransferResult(f"T1 {variant}", 0, [Sample(i + 1, m, 0, 0) for i, m in enumerate(mbit)])
+        return RunResult(variant, 0, [t], [], 0.5, 0.0, tmp_path)
+
+    slow, fast = run("slow", [10, 40, 80, 90, 90, 90, 90, 90]), run("fast", [100] * 8)
+    table = "\n".join(report._across_runs([slow, fast]))
+    assert "| slow | 1 | T1 slow | 72 | 0.725 | - |" in table, table
+    assert "| fast | 1 | T1 fast | 100 | 1.000 | 1 |" in table, table
+    assert report._across_runs([fast]) == []
 
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")

@@ -48,15 +48,31 @@ class TransferResult:
             return None
         return sum(losses) / len(losses)  # type: ignore[arg-type]
 
-    def time_to_95(self, window: int = 5) -> float | None:
-        """Seconds from the transfer's start until its utility first reached 95 % of the best
-        utility it sustained (the best mean over `window` consecutive samples). On a real path
-        the best count is not known, so the best the run itself achieved stands in for it."""
-        u = [s.mbit / K**s.streams - s.mbit * (s.loss or 0.0) * B for s in self.samples]
+    def utilities(self) -> list[float]:
+        """Each sample's utility, U = T/K^n - T*L*B with T in Mbit/s (no loss term when the
+        tool does not report loss)."""
+        return [s.mbit / K**s.streams - s.mbit * (s.loss or 0.0) * B for s in self.samples]
+
+    def mean_utility(self) -> float | None:
+        """Mean utility over the transfer's samples; None without samples."""
+        u = self.utilities()
+        return sum(u) / len(u) if u else None
+
+    def best_sustained(self, window: int = 5) -> float | None:
+        """The best mean utility over `window` consecutive samples; None for a shorter run."""
+        u = self.utilities()
         if len(u) < window:
             return None
-        best = max(sum(u[i : i + window]) / window for i in range(len(u) - window + 1))
-        for s, value in zip(self.samples, u, strict=True):
+        return max(sum(u[i : i + window]) / window for i in range(len(u) - window + 1))
+
+    def time_to_95(self, window: int = 5, best: float | None = None) -> float | None:
+        """Seconds from the transfer's start until its utility first reached 95 % of `best`,
+        by default of the best utility it sustained itself (:meth:`best_sustained`): on a real
+        path the best count is not known, so the best a run achieved stands in for it."""
+        best = self.best_sustained(window) if best is None else best
+        if best is None:
+            return None
+        for s, value in zip(self.samples, self.utilities(), strict=True):
             if best > 0 and value >= 0.95 * best:
                 return max(s.t - self.start_s, 0.0)
         return None

@@ -86,6 +86,40 @@ def _path(exp: Experiment, hosts: Hosts | None) -> tuple[float, str]:
     )
 
 
+def _across_runs(runs: Sequence[RunResult]) -> list[str]:
+    """The utility table that compares runs: each transfer against the best utility that the
+    same transfer (by position) sustained in any run, when there is more than one run."""
+    if len(runs) < 2 or len({len(r.transfers) for r in runs}) > 1:
+        return []
+    lines = [
+        "## Utility across runs",
+        "",
+        "| variant | rep | transfer | mean U | mean U / best | t95 of best s |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for i in range(len(runs[0].transfers)):
+        sustained = [r.transfers[i].best_sustained() for r in runs if not r.transfers[i].error]
+        best = max((b for b in sustained if b is not None), default=None)
+        if best is None or best <= 0:
+            continue
+        for r in runs:
+            t = r.transfers[i]
+            if t.error or (mean := t.mean_utility()) is None:
+                continue
+            lines.append(
+                f"| {r.variant} | {r.repetition + 1} | {t.label} | {mean:.0f} | "
+                f"{mean / best:.3f} | {_fmt(t.time_to_95(best=best), '.0f')} |"
+            )
+    return lines + [
+        "",
+        "U = T/K^n - T*L*B (T in Mbit/s, K 1.02, B 10). Best: the best mean utility over 5 "
+        "intervals that this transfer sustained in any run; t95 of best: seconds until the "
+        "transfer first reached 95 % of it. Where the runs share one path, this compares the "
+        "optimisers on one scale.",
+        "",
+    ]
+
+
 def write(
     exp: Experiment, runs: Sequence[RunResult], out: Path, command: str, hosts: Hosts | None = None
 ) -> Path:
@@ -136,6 +170,7 @@ def write(
         "seconds.",
         "",
     ]
+    lines += _across_runs(runs)
     overlaps = [(r, w) for r in runs for w in r.windows if len(w.labels) > 1]
     if overlaps:
         lines += [
@@ -175,6 +210,7 @@ def write(
                     "mean_mbit": t.mean_mbit(),
                     "mean_loss": t.mean_loss(),
                     "time_to_95": t.time_to_95(),
+                    "mean_utility": t.mean_utility(),
                     "cpu_s": t.cpu_s,
                     "completed_s": t.completed_s,
                     "error": t.error,

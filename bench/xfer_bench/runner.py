@@ -499,19 +499,19 @@ def _finish(
     supervise.stop(proc)
     stderr = logs / f"T{t.index + 1}.stderr"
     result.cpu_s = supervise.cpu_seconds(stderr)
-    problem = None
-    if ended and proc.returncode != 0:
-        problem = f"exited with status {proc.returncode}"
-    else:
-        if ended and t.workload.count:
-            result.completed_s = now - launched
-        try:
-            if t.tool == "xfer":
-                name = _mi_log_name(t)
-                net.collect(t.index, net.sender_path(t.index, name), logs / name)
+    failed = ended and proc.returncode != 0
+    problem = f"exited with status {proc.returncode}" if failed else None
+    try:
+        if t.tool == "xfer":
+            # A failed transfer's log too: it shows what the transfer did until then.
+            name = _mi_log_name(t)
+            net.collect(t.index, net.sender_path(t.index, name), logs / name)
+        if not failed:
+            if ended and t.workload.count:
+                result.completed_s = now - launched
             result.samples = _samples(t, launched, logs)
-        except (OSError, ValueError, RuntimeError, KeyError) as e:
-            problem = str(e)
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
+        problem = problem or str(e)
     if problem:
         err = stderr.read_text().split(supervise.CPU_MARKER)[0].strip()
         result.error = f"{problem}; {err[-300:]}" if err else problem

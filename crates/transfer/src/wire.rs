@@ -386,6 +386,18 @@ impl<R: Read> FrameReader<R> {
 }
 
 impl<R: Read> FrameReader<io::BufReader<R>> {
+    /// Whether the whole next frame has arrived in the buffer already, so that reading it will
+    /// not wait for the peer (its length is checked when it is read).
+    pub fn next_frame_buffered(&self) -> bool {
+        let buffered = self.inner.buffer();
+        self.payload_due == 0
+            && buffered.len() >= 4
+            && (buffered.len() - 4) as u64
+                >= u64::from(u32::from_le_bytes(
+                    buffered[..4].try_into().expect("4 bytes"),
+                ))
+    }
+
     /// Reads the payload of the chunk whose head was just read into `dest`, which must be as
     /// long: what the buffer holds is copied, the rest is read straight into `dest`.
     pub fn read_payload_into(&mut self, dest: &mut [u8]) -> Result<(), WireError> {
@@ -574,6 +586,39 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_frame_counts_as_buffered_only_once_all_of_it_is_in_the_buffer() {
+        let mut out = Vec::new();
+        write_message(&mut out, &Message::EndOfStream).unwrap();
+        let header = ChunkHeader {
+            file: 0,
+            offset: 0,
+            checksum: 0,
+        };
+        write_chunk(&mut out, &header, &[7u8; 100]).unwrap();
+        let message_len = out.len() - 100 - FRAME_PREFIX_LEN - ChunkHeader::LEN - CHECK_LEN;
+        // A buffer that ends one byte short of the chunk frame.
+        let capacity = out.len() - 1;
+        let mut reader = FrameReader::new(
+            io::BufReader::with_capacity(capacity, &out[..]),
+            MAX_CHUNK_LEN,
+        );
+        assert!(!reader.next_frame_buffered(), "nothing read yet");
+        reader.get_mut().fill_buf().unwrap();
+        assert!(reader.next_frame_buffered());
+        assert_eq!(reader.read_message().unwrap(), Message::EndOfStream);
+        assert_eq!(reader.get_mut().buffer().len(), capacity - message_len);
+        assert!(
+            !reader.next_frame_buffered(),
+            "the chunk lacks its last byte"
+        );
+        let Head::Chunk(_, 100) = reader.read_head().unwrap() else {
+            panic!("not the chunk")
+        };
+        assert!(!reader.next_frame_buffered(), "its payload is due");
+        assert_eq!(reader.read_payload().unwrap(), &[7u8; 100]);
     }
 
     #[test]

@@ -904,3 +904,43 @@ fn a_part_file_cut_short_by_another_process_fails_its_session_only() {
         }
     );
 }
+
+#[test]
+fn a_chunk_is_acknowledged_while_the_next_one_is_still_arriving() {
+    let root = tempfile::tempdir().unwrap();
+    let addr = start(root.path());
+    let (small, large) = (vec![1u8; 1000], vec![2u8; 100_000]);
+    let file = entry(b"two-chunks", (small.len() + large.len()) as u64);
+    let (_control, welcomed, _) = open_session(&addr, manifest(vec![file], vec![]));
+    let (mut reader, mut writer) = join(&addr, &welcomed).unwrap();
+
+    // The first chunk and the start of the second arrive together; the rest of the second
+    // comes only once the first is acknowledged, as a sender may need its answers first.
+    let mut frames = Vec::new();
+    write_chunk(&mut frames, &chunk(&small, 0), &small).unwrap();
+    let split = frames.len() + 100;
+    write_chunk(&mut frames, &chunk(&large, small.len() as u64), &large).unwrap();
+    writer.write_all(&frames[..split]).unwrap();
+    writer
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let started = Instant::now();
+    assert_eq!(
+        reader.read_message().expect("the first chunk's answer"),
+        Message::Ack {
+            file: 0,
+            offset: 0,
+            len: small.len() as u32
+        }
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    writer.write_all(&frames[split..]).unwrap();
+    assert_eq!(
+        reader.read_message().unwrap(),
+        Message::Ack {
+            file: 0,
+            offset: small.len() as u64,
+            len: large.len() as u32
+        }
+    );
+}

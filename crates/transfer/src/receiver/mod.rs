@@ -873,8 +873,10 @@ fn drain_before_close(mut socket: &TcpStream) {
 
 /// Verifies, writes and acknowledges chunks until the sender ends the stream.
 ///
-/// Replies wait in a buffer while chunks that have already arrived are handled, and go out
-/// before the stream waits for more: a run of small files costs one write, not one per file.
+/// Replies wait in a buffer while chunks that have arrived whole are handled, and go out before
+/// the stream waits for more: a run of small files costs one write, not one per file, and no
+/// reply waits for a chunk that is still arriving (the sender closes a stream whose answers
+/// stop coming).
 fn receive_chunks(
     session: &Session,
     reader: &mut ConnFrames,
@@ -899,7 +901,8 @@ fn receive_chunks(
         Err(StreamEnd::Failed(message))
     };
     loop {
-        if reader.get_mut().buffer().is_empty() {
+        // Before a read that may wait for the peer, which may be waiting for these replies.
+        if !reader.next_frame_buffered() {
             writer.flush().map_err(closed)?;
         }
         let reply = match reader.read_head() {
