@@ -104,13 +104,14 @@ def distill(args: argparse.Namespace) -> dict[str, Any]:
     actor = Actor(student, share=True)
     parameters = list(actor.body.parameters()) + list(actor.head.parameters())
     inputs = np.zeros((0, venv.observation_space.shape[0]), dtype=np.float32)
+    targets = np.zeros((0, venv.action_space.n), dtype=np.float32)
     rounds = []
     for round_ in range(args.rounds):
         new = collect(venv, teacher if round_ == 0 else actor, args.steps_per_round)
         wanted = logits(teacher, new)
         agreement = float((logits(actor, new).argmax(axis=1) == wanted.argmax(axis=1)).mean())
-        inputs = np.concatenate([inputs, new])
-        fit(actor, parameters, inputs, logits(teacher, inputs), args.epochs, args.seed + round_)
+        inputs, targets = np.concatenate([inputs, new]), np.concatenate([targets, wanted])
+        fit(actor, parameters, inputs, targets, args.epochs, args.seed + round_)
         rounds.append({"observations": len(inputs), "agreement_before_training": agreement})
         print(
             f"xfer-distill: round {round_ + 1}/{args.rounds}: {len(inputs)} observations; "
