@@ -60,6 +60,28 @@ def test_variants_override_transfers():
     assert (t1.label, t2.label, t3.label) == ("T1 gd", "T2 iperf3 -P 2", "T3 gridftp -p 2")
 
 
+def test_a_variant_is_added_with_its_own_optimizer_for_every_xfer_transfer():
+    exp = experiment.parse(SMOKE.replace('tool = ["xfer", "iperf3", "gridftp"]', ""))
+    mine = experiment.with_variant(exp, "mine", "ppo:/tmp/my-policy").variants[-1]
+    assert mine.name == "mine"
+    assert [t.optimizer for t in mine.transfers] == ["ppo:/tmp/my-policy"] * 3
+    assert [t.start_s for t in mine.transfers] == [t.start_s for t in exp.variants[0].transfers]
+    with pytest.raises(ValueError, match="already has a variant named 'mixed'"):
+        experiment.with_variant(exp, "mixed", "bo")
+    with pytest.raises(ValueError, match="no variant that runs xfer alone"):
+        experiment.with_variant(experiment.parse(SMOKE), "mine", "bo")
+
+
+def test_a_bad_added_variant_is_refused_before_anything_runs(tmp_path, capsys):
+    source = tmp_path / "smoke.toml"
+    source.write_text(SMOKE)
+    for bad, message in [("mine", "expected NAME=OPTIMIZER"), ("mine=bo", "no variant that")]:
+        with pytest.raises(SystemExit):
+            run_experiment.main([str(source), "--variant", bad, "--out", str(tmp_path / "o")])
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize(
     "change, message",
     [

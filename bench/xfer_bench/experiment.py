@@ -35,6 +35,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,6 +245,18 @@ def parse(text: str, source: Path | None = None) -> Experiment:
         variants=tuple(variants),
         source=source,
     )
+
+
+def with_variant(exp: Experiment, name: str, optimizer: str) -> Experiment:
+    """`exp` with one more variant, `name`: the transfers of its first variant that runs xfer
+    alone, every one under `optimizer` (say, a policy of one's own: `ppo:/tmp/mine`)."""
+    if any(v.name == name for v in exp.variants):
+        raise ValueError(f"{exp.name} already has a variant named {name!r}")
+    base = next((v for v in exp.variants if all(t.tool == "xfer" for t in v.transfers)), None)
+    if base is None:
+        raise ValueError(f"{exp.name} has no variant that runs xfer alone to base {name!r} on")
+    transfers = tuple(dataclasses.replace(t, optimizer=optimizer) for t in base.transfers)
+    return dataclasses.replace(exp, variants=(*exp.variants, Variant(name, transfers)))
 
 
 def load(name_or_path: str) -> Experiment:

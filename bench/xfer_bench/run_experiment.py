@@ -4,6 +4,7 @@ emulated WAN, or between real hosts over ssh, and writes its logs, plots and mar
     xfer-bench-run paper-fig2
     xfer-bench-run paper-fig4 --repetitions 1 --variants gd,one-of-each --out /tmp/fig4
     xfer-bench-run paper-fig2 --hosts hosts.toml      # see bench/MULTI_HOST.md
+    xfer-bench-run paper-fig2 --variants ppo --variant mine=ppo:/tmp/my-policy
 """
 
 from __future__ import annotations
@@ -32,6 +33,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repetitions", type=int, help="override the file's repetitions")
     p.add_argument("--variants", help="only these variants, comma-separated")
     p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=OPTIMIZER",
+        help="also run the experiment's xfer transfers under this optimizer (repeatable)",
+    )
+    p.add_argument(
         "--xfer", type=Path, default=DEFAULT_XFER,
         help="the xfer binary on the emulated WAN (with --hosts, the hosts file names each one)",
     )  # fmt: skip
@@ -42,6 +50,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         exp = experiment.load(args.experiment)
         machines = hosts.load(args.hosts) if args.hosts else None
+        for added in args.variant:
+            name, sep, optimizer = added.partition("=")
+            if not (sep and name and optimizer):
+                p.error(f"--variant {added!r}: expected NAME=OPTIMIZER")
+            exp = experiment.with_variant(exp, name, optimizer)
     except ValueError as e:
         p.error(str(e))
     if args.repetitions is not None:
@@ -52,6 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tear_down_on_signals()
     variants = args.variants.split(",") if args.variants else None
+    if variants is not None:
+        variants += [added.partition("=")[0] for added in args.variant]
     try:
         runs = runner.run(exp, out, args.xfer, variants, machines)
     except (ValueError, RuntimeError) as e:

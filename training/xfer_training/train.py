@@ -63,11 +63,13 @@ DEFAULT_UTILITY = {"k": 1.02, "b": 10.0}
 FINE_TUNING_LEARNING_RATE = 1e-4
 
 
-class _Progress(BaseCallback):
-    """Prints steps done, steps per second and the mean episode reward now and then."""
+class Progress(BaseCallback):
+    """Prints steps done, steps per second and the mean episode reward now and then, after the
+    name of the command (``prog``)."""
 
-    def __init__(self, every_s: float = 30.0) -> None:
+    def __init__(self, prog: str = "xfer-train", every_s: float = 30.0) -> None:
         super().__init__()
+        self._prog = prog
         self._every = every_s
         self._start = self._last = time.monotonic()
 
@@ -79,7 +81,7 @@ class _Progress(BaseCallback):
             reward = np.mean([e["r"] for e in episodes]) if episodes else float("nan")
             rate = self.num_timesteps / (now - self._start)
             print(
-                f"xfer-train: {self.num_timesteps} steps, {rate:.0f}/s, "
+                f"{self._prog}: {self.num_timesteps} steps, {rate:.0f}/s, "
                 f"mean episode reward {reward:.2f}",
                 flush=True,
             )
@@ -236,12 +238,12 @@ def train(args: argparse.Namespace) -> Path:
         warmup = min(args.critic_warmup, args.steps)
         if warmup > 0:
             warm_start.freeze_actor(model, frozen=True)
-            model.learn(total_timesteps=warmup, callback=_Progress(), tb_log_name=name)
+            model.learn(total_timesteps=warmup, callback=Progress(), tb_log_name=name)
             warm_start.freeze_actor(model, frozen=False)
     if args.steps > warmup:
         model.learn(
             total_timesteps=args.steps - warmup,
-            callback=_Progress(),
+            callback=Progress(),
             tb_log_name=name,
             reset_num_timesteps=not args.from_,
         )
