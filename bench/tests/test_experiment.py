@@ -134,15 +134,22 @@ def test_metrics():
 
 
 def test_the_report_compares_runs_on_the_best_utility_any_of_them_sustained(tmp_path):
-    def run(variant: str, mbit: list[float]) -> RunResult:
+    def run(variant: str, mbit: list[float], repetition: int = 0) -> RunResult:
         t = TransferResult(f"T1 {variant}", 0, [Sample(i + 1, m, 0, 0) for i, m in enumerate(mbit)])
-        return RunResult(variant, 0, [t], [], 0.5, 0.0, tmp_path)
+        return RunResult(variant, repetition, [t], [], 0.5, 0.0, tmp_path)
 
     slow, fast = run("slow", [10, 40, 80, 90, 90, 90, 90, 90]), run("fast", [100] * 8)
     table = "\n".join(report._across_runs([slow, fast]))
     assert "| slow | 1 | T1 slow | 72 | 0.725 | - |" in table, table
     assert "| fast | 1 | T1 fast | 100 | 1.000 | 1 |" in table, table
+    assert "Over repetitions" not in table, "one run per variant needs no summary"
     assert report._across_runs([fast]) == []
+    # With repetitions, each variant's runs are summarised against the same best.
+    slow2 = run("slow", [10, 96, 96, 96, 96, 96, 96, 96], repetition=1)
+    fast2 = run("fast", [50] * 8, repetition=1)
+    table = "\n".join(report._across_runs([slow, fast, slow2, fast2]))
+    assert "| slow | T1 | 2 | 0.789 (0.725-0.853) | 2.0 | 1 |" in table, table
+    assert "| fast | T1 | 2 | 0.750 (0.500-1.000) | 1.0 | 1 |" in table, table
 
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")

@@ -97,8 +97,9 @@ pub struct SimArgs {
     pub scenario: Vec<String>,
     /// Controllers, separated by commas: gd, bo, fixed:N, ppo (the built-in policy),
     /// ppo:PATH (an export of training/), auto or auto:PATH (that policy guarded and
-    /// fine-tuned by a probing tuner).
-    #[arg(long, value_delimiter = ',', default_value = "gd")]
+    /// fine-tuned by a probing tuner) [default: auto, or gd when --k/--b ask for a utility
+    /// the built-in policy was not trained for].
+    #[arg(long, value_delimiter = ',')]
     pub optimizer: Vec<OptimizerSpec>,
     /// Simulated time.
     #[arg(long, default_value = "200s", value_parser = parse_positive_time)]
@@ -308,8 +309,9 @@ pub struct SendArgs {
     /// export of training/), auto or auto:PATH (that policy, with a tuner that takes over
     /// once it settles, probes the counts next to it and hands back when the path changes),
     /// external:SOCKET (an agent on a Unix socket xfer listens on,
-    /// speaking the protocol of `xfer env`) or fixed:N [default: gd, or none when --streams
-    /// or --streams-schedule is given].
+    /// speaking the protocol of `xfer env`) or fixed:N [default: auto (gd when --k/--b ask
+    /// for a utility the built-in policy was not trained for), or none when --streams or
+    /// --streams-schedule is given].
     #[arg(long)]
     pub optimizer: Option<OptimizerSpec>,
     /// Write one JSON line per monitoring interval here: the signals, utility, reward, the

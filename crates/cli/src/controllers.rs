@@ -93,6 +93,23 @@ impl OptimizerSpec {
     }
 }
 
+/// The optimiser that runs when none is named: `auto` (the built-in policy with its tuner),
+/// unless `--k`/`--b` ask for a utility that policy was not trained for, when it is `gd` and
+/// the second value says why.
+pub fn default_optimizer(tuning: &TuningArgs) -> anyhow::Result<(OptimizerSpec, Option<String>)> {
+    let trained = PolicySource::open(None)?.metadata.utility;
+    let wanted = tuning.utility_or(trained)?;
+    if wanted == trained {
+        return Ok((OptimizerSpec::Auto(None), None));
+    }
+    let note = format!(
+        "the built-in policy was trained for K={} B={}, not for K={} B={}, so gd chooses the \
+         stream count (--optimizer auto:PATH runs a policy trained for them, see training/)",
+        trained.k, trained.b, wanted.k, wanted.b
+    );
+    Ok((OptimizerSpec::Builtin(ControllerSpec::Gd), Some(note)))
+}
+
 /// The utility that judges a run of these controllers: `--k` and `--b` where given, else the
 /// utility the policies among them were trained for (a model re-trained for other weights needs
 /// no flags), else the default. Policies trained for different utilities need `--k` and `--b`
@@ -184,6 +201,19 @@ mod tests {
         let tuning = tuning(extra);
         let utility = utility(std::slice::from_ref(spec), &tuning)?;
         spec.build(&tuning, utility, 0, false)
+    }
+
+    #[test]
+    fn the_default_is_auto_unless_the_utility_asked_for_is_not_the_built_in_policys() {
+        for same in [&[][..], &["--k", "1.02", "--b", "10"]] {
+            let (spec, note) = default_optimizer(&tuning(same)).unwrap();
+            assert_eq!((spec, note), (OptimizerSpec::Auto(None), None), "{same:?}");
+        }
+        let (spec, note) = default_optimizer(&tuning(&["--b", "30"])).unwrap();
+        assert_eq!(spec, OptimizerSpec::Builtin(ControllerSpec::Gd));
+        let note = note.unwrap();
+        assert!(note.contains("K=1.02 B=10, not for K=1.02 B=30"), "{note}");
+        assert!(default_optimizer(&tuning(&["--k", "0.5"])).is_err());
     }
 
     #[test]

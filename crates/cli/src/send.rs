@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
-use optimizer::ControllerSpec;
 use serde::Serialize;
 use transfer::auth::SessionKey;
 use transfer::mptcp_info::Subflow;
@@ -21,7 +20,7 @@ use transfer::tcp_info::TcpInfo;
 use transfer::transport::Transport;
 
 use crate::args::{parse_destination, Destination, SendArgs};
-use crate::controllers::{self, OptimizerSpec};
+use crate::controllers;
 use crate::ssh_start::SshStart;
 
 /// How often the progress bar and the stream schedule are updated.
@@ -126,7 +125,13 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     let controller = match args.optimizer.clone() {
         Some(spec) => Some(spec),
         None if args.streams.is_some() || schedule.is_some() => None,
-        None => Some(OptimizerSpec::Builtin(ControllerSpec::Gd)),
+        None => {
+            let (spec, note) = controllers::default_optimizer(&args.tuning)?;
+            if let (Some(note), false) = (note, args.quiet) {
+                eprintln!("xfer: note: {note}");
+            }
+            Some(spec)
+        }
     };
     let mut mi_log = match (&args.mi_log, &controller) {
         (Some(path), Some(_)) => Some(std::io::BufWriter::new(

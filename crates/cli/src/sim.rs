@@ -53,7 +53,16 @@ fn scenarios(names: &[String], horizon: f64) -> anyhow::Result<Vec<Scenario>> {
 /// Runs `xfer sim`.
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let scenarios = scenarios(&args.scenario, args.duration.as_secs_f64())?;
-    let utility = controllers::utility(&args.optimizer, &args.tuning)?;
+    let optimizers = if args.optimizer.is_empty() {
+        let (spec, note) = controllers::default_optimizer(&args.tuning)?;
+        if let Some(note) = note {
+            eprintln!("xfer: note: {note}");
+        }
+        vec![spec]
+    } else {
+        args.optimizer.clone()
+    };
+    let utility = controllers::utility(&optimizers, &args.tuning)?;
     let base = RunConfig {
         duration: args.duration.as_secs_f64(),
         mi: args.tuning.mi.as_secs_f64(),
@@ -63,11 +72,11 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         utility,
         reward: args.tuning.reward()?,
     };
-    let runs = scenarios.len() * args.optimizer.len() * args.seeds as usize;
+    let runs = scenarios.len() * optimizers.len() * args.seeds as usize;
     let mut out = std::io::stdout().lock();
     let mut groups = Vec::new();
     for scenario in &scenarios {
-        for spec in &args.optimizer {
+        for spec in &optimizers {
             let mut summaries = Vec::new();
             for seed in args.seed..args.seed + args.seeds {
                 let config = RunConfig { seed, ..base };

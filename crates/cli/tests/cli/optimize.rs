@@ -5,7 +5,7 @@ use crate::common::*;
 
 #[test]
 fn gd_drives_a_real_transfer_that_arrives_byte_identical_with_a_well_formed_mi_log() {
-    let records = optimized_transfer("gd");
+    let records = optimized_transfer(Some("gd"));
     let most = records.iter().map(|r| r["streams"].as_u64().unwrap()).max();
     assert!(
         most >= Some(4),
@@ -15,7 +15,7 @@ fn gd_drives_a_real_transfer_that_arrives_byte_identical_with_a_well_formed_mi_l
 
 #[test]
 fn the_learned_policy_drives_a_real_transfer_that_arrives_byte_identical() {
-    let records = optimized_transfer("ppo");
+    let records = optimized_transfer(Some("ppo"));
     let decisions: Vec<_> = records
         .iter()
         .filter_map(|r| Some((r["streams"].as_i64()?, r["decision"].as_i64()?)))
@@ -28,8 +28,8 @@ fn the_learned_policy_drives_a_real_transfer_that_arrives_byte_identical() {
 }
 
 #[test]
-fn auto_drives_a_real_transfer_and_logs_who_acts() {
-    let records = optimized_transfer("auto");
+fn auto_is_the_default_and_drives_a_real_transfer_logging_who_acts() {
+    let records = optimized_transfer(None);
     let mut acting = "ppo";
     for r in records.iter().filter(|r| r["decision"].is_number()) {
         let now = r["acting"].as_str().unwrap_or_else(|| panic!("{r}"));
@@ -43,10 +43,11 @@ fn auto_drives_a_real_transfer_and_logs_who_acts() {
     }
 }
 
-/// Sends a tree with `controller` choosing the count (paced streams, 200 ms intervals, at
-/// most 16 streams), checks that it arrived byte-identical and that its MI log is well formed,
-/// and returns the log.
-fn optimized_transfer(controller: &str) -> Vec<serde_json::Value> {
+/// Sends a tree with `optimizer` choosing the count from 1 stream (or, for `None`, the default
+/// optimiser from the default count), with paced streams, 200 ms intervals and at most 16
+/// streams; checks that it arrived byte-identical and that its MI log is well formed, and
+/// returns the log.
+fn optimized_transfer(optimizer: Option<&str>) -> Vec<serde_json::Value> {
     let src = tempfile::tempdir().unwrap();
     let root = tempfile::tempdir().unwrap();
     let tree = src.path().join("tree");
@@ -58,16 +59,16 @@ fn optimized_transfer(controller: &str) -> Vec<serde_json::Value> {
     let logs = tempfile::tempdir().unwrap();
     let log = logs.path().join("mi.jsonl");
     let receiver = Receiver::start(root.path());
+    let chosen = match optimizer {
+        Some(name) => vec!["--optimizer", name, "--streams", "1"],
+        None => vec![],
+    };
     // Paced streams make throughput grow with the count, so gd has a reason to add streams.
     ok(send(
         &receiver,
         &[
             tree.to_str().unwrap(),
             &receiver.dest("in"),
-            "--optimizer",
-            controller,
-            "--streams",
-            "1",
             "--stream-rate-cap",
             "200",
             "--mi",
@@ -77,7 +78,11 @@ fn optimized_transfer(controller: &str) -> Vec<serde_json::Value> {
             "--mi-log",
             log.to_str().unwrap(),
             "--quiet",
-        ],
+        ]
+        .iter()
+        .chain(&chosen)
+        .copied()
+        .collect::<Vec<_>>(),
     ));
     assert_same_tree(src.path(), &root.path().join("in"));
 
@@ -86,7 +91,7 @@ fn optimized_transfer(controller: &str) -> Vec<serde_json::Value> {
     let mut last_time = 0.0;
     for (i, r) in records.iter().enumerate() {
         assert_eq!(r["mi"], i as u64, "{r}");
-        assert_eq!(r["controller"], controller);
+        assert_eq!(r["controller"], optimizer.unwrap_or("auto"));
         for key in [
             "time",
             "throughput",

@@ -69,8 +69,10 @@ fn gd_on_the_paper_scenario_prints_a_trace_and_a_summary() {
         "--seed",
         "3",
         "--json",
+        "--optimizer",
+        "gd",
     ]));
-    assert_eq!(again, stdout, "same seed (and gd, the default), same run");
+    assert_eq!(again, stdout, "same seed, same run");
 }
 
 /// A scenario file in a fresh directory with this capacity (the directory lives as long as the
@@ -238,4 +240,29 @@ fn several_scenarios_controllers_and_seeds_give_one_summary_per_run_and_a_table(
         let fields: Vec<_> = line.split_whitespace().collect();
         assert_eq!(&fields[..3], &[scenario, controller, "2"], "{table}");
     }
+}
+
+#[test]
+fn without_an_optimizer_auto_runs_or_gd_for_a_utility_the_policy_does_not_know() {
+    let summary = |extra: &[&str]| {
+        let out = xfer()
+            .arg("sim")
+            .args(["--scenario", "paper-fig2", "--duration", "10s", "--json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        let lines = json_lines(&out.stdout);
+        (lines.last().unwrap()["controller"].clone(), stderr)
+    };
+    let (controller, stderr) = summary(&[]);
+    assert_eq!(controller, "auto");
+    assert!(stderr.is_empty(), "{stderr}");
+    let (controller, stderr) = summary(&["--k", "1.05"]);
+    assert_eq!(controller, "gd");
+    assert!(
+        stderr.contains("trained for K=1.02 B=10, not for K=1.05 B=10, so gd"),
+        "{stderr}"
+    );
 }
