@@ -5,6 +5,8 @@
 //! holds one, then hands control to a tuner that checks that count against its neighbours:
 //! - it first goes back to a count measured clearly better in the last intervals (a policy
 //!   move that lost utility is undone);
+//! - it probes at once towards an unmeasured gap next to its count that the utility rose
+//!   towards (the policy's steps of 5 skip counts; the best may lie between them);
 //! - after holding a while it probes one stream more, then one fewer, keeps a probe whose
 //!   utility beats the held count by more than the noise and goes on in that direction (with
 //!   steps that grow), and otherwise returns and waits twice as long before probing that way
@@ -22,7 +24,7 @@
 use std::collections::VecDeque;
 
 use crate::controller::{Acting, Controller};
-use crate::policy::UtilityMemory;
+use crate::policy::{Measured, UtilityMemory};
 use crate::settle::RampClock;
 use crate::signals::Observation;
 
@@ -211,9 +213,30 @@ impl Auto {
             ),
             _ => (n, format!("{why}: tuning around {n}")),
         };
+        self.probe_gap_now(base, mi, unit);
         self.mode = Mode::Hold { base };
         self.switch("tuner", switch);
         base
+    }
+
+    /// Makes the probe due at once towards an unmeasured gap of two or more counts next to
+    /// `base` when the utility rose to `base` from its measured neighbour on the other side:
+    /// the best may lie inside the gap (the policy's steps of 5 skip counts, and the worse
+    /// count beyond the gap only bounds it), and waiting there costs what the gap would gain.
+    fn probe_gap_now(&mut self, base: usize, mi: u64, unit: f64) {
+        let Some(here) = self.memory.settled_at(base) else {
+            return;
+        };
+        let margin = self.margin();
+        let rose_from =
+            |side: Option<Measured>| side.is_some_and(|(_, u)| relative(here, u, unit) > margin);
+        let gap = |side: Option<Measured>| side.is_some_and(|(m, _)| m.abs_diff(base) >= 2);
+        let (below, above) = self.memory.neighbours(base);
+        if rose_from(below) && gap(above) {
+            self.due[UP] = mi;
+        } else if rose_from(above) && gap(below) {
+            self.due[DOWN] = mi;
+        }
     }
 
     /// If this settled interval at `n` is the second in a row whose utility is far from what
@@ -553,6 +576,32 @@ mod tests {
         );
         let held = rows.iter().skip(60).filter(|r| r.utility_fraction >= 0.95);
         assert!(held.count() >= 36, "probes stay rare once at the best");
+    }
+
+    #[test]
+    fn a_gap_the_utility_rises_towards_is_probed_at_once() {
+        // paper-fig2 (best 20): the policy climbs 1, 6, 11, 16, jumps to 26, where the link
+        // overflows, and comes back to hold 17; nothing between 17 and 26 was measured.
+        let rows = run_auto(
+            "paper-fig2",
+            |n| match n {
+                ..16 => n + 5,
+                16 => 26,
+                26 => 17,
+                _ => n,
+            },
+            40.0,
+        );
+        let s = switches(&rows);
+        assert!(s[0].2.contains("the policy holds 17 streams"), "{s:?}");
+        let counts: Vec<usize> = rows.iter().map(|r| r.observation.streams).collect();
+        // The interval after taking over holds 17 to measure it; the probe follows.
+        let takeover = s[0].0 as usize;
+        assert_eq!(counts[takeover + 2], 18, "{counts:?}");
+        assert!(
+            counts[20..].iter().all(|n| n.abs_diff(20) <= 2),
+            "{counts:?}"
+        );
     }
 
     #[test]

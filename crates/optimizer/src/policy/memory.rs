@@ -21,6 +21,9 @@ pub const SAMPLES: u32 = 8;
 /// How many signals [`UtilityMemory::signals`] gives.
 pub const MEMORY_SIGNALS: usize = 6;
 
+/// A stream count and the utility remembered for it.
+pub type Measured = (usize, f64);
+
 /// One remembered count.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -80,20 +83,20 @@ impl UtilityMemory {
 
     /// The count with the highest remembered utility and that utility (the fewer streams on a
     /// tie); `None` while nothing is remembered.
-    pub fn best(&self) -> Option<(usize, f64)> {
+    pub fn best(&self) -> Option<Measured> {
         self.best_of(|_| true)
     }
 
     /// Like [`best`](Self::best), among the counts whose value was measured settled.
-    pub fn best_settled(&self) -> Option<(usize, f64)> {
+    pub fn best_settled(&self) -> Option<Measured> {
         self.best_of(|e| e.settled)
     }
 
     /// The best remembered count among the entries `keep` accepts.
-    fn best_of(&self, keep: impl Fn(&Entry) -> bool) -> Option<(usize, f64)> {
+    fn best_of(&self, keep: impl Fn(&Entry) -> bool) -> Option<Measured> {
         self.by_count.iter().filter(|(_, e)| keep(e)).fold(
             None,
-            |best: Option<(usize, f64)>, (&n, e)| match best {
+            |best: Option<Measured>, (&n, e)| match best {
                 Some((_, b)) if b >= e.utility => best,
                 _ => Some((n, e.utility)),
             },
@@ -107,6 +110,14 @@ impl UtilityMemory {
             .get(&streams)
             .filter(|e| e.settled)
             .map(|e| e.utility)
+    }
+
+    /// The nearest remembered counts below and above `streams`, with their utilities.
+    pub fn neighbours(&self, streams: usize) -> (Option<Measured>, Option<Measured>) {
+        let below = self.by_count.range(..streams).next_back();
+        let above = self.by_count.range(streams + 1..).next();
+        let value = |(&m, e): (&usize, &Entry)| (m, e.utility);
+        (below.map(value), above.map(value))
     }
 
     /// What the memory says about an interval at `streams` that measured `utility`, in the
@@ -137,16 +148,17 @@ impl UtilityMemory {
             let dn = (n1 as f64 - n0 as f64) / ((n1 + n0) as f64 / 2.0);
             (du / dn).tanh()
         };
-        if let Some((&m, e)) = self.by_count.range(..streams).next_back() {
+        let (below, above) = self.neighbours(streams);
+        if let Some((m, u_below)) = below {
             out[3] = ((streams - m) as f64 / 10.0).tanh();
             if let Some(u) = here {
-                out[2] = elasticity((m, e.utility), (streams, u));
+                out[2] = elasticity((m, u_below), (streams, u));
             }
         }
-        if let Some((&m, e)) = self.by_count.range(streams + 1..).next() {
+        if let Some((m, u_above)) = above {
             out[5] = ((m - streams) as f64 / 10.0).tanh();
             if let Some(u) = here {
-                out[4] = elasticity((streams, u), (m, e.utility));
+                out[4] = elasticity((streams, u), (m, u_above));
             }
         }
         out.map(|x| if x.is_finite() { x } else { 0.0 })
