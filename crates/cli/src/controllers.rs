@@ -110,6 +110,18 @@ pub fn default_optimizer(tuning: &TuningArgs) -> anyhow::Result<(OptimizerSpec, 
     Ok((OptimizerSpec::Builtin(ControllerSpec::Gd), Some(note)))
 }
 
+/// [`default_optimizer`], its note (if any) printed to stderr unless `quiet`.
+pub fn announced_default_optimizer(
+    tuning: &TuningArgs,
+    quiet: bool,
+) -> anyhow::Result<OptimizerSpec> {
+    let (spec, note) = default_optimizer(tuning)?;
+    if let (Some(note), false) = (note, quiet) {
+        eprintln!("xfer: note: {note}");
+    }
+    Ok(spec)
+}
+
 /// The utility that judges a run of these controllers: `--k` and `--b` where given, else the
 /// utility the policies among them were trained for (a model re-trained for other weights needs
 /// no flags), else the default. Policies trained for different utilities need `--k` and `--b`

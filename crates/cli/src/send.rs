@@ -125,13 +125,10 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     let controller = match args.optimizer.clone() {
         Some(spec) => Some(spec),
         None if args.streams.is_some() || schedule.is_some() => None,
-        None => {
-            let (spec, note) = controllers::default_optimizer(&args.tuning)?;
-            if let (Some(note), false) = (note, args.quiet) {
-                eprintln!("xfer: note: {note}");
-            }
-            Some(spec)
-        }
+        None => Some(controllers::announced_default_optimizer(
+            &args.tuning,
+            args.quiet,
+        )?),
     };
     let mut mi_log = match (&args.mi_log, &controller) {
         (Some(path), Some(_)) => Some(std::io::BufWriter::new(

@@ -54,11 +54,10 @@ fn scenarios(names: &[String], horizon: f64) -> anyhow::Result<Vec<Scenario>> {
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let scenarios = scenarios(&args.scenario, args.duration.as_secs_f64())?;
     let optimizers = if args.optimizer.is_empty() {
-        let (spec, note) = controllers::default_optimizer(&args.tuning)?;
-        if let Some(note) = note {
-            eprintln!("xfer: note: {note}");
-        }
-        vec![spec]
+        vec![controllers::announced_default_optimizer(
+            &args.tuning,
+            false,
+        )?]
     } else {
         args.optimizer.clone()
     };
