@@ -4,12 +4,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::controllers::OptimizerSpec;
-use crate::policy::PolicyRuntime;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use optimizer::env::{InitialStreams, RewardKind};
 use optimizer::policy::ObservationLayout;
 use optimizer::{RewardParams, UtilityParams};
+use transfer::optimizer_choice::Tuning;
+use transfer::policy_source::PolicyRuntime;
 use transfer::quic::Congestion;
 use transfer::sender::{DEFAULT_UNSENT_LIMIT, MIN_STALL_TIMEOUT};
 use transfer::transport::Transport;
@@ -232,19 +233,20 @@ pub struct TuningArgs {
 }
 
 impl TuningArgs {
-    /// The utility parameters: `--k` and `--b` where given, the others from `fallback`; checked.
-    pub fn utility_or(&self, fallback: UtilityParams) -> anyhow::Result<UtilityParams> {
-        let k = self.k.unwrap_or(fallback.k);
-        let b = self.b.unwrap_or(fallback.b);
-        if !(k.is_finite() && k >= 1.0 && b.is_finite() && b >= 0.0) {
-            bail!("--k must be at least 1 and --b at least 0");
+    /// The library's tuning these flags give.
+    pub fn tuning(&self) -> Tuning {
+        Tuning {
+            interval_secs: self.mi.as_secs_f64(),
+            max_streams: self.max_streams,
+            k: self.k,
+            b: self.b,
+            policy_runtime: self.policy_runtime,
         }
-        Ok(UtilityParams { k, b })
     }
 
     /// The utility parameters `--k` and `--b` give, with the defaults for those not given.
     pub fn utility(&self) -> anyhow::Result<UtilityParams> {
-        self.utility_or(UtilityParams::default())
+        Ok(self.tuning().utility_or(UtilityParams::default())?)
     }
 
     /// The reward parameters, checked.

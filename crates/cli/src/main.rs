@@ -8,7 +8,6 @@ mod delay_line;
 mod env;
 mod external;
 mod model;
-mod policy;
 mod recv;
 mod send;
 mod sim;

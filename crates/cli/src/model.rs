@@ -8,7 +8,7 @@ use optimizer::policy::PolicyModel;
 use serde::Serialize;
 
 use crate::args::ModelArgs;
-use crate::policy::PolicySource;
+use transfer::policy_source::PolicySource;
 
 /// What `xfer model` reports.
 #[derive(Debug, Serialize)]
@@ -36,9 +36,12 @@ pub fn run(args: ModelArgs) -> anyhow::Result<()> {
         .with_context(|| format!("policy {}", source.describe()))?;
     let mut model = source.model(args.policy_runtime)?;
     let golden = source.golden()?;
-    let worst = golden
-        .check(model.as_mut())
-        .with_context(|| format!("policy {} against its golden vectors", source.describe()))?;
+    let worst = golden.check(model.as_mut()).map_err(|reason| {
+        anyhow::anyhow!(
+            "policy {} against its golden vectors: {reason}",
+            source.describe()
+        )
+    })?;
     let (p50, p99) = time_decisions(model.as_mut(), &golden.inputs, args.decisions.max(1))?;
     let report = ModelReport {
         source: source.describe(),

@@ -25,6 +25,8 @@ pub mod link;
 pub mod manifest;
 mod mapped;
 pub mod mptcp_info;
+pub mod optimizer_choice;
+pub mod policy_source;
 pub mod quic;
 pub mod receiver;
 pub mod sender;

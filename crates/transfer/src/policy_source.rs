@@ -1,14 +1,15 @@
-//! Loading a learned policy for `--optimizer ppo[:PATH]`: the default one built into the binary
-//! (models/default) or an export directory of `training/`, run by the ONNX runtime (tract) or,
-//! in builds with the `tch` feature, by libtorch.
+//! Loading a learned policy for the `ppo` and `auto` optimisers ([`crate::optimizer_choice`]):
+//! the default one built into the library (models/default) or an export directory of
+//! `training/`, run by the ONNX runtime (tract) or, in builds with the `tch` feature, by libtorch.
+//! This is the file side of the policy; the network and its inputs are `optimizer::policy`.
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use anyhow::{bail, Context};
-use optimizer::policy::{OnnxModel, PolicyMetadata, PolicyModel};
+use optimizer::policy::{OnnxModel, PolicyError, PolicyMetadata, PolicyModel};
+use serde::{Deserialize, Serialize};
 
-/// metadata.json of the default policy, built into the binary.
+/// metadata.json of the default policy, built into the library.
 const DEFAULT_METADATA: &str = include_str!("../../../models/default/metadata.json");
 /// The default policy's ONNX export.
 const DEFAULT_ONNX: &[u8] = include_bytes!("../../../models/default/policy.onnx");
@@ -18,10 +19,58 @@ const DEFAULT_GOLDEN: &str = include_str!("../../../models/default/golden.json")
 #[cfg(feature = "tch")]
 const DEFAULT_TORCHSCRIPT: &[u8] = include_bytes!("../../../models/default/policy.pt");
 
-/// Which export of a policy runs it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a policy could not be loaded, checked or run. Each names the policy's files.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyLoadError {
+    /// A file of the export could not be read.
+    #[error("cannot read {path}{hint}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the file should be, for the message (may be empty).
+        hint: &'static str,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The export's metadata does not list a file this runtime needs.
+    #[error("{dir}: the metadata lists no {kind} file")]
+    Unlisted {
+        /// The export directory.
+        dir: PathBuf,
+        /// `onnx`, `torchscript` or `golden`.
+        kind: &'static str,
+    },
+    /// The metadata, the network or the golden vectors are not what this library runs.
+    #[error("policy {policy}: {source}")]
+    Policy {
+        /// Where the policy comes from ([`PolicySource::describe`]).
+        policy: String,
+        /// What is wrong with it.
+        source: PolicyError,
+    },
+    /// The golden vectors are malformed or the network does not reproduce them.
+    #[error("policy {policy}, golden vectors: {reason}")]
+    Golden {
+        /// Where the policy comes from ([`PolicySource::describe`]).
+        policy: String,
+        /// What differs.
+        reason: String,
+    },
+    /// The TorchScript runtime was asked for in a build without it.
+    #[error(
+        "this xfer was built without the tch feature; build it with \
+         `cargo build --release --features tch` (needs training/'s PyTorch) or use \
+         --policy-runtime onnx"
+    )]
+    NoTorch,
+}
+
+/// Which export of a policy runs it; in configuration files `"onnx"` or `"torchscript"`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum PolicyRuntime {
     /// The ONNX export in pure Rust (tract): every build.
+    #[default]
     Onnx,
     /// The TorchScript export through libtorch (tch-rs): builds with the `tch` feature.
     Torchscript,
@@ -42,6 +91,7 @@ impl FromStr for PolicyRuntime {
 }
 
 /// A policy's metadata and where its files are (`None`: the built-in default).
+#[derive(Debug, Clone)]
 pub struct PolicySource {
     /// What the export says about itself.
     pub metadata: PolicyMetadata,
@@ -51,11 +101,20 @@ pub struct PolicySource {
 impl PolicySource {
     /// The built-in default policy (`path` `None`), or the export at `path`: a directory
     /// holding metadata.json, or the metadata file itself.
-    pub fn open(path: Option<&Path>) -> anyhow::Result<Self> {
+    ///
+    /// ```
+    /// let source = transfer::policy_source::PolicySource::open(None).unwrap();
+    /// assert_eq!(source.describe(), "the built-in policy (models/default)");
+    /// ```
+    pub fn open(path: Option<&Path>) -> Result<Self, PolicyLoadError> {
         let Some(path) = path else {
             return Ok(PolicySource {
-                metadata: PolicyMetadata::from_json(DEFAULT_METADATA)
-                    .context("the built-in policy")?,
+                metadata: PolicyMetadata::from_json(DEFAULT_METADATA).map_err(|source| {
+                    PolicyLoadError::Policy {
+                        policy: "the built-in policy".into(),
+                        source,
+                    }
+                })?,
                 dir: None,
             });
         };
@@ -64,15 +123,16 @@ impl PolicySource {
         } else {
             path.to_path_buf()
         };
-        let text = std::fs::read_to_string(&file).with_context(|| {
-            format!(
-                "cannot read policy metadata {} (ppo:PATH names an export directory of \
-                 training/ or its metadata.json)",
-                file.display()
-            )
+        let text = std::fs::read_to_string(&file).map_err(|source| PolicyLoadError::Read {
+            path: file.clone(),
+            hint: " (ppo:PATH names an export directory of training/ or its metadata.json)",
+            source,
         })?;
         let metadata =
-            PolicyMetadata::from_json(&text).with_context(|| format!("in {}", file.display()))?;
+            PolicyMetadata::from_json(&text).map_err(|source| PolicyLoadError::Policy {
+                policy: file.display().to_string(),
+                source,
+            })?;
         let dir = file.parent().map(Path::to_path_buf).unwrap_or_default();
         Ok(PolicySource {
             metadata,
@@ -88,38 +148,56 @@ impl PolicySource {
         }
     }
 
+    /// `source`, said to be this policy's fault.
+    pub fn error(&self, source: PolicyError) -> PolicyLoadError {
+        PolicyLoadError::Policy {
+            policy: self.describe(),
+            source,
+        }
+    }
+
     /// The bytes of the export file of `kind` (`onnx`, `torchscript`, `golden`).
-    fn read(&self, kind: &str, built_in: &'static [u8]) -> anyhow::Result<Vec<u8>> {
+    fn read(
+        &self,
+        kind: &'static str,
+        built_in: &'static [u8],
+    ) -> Result<Vec<u8>, PolicyLoadError> {
         let Some(dir) = &self.dir else {
             return Ok(built_in.to_vec());
         };
         let name = self
             .metadata
             .file(kind)
-            .with_context(|| format!("{}: the metadata lists no {kind} file", dir.display()))?;
+            .ok_or_else(|| PolicyLoadError::Unlisted {
+                dir: dir.clone(),
+                kind,
+            })?;
         let path = dir.join(name);
-        std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))
+        std::fs::read(&path).map_err(|source| PolicyLoadError::Read {
+            path,
+            hint: "",
+            source,
+        })
     }
 
     /// The network, run by `runtime`.
-    pub fn model(&self, runtime: PolicyRuntime) -> anyhow::Result<Box<dyn PolicyModel>> {
+    pub fn model(&self, runtime: PolicyRuntime) -> Result<Box<dyn PolicyModel>, PolicyLoadError> {
         let size = self.metadata.layout.size;
         let model: Box<dyn PolicyModel> = match runtime {
-            PolicyRuntime::Onnx => Box::new(OnnxModel::from_bytes(
-                &self.read("onnx", DEFAULT_ONNX)?,
-                size,
-            )?),
-            #[cfg(feature = "tch")]
-            PolicyRuntime::Torchscript => Box::new(optimizer::policy::TorchModel::from_bytes(
-                &self.read("torchscript", DEFAULT_TORCHSCRIPT)?,
-                size,
-            )?),
-            #[cfg(not(feature = "tch"))]
-            PolicyRuntime::Torchscript => bail!(
-                "this xfer was built without the tch feature; build it with \
-                 `cargo build --release --features tch` (needs training/'s PyTorch) or use \
-                 --policy-runtime onnx"
+            PolicyRuntime::Onnx => Box::new(
+                OnnxModel::from_bytes(&self.read("onnx", DEFAULT_ONNX)?, size)
+                    .map_err(|e| self.error(e))?,
             ),
+            #[cfg(feature = "tch")]
+            PolicyRuntime::Torchscript => Box::new(
+                optimizer::policy::TorchModel::from_bytes(
+                    &self.read("torchscript", DEFAULT_TORCHSCRIPT)?,
+                    size,
+                )
+                .map_err(|e| self.error(e))?,
+            ),
+            #[cfg(not(feature = "tch"))]
+            PolicyRuntime::Torchscript => return Err(PolicyLoadError::NoTorch),
         };
         Ok(model)
     }
@@ -135,9 +213,12 @@ impl PolicySource {
     }
 
     /// The golden vectors of the export: inputs, the logits they must give, and the actions.
-    pub fn golden(&self) -> anyhow::Result<Golden> {
+    pub fn golden(&self) -> Result<Golden, PolicyLoadError> {
         let bytes = self.read("golden", DEFAULT_GOLDEN.as_bytes())?;
-        serde_json::from_slice(&bytes).context("golden vectors")
+        serde_json::from_slice(&bytes).map_err(|e| PolicyLoadError::Golden {
+            policy: self.describe(),
+            reason: e.to_string(),
+        })
     }
 }
 
@@ -154,13 +235,13 @@ pub struct Golden {
 
 impl Golden {
     /// Runs `model` on every input; the largest difference of a logit from the golden one, or
-    /// an error naming the first vector whose action differs.
-    pub fn check(&self, model: &mut dyn PolicyModel) -> anyhow::Result<f32> {
+    /// a message naming the first vector whose action differs.
+    pub fn check(&self, model: &mut dyn PolicyModel) -> Result<f32, String> {
         if self.inputs.is_empty()
             || self.inputs.len() != self.logits.len()
             || self.inputs.len() != self.actions.len()
         {
-            bail!("golden vectors: inputs, logits and actions differ in number or are empty");
+            return Err("inputs, logits and actions differ in number or are empty".into());
         }
         let mut worst = 0.0f32;
         for (i, ((input, expected), &action)) in self
@@ -170,20 +251,24 @@ impl Golden {
             .zip(&self.actions)
             .enumerate()
         {
-            let logits = model.logits(input)?;
+            let logits = model
+                .logits(input)
+                .map_err(|e| format!("vector {i}: {e}"))?;
             if logits.len() != expected.len() {
-                bail!(
-                    "golden vector {i}: {} logits, expected {}",
+                return Err(format!(
+                    "vector {i}: {} logits, expected {}",
                     logits.len(),
                     expected.len()
-                );
+                ));
             }
             for (a, b) in logits.iter().zip(expected) {
                 worst = worst.max((a - b).abs());
             }
             let got = optimizer::policy::greedy_action(&logits);
             if got != action {
-                bail!("golden vector {i}: action {got}, expected {action} (logits {logits:?})");
+                return Err(format!(
+                    "vector {i}: action {got}, expected {action} (logits {logits:?})"
+                ));
             }
         }
         Ok(worst)

@@ -1,0 +1,442 @@
+//! Which controller chooses a transfer's stream count, named as `xfer send --optimizer` names it
+//! (`auto`, `ppo`, `ppo:PATH`, `auto:PATH`, `gd`, `bo`, `fixed:N`), and how it measures and
+//! judges ([`Tuning`]): what a service keeps in its configuration to get the same controller the
+//! command line gets.
+//!
+//! ```
+//! use transfer::optimizer_choice::{OptimizerChoice, Tuning};
+//!
+//! let tuning = Tuning::default();
+//! let (choice, note) = tuning.default_choice().unwrap();
+//! assert_eq!((choice.to_string(), note), ("auto".to_string(), None));
+//! let utility = tuning.utility_for(&[&choice]).unwrap();
+//! let controller = choice.build(&tuning, utility, 0).unwrap();
+//! assert_eq!(controller.name(), "auto");
+//! assert_eq!("fixed:8".parse::<OptimizerChoice>().unwrap().to_string(), "fixed:8");
+//! ```
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use optimizer::policy::PolicyController;
+use optimizer::{Auto, AutoParams, Controller, ControllerSpec, UtilityParams};
+use serde::{Deserialize, Serialize};
+
+use crate::policy_source::{PolicyLoadError, PolicyRuntime, PolicySource};
+
+/// A controller that chooses the stream count; in configuration files its name as a string.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum OptimizerChoice {
+    /// `gd`, `bo` or `fixed:N`.
+    Builtin(ControllerSpec),
+    /// `ppo` (the built-in policy) or `ppo:PATH` (an export of training/).
+    Ppo(Option<PathBuf>),
+    /// `auto` or `auto:PATH`: that policy guarded and fine-tuned by a probing tuner
+    /// ([`optimizer::Auto`]).
+    Auto(Option<PathBuf>),
+}
+
+/// Why an optimiser could not be chosen or built.
+#[derive(Debug, thiserror::Error)]
+pub enum OptimizerError {
+    /// The name is not one of the optimisers.
+    #[error(
+        "unknown optimizer {0:?}: expected gd, bo, fixed:N (N >= 1), ppo, ppo:PATH, auto or \
+         auto:PATH"
+    )]
+    Unknown(String),
+    /// The tuning's values are out of range.
+    #[error("{0}")]
+    Tuning(String),
+    /// Two policies to be compared were trained for different utilities and none was given.
+    #[error(
+        "policy {first} was trained for the utility K={} B={} and policy {second} for K={} B={}: \
+         give --k and --b (k and b of the tuning) to compare them under one utility",
+        first_utility.k, first_utility.b, second_utility.k, second_utility.b
+    )]
+    DifferentUtilities {
+        /// The first policy.
+        first: String,
+        /// What it was trained for.
+        first_utility: UtilityParams,
+        /// The second policy.
+        second: String,
+        /// What it was trained for.
+        second_utility: UtilityParams,
+    },
+    /// A policy could not be loaded or does not fit.
+    #[error(transparent)]
+    Policy(#[from] PolicyLoadError),
+}
+
+impl FromStr for OptimizerChoice {
+    type Err = OptimizerError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once(':') {
+            None if s == "ppo" => Ok(OptimizerChoice::Ppo(None)),
+            Some(("ppo", path)) if !path.is_empty() => Ok(OptimizerChoice::Ppo(Some(path.into()))),
+            None if s == "auto" => Ok(OptimizerChoice::Auto(None)),
+            Some(("auto", path)) if !path.is_empty() => {
+                Ok(OptimizerChoice::Auto(Some(path.into())))
+            }
+            _ => s
+                .parse()
+                .map(OptimizerChoice::Builtin)
+                .map_err(|_| OptimizerError::Unknown(s.into())),
+        }
+    }
+}
+
+impl fmt::Display for OptimizerChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (name, path) = match self {
+            OptimizerChoice::Builtin(spec) => return spec.fmt(f),
+            OptimizerChoice::Ppo(path) => ("ppo", path),
+            OptimizerChoice::Auto(path) => ("auto", path),
+        };
+        match path {
+            None => f.write_str(name),
+            Some(path) => write!(f, "{name}:{}", path.display()),
+        }
+    }
+}
+
+impl TryFrom<String> for OptimizerChoice {
+    type Error = OptimizerError;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<OptimizerChoice> for String {
+    fn from(choice: OptimizerChoice) -> String {
+        choice.to_string()
+    }
+}
+
+impl OptimizerChoice {
+    /// The policy this controller runs, if it runs one: `Some(None)` for the built-in policy.
+    pub fn policy_path(&self) -> Option<Option<&Path>> {
+        match self {
+            OptimizerChoice::Ppo(path) | OptimizerChoice::Auto(path) => Some(path.as_deref()),
+            OptimizerChoice::Builtin(_) => None,
+        }
+    }
+
+    /// Builds the controller for a transfer measured as `tuning` says and judged by `utility`
+    /// ([`Tuning::utility_for`]); `seed` seeds its random choices. A policy that was trained
+    /// for another utility, or that this build cannot run, is refused here.
+    pub fn build(
+        &self,
+        tuning: &Tuning,
+        utility: UtilityParams,
+        seed: u64,
+    ) -> Result<Box<dyn Controller>, OptimizerError> {
+        let max_streams = tuning.max_streams()?;
+        let policy = |path: &Option<PathBuf>| -> Result<PolicyController, OptimizerError> {
+            let source = PolicySource::open(path.as_deref())?;
+            let model = source.model(tuning.policy_runtime)?;
+            PolicyController::new(model, &source.metadata, max_streams, utility)
+                .map_err(|e| source.error(e).into())
+        };
+        Ok(match self {
+            OptimizerChoice::Builtin(spec) => spec.build(max_streams, utility, seed),
+            OptimizerChoice::Ppo(path) => Box::new(policy(path)?),
+            OptimizerChoice::Auto(path) => Box::new(Auto::new(
+                Box::new(policy(path)?),
+                AutoParams {
+                    max_streams,
+                    ..AutoParams::default()
+                },
+            )),
+        })
+    }
+}
+
+/// How the optimiser measures and judges a transfer; in configuration files a table whose
+/// fields may each be left out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Tuning {
+    /// Monitoring interval in seconds: how often the controller sees the signals and decides.
+    pub interval_secs: f64,
+    /// Most streams the controller may use (1 to 256).
+    pub max_streams: u32,
+    /// Utility: cost of each extra stream, K in U = T/K^n - T*L*B (at least 1); `None`: the K a
+    /// `ppo` or `auto` model was trained for, else 1.02.
+    pub k: Option<f64>,
+    /// Utility: loss penalty, B in U = T/K^n - T*L*B (at least 0); `None`: the B a `ppo` or
+    /// `auto` model was trained for, else 10.
+    pub b: Option<f64>,
+    /// What runs a learned policy.
+    pub policy_runtime: PolicyRuntime,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            interval_secs: 1.0,
+            max_streams: 64,
+            k: None,
+            b: None,
+            policy_runtime: PolicyRuntime::Onnx,
+        }
+    }
+}
+
+/// Most streams [`Tuning::max_streams`] may allow.
+pub const MAX_STREAMS_LIMIT: u32 = 256;
+
+impl Tuning {
+    /// The monitoring interval, checked.
+    pub fn interval(&self) -> Result<Duration, OptimizerError> {
+        Duration::try_from_secs_f64(self.interval_secs)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                OptimizerError::Tuning(format!(
+                    "the monitoring interval must be a positive number of seconds, not {}",
+                    self.interval_secs
+                ))
+            })
+    }
+
+    /// The most streams the controller may use, checked.
+    pub fn max_streams(&self) -> Result<usize, OptimizerError> {
+        if (1..=MAX_STREAMS_LIMIT).contains(&self.max_streams) {
+            Ok(self.max_streams as usize)
+        } else {
+            Err(OptimizerError::Tuning(format!(
+                "max_streams must be from 1 to {MAX_STREAMS_LIMIT}, not {}",
+                self.max_streams
+            )))
+        }
+    }
+
+    /// The utility: `k` and `b` where given, the others from `fallback`; checked.
+    pub fn utility_or(&self, fallback: UtilityParams) -> Result<UtilityParams, OptimizerError> {
+        let k = self.k.unwrap_or(fallback.k);
+        let b = self.b.unwrap_or(fallback.b);
+        if !(k.is_finite() && k >= 1.0 && b.is_finite() && b >= 0.0) {
+            return Err(OptimizerError::Tuning(format!(
+                "K (--k) must be at least 1 and B (--b) at least 0, not K={k} B={b}"
+            )));
+        }
+        Ok(UtilityParams { k, b })
+    }
+
+    /// The utility that judges a run of these controllers: `k` and `b` where given, else the
+    /// utility the policies among them were trained for (a model re-trained for other weights
+    /// needs no settings), else the default. Policies trained for different utilities need `k`
+    /// and `b` (and then refuse to run if those are not theirs).
+    pub fn utility_for(
+        &self,
+        choices: &[&OptimizerChoice],
+    ) -> Result<UtilityParams, OptimizerError> {
+        let mut trained: Option<(UtilityParams, String)> = None;
+        if self.k.is_none() || self.b.is_none() {
+            for path in choices.iter().filter_map(|c| c.policy_path()) {
+                let source = PolicySource::open(path)?;
+                let own = source.metadata.utility;
+                match &trained {
+                    Some((first, name)) if *first != own => {
+                        return Err(OptimizerError::DifferentUtilities {
+                            first: name.clone(),
+                            first_utility: *first,
+                            second: source.describe(),
+                            second_utility: own,
+                        })
+                    }
+                    Some(_) => {}
+                    None => trained = Some((own, source.describe())),
+                }
+            }
+        }
+        self.utility_or(trained.map_or_else(UtilityParams::default, |(u, _)| u))
+    }
+
+    /// The optimiser that runs when none is named: `auto` (the built-in policy with its
+    /// tuner), unless `k`/`b` ask for a utility that policy was not trained for, when it is
+    /// `gd` and the second value says why.
+    pub fn default_choice(&self) -> Result<(OptimizerChoice, Option<String>), OptimizerError> {
+        let trained = PolicySource::open(None)?.metadata.utility;
+        let wanted = self.utility_or(trained)?;
+        if wanted == trained {
+            return Ok((OptimizerChoice::Auto(None), None));
+        }
+        let note = format!(
+            "the built-in policy was trained for K={} B={}, not for K={} B={}, so gd chooses the \
+             stream count (--optimizer auto:PATH runs a policy trained for them, see training/)",
+            trained.k, trained.b, wanted.k, wanted.b
+        );
+        Ok((OptimizerChoice::Builtin(ControllerSpec::Gd), Some(note)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choices_parse_and_print_back() {
+        for text in [
+            "ppo",
+            "ppo:models/x",
+            "auto",
+            "auto:models/x",
+            "gd",
+            "bo",
+            "fixed:3",
+        ] {
+            let choice: OptimizerChoice = text.parse().unwrap();
+            assert_eq!(choice.to_string(), text);
+        }
+        assert_eq!(
+            "auto:models/x".parse::<OptimizerChoice>().unwrap(),
+            OptimizerChoice::Auto(Some("models/x".into()))
+        );
+        for bad in ["ppo:", "pp", "fixed:0", "auto:", "external:/tmp/a.sock", ""] {
+            let err = bad.parse::<OptimizerChoice>().unwrap_err().to_string();
+            assert!(err.contains("ppo:PATH"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn tuning_and_choice_read_from_a_config_file_and_bad_values_are_named() {
+        #[derive(Deserialize)]
+        struct Config {
+            optimizer: OptimizerChoice,
+            tuning: Tuning,
+        }
+        let config: Config =
+            toml::from_str("optimizer = \"fixed:6\"\n[tuning]\nmax_streams = 32\nk = 1.05\n")
+                .unwrap();
+        assert_eq!(
+            config.optimizer,
+            OptimizerChoice::Builtin(ControllerSpec::Fixed(6))
+        );
+        assert_eq!(config.tuning.max_streams, 32);
+        assert_eq!(config.tuning.interval_secs, 1.0);
+        let err = toml::from_str::<Config>("optimizer = \"ppx\"\n[tuning]\n")
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string().contains("unknown optimizer \"ppx\""),
+            "{err}"
+        );
+        let err = toml::from_str::<Config>("optimizer = \"gd\"\n[tuning]\nmi = 2\n")
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("unknown field `mi`"), "{err}");
+
+        let bad = Tuning {
+            interval_secs: 0.0,
+            max_streams: 0,
+            k: Some(0.5),
+            ..Tuning::default()
+        };
+        assert!(bad.interval().unwrap_err().to_string().contains("positive"));
+        assert!(bad
+            .max_streams()
+            .unwrap_err()
+            .to_string()
+            .contains("1 to 256"));
+        let err = bad.utility_for(&[]).unwrap_err().to_string();
+        assert!(err.contains("K=0.5"), "{err}");
+    }
+
+    #[test]
+    fn the_default_is_auto_unless_the_utility_asked_for_is_not_the_built_in_policys() {
+        let tuning = |k, b| Tuning {
+            k,
+            b,
+            ..Tuning::default()
+        };
+        for same in [tuning(None, None), tuning(Some(1.02), Some(10.0))] {
+            let (choice, note) = same.default_choice().unwrap();
+            assert_eq!(
+                (choice, note),
+                (OptimizerChoice::Auto(None), None),
+                "{same:?}"
+            );
+        }
+        let (choice, note) = tuning(None, Some(30.0)).default_choice().unwrap();
+        assert_eq!(choice, OptimizerChoice::Builtin(ControllerSpec::Gd));
+        let note = note.unwrap();
+        assert!(note.contains("K=1.02 B=10, not for K=1.02 B=30"), "{note}");
+        assert!(tuning(Some(0.5), None).default_choice().is_err());
+    }
+
+    /// Builds `choice` under the utility [`Tuning::utility_for`] picks for it alone.
+    fn build(
+        choice: &OptimizerChoice,
+        tuning: &Tuning,
+    ) -> Result<Box<dyn Controller>, OptimizerError> {
+        let utility = tuning.utility_for(&[choice])?;
+        choice.build(tuning, utility, 0)
+    }
+
+    #[test]
+    fn the_built_in_policy_runs_with_the_default_utility_only() {
+        let other_k = Tuning {
+            k: Some(1.1),
+            ..Tuning::default()
+        };
+        for (choice, name) in [
+            (OptimizerChoice::Ppo(None), "ppo"),
+            (OptimizerChoice::Auto(None), "auto"),
+        ] {
+            assert_eq!(build(&choice, &Tuning::default()).unwrap().name(), name);
+            let err = build(&choice, &other_k).err().unwrap().to_string();
+            assert!(err.contains("re-train"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_model_trained_for_another_utility_brings_it_unless_the_tuning_says_otherwise() {
+        let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/default");
+        let dir = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(&default).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+        }
+        let meta = dir.path().join("metadata.json");
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&meta).unwrap()).unwrap();
+        json["utility"] = serde_json::json!({"k": 1.05, "b": 30.0});
+        std::fs::write(&meta, json.to_string()).unwrap();
+        let gentle = OptimizerChoice::Ppo(Some(dir.path().into()));
+        let gd = OptimizerChoice::Builtin(ControllerSpec::Gd);
+        let trained = UtilityParams { k: 1.05, b: 30.0 };
+        let defaults = Tuning::default();
+        let with = |k, b| Tuning {
+            k: Some(k),
+            b: Some(b),
+            ..Tuning::default()
+        };
+
+        // The model's utility judges it and every controller run beside it.
+        assert_eq!(defaults.utility_for(&[&gd, &gentle]).unwrap(), trained);
+        assert_eq!(build(&gentle, &defaults).unwrap().name(), "ppo");
+        // Settings that repeat it are fine; settings that differ are refused by the model.
+        assert!(build(&gentle, &with(1.05, 30.0)).is_ok());
+        let err = build(&gentle, &with(1.02, 10.0)).err().unwrap().to_string();
+        assert!(err.contains("K=1.05 B=30"), "{err}");
+        // Without a policy, the settings or the default decide.
+        assert_eq!(
+            defaults.utility_for(&[&gd]).unwrap(),
+            UtilityParams::default()
+        );
+        // Two policies trained for different utilities need settings to be compared.
+        let err = defaults
+            .utility_for(&[&OptimizerChoice::Ppo(None), &gentle])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("for K=1.05 B=30: give --k and --b"), "{err}");
+    }
+}
