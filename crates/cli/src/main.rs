@@ -1,6 +1,10 @@
 //! `xfer`: send files, directory trees or generated data over parallel TCP streams, and run
 //! the stream-count optimisers on a simulated path.
 
+// The doc comments of `args` are clap's help text, where brackets mean "optional"
+// (`HOST:PORT[:DEST]`), not links.
+#![allow(rustdoc::broken_intra_doc_links)]
+
 mod args;
 mod checksum_rate;
 mod controllers;

@@ -15,6 +15,7 @@ use transfer::mptcp_info::Subflow;
 use transfer::quic::Congestion;
 use transfer::sender::{
     MiRecord, OptimizerSettings, Progress, SendConfig, SendSource, StreamSample, Summary, Transfer,
+    DEFAULT_STREAMS,
 };
 use transfer::tcp_info::TcpInfo;
 use transfer::transport::Transport;
@@ -25,8 +26,6 @@ use crate::ssh_start::SshStart;
 
 /// How often the progress bar and the stream schedule are updated.
 const TICK: Duration = Duration::from_millis(100);
-/// Streams at the start when neither --streams nor --streams-schedule says.
-const DEFAULT_STREAMS: u32 = 4;
 /// How often a JSON progress object is printed.
 const REPORT_EVERY: Duration = Duration::from_secs(1);
 
@@ -154,7 +153,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         .as_ref()
         .and_then(|s| s.at(Duration::ZERO))
         .or(args.streams)
-        .unwrap_or(DEFAULT_STREAMS);
+        .map_or(DEFAULT_STREAMS, |n| n as usize);
     let congestion = match (args.congestion, args.transport) {
         (Some(c), Transport::Quic) => c,
         (Some(_), _) => bail!(
@@ -178,7 +177,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     let config = SendConfig {
         addr,
         key,
-        streams: initial as usize,
+        streams: initial,
         unit_size: args.unit_size,
         verify: args.verify,
         direct_io: args.direct_io,

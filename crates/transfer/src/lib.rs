@@ -2,17 +2,51 @@
 //! a receiver over N parallel TCP, MPTCP or QUIC streams ([`transport`], [`quic`]) whose count
 //! may change at any moment, with per-chunk checksums, journaled resume, and per-stream
 //! `TCP_INFO` statistics (per subflow for MPTCP, [`mptcp_info`]; QUIC's path statistics in the
-//! same shape) for an optimiser.
+//! same shape) for an optimiser that chooses the count.
+//!
+//! # The model
+//!
+//! - A **receiver** ([`receiver::Receiver`]) serves **sessions** on one port, under one root
+//!   directory, to senders that prove they hold its session key ([`auth`]). Each session is
+//!   one transfer: a **control connection** that carries the manifest (which files, how big,
+//!   where they land, [`manifest`]) and the receiver's plan for them (what it already has), and
+//!   any number of **data streams**.
+//! - The sender cuts the files into **work units** (chunks of at most a few MiB). Streams take
+//!   units from one shared queue, so a fast stream carries more; the receiver checks each
+//!   unit's checksum, writes it, records it in its **journal** ([`journal`]) and acknowledges
+//!   it. A file goes into place under its own name only when all of it is verified. A
+//!   transfer that is killed or cancelled is resumed by starting it again: the receiver
+//!   reports what it holds and only the rest is sent.
+//! - **Streams** can be added and removed at any moment: a removed stream finishes its units
+//!   first; one that breaks hands its units back to the others.
+//! - The **optimiser** chooses the stream count: every **monitoring interval** (1 s by
+//!   default) the streams' counters become an `Observation` (throughput, loss, RTT ratio and
+//!   gradient, utility `T/K^n - T*L*B`), and a [`optimizer::Controller`] returns the count for
+//!   the next interval, on its own thread, never holding up the data. [`optimizer_choice`]
+//!   names the built-in ones (`auto`, the default: a learned policy guarded by a tuner; `ppo`,
+//!   `gd`, `bo`, `fixed:N`); a service can plug in its own.
+//!
+//! # For services
+//!
+//! [`job::SendJob`] runs one transfer from [`job::SenderSettings`] (serde: keep them in your
+//! own configuration file), reports it as a stream of [`job::SendEvent`]s (progress, the
+//! optimiser's decisions, notices, the end), can be cancelled at any moment, and ends with a
+//! [`sender::Summary`] or a [`sender::SendError`]. Its methods only wait on channels, so they
+//! suit any async runtime. The `examples/` directory has a send/receive pair
+//! (`send_receive`), a queue of transfers with a concurrency limit (`transfer_queue`) and a
+//! controller of one's own (`custom_controller`).
+//!
+//! # Below the jobs
 //!
 //! - [`receiver::Receiver`] serves sessions on one port ([`receiver::ReceiverConfig`]).
 //! - [`sender::Transfer`] runs one transfer ([`sender::SendConfig`], [`sender::SendSource`]);
 //!   [`sender::Transfer::set_target_streams`] changes the stream count live,
 //!   [`sender::Transfer::sample_streams`] reads each stream's counters, and
-//!   [`sender::Transfer::optimize`] hands the count to an `optimizer::Controller` that decides
-//!   every monitoring interval on its own thread.
+//!   [`sender::Transfer::optimize`] hands the count to a controller.
 //! - [`wire`] is the protocol, [`auth`] the key handshake, [`manifest`] what is sent,
 //!   [`journal`] the receiver's record of verified chunks, [`tls`] the optional encryption and
-//!   [`link`] a connection's halves, plain, TLS or QUIC.
+//!   [`link`] a connection's halves, plain, TLS or QUIC; [`policy_source`] loads learned
+//!   policies.
 
 #![warn(missing_docs)]
 
@@ -20,6 +54,7 @@ pub mod auth;
 mod direct_io;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub mod job;
 pub mod journal;
 pub mod link;
 pub mod manifest;
@@ -35,3 +70,7 @@ pub mod tcp_info;
 pub mod tls;
 pub mod transport;
 pub mod wire;
+
+/// The optimiser crate, for controllers of one's own ([`optimizer::Controller`]) and the
+/// signals they see ([`optimizer::Observation`]).
+pub use optimizer;

@@ -109,6 +109,11 @@ pub struct SendConfig {
     pub stall_timeout: Duration,
 }
 
+/// Streams a transfer opens at first when nothing else says (`xfer send` without `--streams`).
+pub const DEFAULT_STREAMS: usize = 4;
+/// Default [`SendConfig::unit_size`] (`xfer send` without `--unit-size`): 4 MiB.
+pub const DEFAULT_UNIT_SIZE: u32 = 4 << 20;
+
 /// Default [`SendConfig::stall_timeout`]: one minute.
 pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Shortest [`SendConfig::stall_timeout`]: two heartbeats.
@@ -156,6 +161,13 @@ pub enum SendError {
     /// The live optimiser could not be started.
     #[error("optimizer: {0}")]
     Optimizer(String),
+    /// The transfer was cancelled ([`Canceller::cancel`]). What the receiver verified stays
+    /// there: the same transfer started again sends only the rest.
+    #[error("the transfer was cancelled; start it again to send the rest")]
+    Cancelled,
+    /// A bug in xfer.
+    #[error("internal error (please report it): {0}")]
+    Internal(String),
 }
 
 impl SendError {
@@ -820,6 +832,11 @@ impl Transfer {
         self.shared.sample_streams()
     }
 
+    /// A handle that cancels this transfer from any thread ([`SendError::Cancelled`]).
+    pub fn canceller(&self) -> Canceller {
+        Canceller(Arc::downgrade(&self.shared))
+    }
+
     /// Waits up to `timeout` for the transfer to end; `true` when it has.
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
         self.shared.wait_over_until(Instant::now() + timeout)
@@ -849,6 +866,22 @@ impl Transfer {
             retransmits: shared.closed_retransmits.load(Ordering::Relaxed),
             transport: shared.transport,
         })
+    }
+}
+
+/// Cancels a running transfer: its streams and its connection to the receiver close at once,
+/// and [`Transfer::wait`] returns [`SendError::Cancelled`]. The receiver keeps what it has
+/// verified, so starting the same transfer again sends only the rest. Cancelling a transfer
+/// that has ended does nothing; the handle does not keep the transfer's resources alive.
+#[derive(Debug, Clone)]
+pub struct Canceller(std::sync::Weak<Shared>);
+
+impl Canceller {
+    /// Cancels the transfer unless it has ended.
+    pub fn cancel(&self) {
+        if let Some(shared) = self.0.upgrade() {
+            shared.fail(SendError::Cancelled);
+        }
     }
 }
 

@@ -1,0 +1,470 @@
+//! Transfers for services: a [`SendJob`] is one transfer started from [`SenderSettings`] (which
+//! a service keeps in its own configuration file: they deserialise with serde), observed as a
+//! stream of [`SendEvent`]s, cancelled at any moment, and awaited for its [`Summary`] or its
+//! typed [`SendError`].
+//!
+//! The transfer runs on its own threads, as [`Transfer`] does; the job's methods only wait on
+//! channels, so they can be awaited in any async runtime (or in none, with
+//! `futures::executor::block_on`) and never block one.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use transfer::job::{SendEvent, SendJob, SenderSettings};
+//!
+//! let settings: SenderSettings = toml::from_str(r#"
+//!     receiver = "dtn.example.org:9000"
+//!     key = { file = "/etc/xfer/key" }
+//!     source = { paths = ["/data/run42"] }
+//!     destination = "incoming"
+//!     optimizer = "auto"
+//! "#)?;
+//! let mut job = SendJob::start(settings)?;
+//! while let Some(event) = job.next_event().await {
+//!     match event {
+//!         SendEvent::Progress(p) => println!("{} of {} bytes", p.bytes_acked, p.bytes_total),
+//!         SendEvent::Decision(mi) => println!("{} streams", mi.decision.unwrap_or(0)),
+//!         SendEvent::Finished(Err(e)) => eprintln!("failed: {e}"),
+//!         _ => {}
+//!     }
+//! }
+//! let summary = job.finish().await?;
+//! println!("{:.2} Gbit/s", summary.gbit_per_s());
+//! # Ok(())
+//! # }
+//! ```
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use optimizer::{Controller, UtilityParams};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc as async_mpsc, oneshot};
+
+use crate::auth::SessionKey;
+use crate::optimizer_choice::{OptimizerChoice, OptimizerError, Tuning};
+use crate::quic::Congestion;
+use crate::sender::{
+    Canceller, MiRecord, OptimizerSettings, Progress, SendConfig, SendError, SendSource, Summary,
+    Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_STREAMS, DEFAULT_UNIT_SIZE, DEFAULT_UNSENT_LIMIT,
+};
+use crate::transport::Transport;
+
+/// Events a job holds for its reader before it waits (progress snapshots are dropped instead:
+/// a newer one follows).
+const EVENT_BUFFER: usize = 64;
+
+/// Where the receiver's session key comes from: `{ file = "PATH" }` (readable by its owner
+/// only, as `xfer recv --key-file` requires) or `{ text = "KEY" }`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum KeySetting {
+    /// A key file.
+    File(PathBuf),
+    /// The key itself (kept out of `Debug` output).
+    Text(String),
+}
+
+impl std::fmt::Debug for KeySetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeySetting::File(path) => f.debug_tuple("File").field(path).finish(),
+            KeySetting::Text(_) => f.write_str("Text(<hidden>)"),
+        }
+    }
+}
+
+impl KeySetting {
+    /// The key.
+    pub fn key(&self) -> Result<SessionKey, SendError> {
+        match self {
+            KeySetting::File(path) => SessionKey::from_file(path),
+            KeySetting::Text(text) => SessionKey::from_text(text),
+        }
+        .map_err(|e| SendError::Settings(e.to_string()))
+    }
+}
+
+/// What a job sends: `{ paths = ["PATH", ...] }` (files and directory trees, each landing under
+/// its own name) or `{ memory = BYTES }` (generated data to a discarding sink, to measure a
+/// path).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum SourceSetting {
+    /// Local files and directories.
+    Paths(Vec<PathBuf>),
+    /// This many bytes of generated data.
+    Memory(u64),
+}
+
+/// Everything a transfer needs, as a service keeps it in its configuration. Only `receiver`,
+/// `key` and `source` must be given; every other field has the default `xfer send` has.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SenderSettings {
+    /// The receiver, `HOST:PORT`.
+    pub receiver: String,
+    /// The receiver's session key.
+    pub key: KeySetting,
+    /// What to send.
+    pub source: SourceSetting,
+    /// Directory under the receiver's root the sources land in (empty: the root).
+    #[serde(default)]
+    pub destination: String,
+    /// Streams at the start.
+    #[serde(default = "default_streams")]
+    pub streams: usize,
+    /// The controller that chooses the stream count; `None`: `auto`, or `gd` when the tuning
+    /// asks for a utility the built-in policy was not trained for
+    /// ([`Tuning::default_choice`]). `fixed:N` keeps N streams.
+    #[serde(default)]
+    pub optimizer: Option<OptimizerChoice>,
+    /// How the controller measures and judges.
+    #[serde(default)]
+    pub tuning: Tuning,
+    /// Seeds the controller's random choices.
+    #[serde(default)]
+    pub seed: u64,
+    /// Largest work unit in bytes ([`SendConfig::unit_size`]).
+    #[serde(default = "default_unit_size")]
+    pub unit_size: u32,
+    /// Also compare a BLAKE3 hash of each whole file end to end.
+    #[serde(default)]
+    pub verify: bool,
+    /// TLS 1.3 on every connection.
+    #[serde(default)]
+    pub encrypt: bool,
+    /// `"tcp"`, `"mptcp"` or `"quic"`.
+    #[serde(default)]
+    pub transport: Transport,
+    /// QUIC's congestion controller.
+    #[serde(default)]
+    pub congestion: Congestion,
+    /// Read sources with direct I/O ([`SendConfig::direct_io`]).
+    #[serde(default)]
+    pub direct_io: bool,
+    /// Cap on each stream's rate in bytes per second (TCP only).
+    #[serde(default)]
+    pub stream_rate_cap: Option<u64>,
+    /// [`SendConfig::unsent_limit`] in bytes.
+    #[serde(default = "default_unsent_limit")]
+    pub unsent_limit: u32,
+    /// Seconds the receiver may stay silent ([`SendConfig::stall_timeout`]).
+    #[serde(default = "default_stall_timeout_secs")]
+    pub stall_timeout_secs: f64,
+    /// Seconds between [`SendEvent::Progress`] events.
+    #[serde(default = "default_progress_every_secs")]
+    pub progress_every_secs: f64,
+}
+
+fn default_streams() -> usize {
+    DEFAULT_STREAMS
+}
+
+fn default_unit_size() -> u32 {
+    DEFAULT_UNIT_SIZE
+}
+
+fn default_unsent_limit() -> u32 {
+    DEFAULT_UNSENT_LIMIT
+}
+
+fn default_stall_timeout_secs() -> f64 {
+    DEFAULT_STALL_TIMEOUT.as_secs_f64()
+}
+
+fn default_progress_every_secs() -> f64 {
+    1.0
+}
+
+impl SenderSettings {
+    /// Settings with every default, to send `source` to `receiver` with `key`.
+    pub fn new(receiver: impl Into<String>, key: KeySetting, source: SourceSetting) -> Self {
+        SenderSettings {
+            receiver: receiver.into(),
+            key,
+            source,
+            destination: String::new(),
+            streams: default_streams(),
+            optimizer: None,
+            tuning: Tuning::default(),
+            seed: 0,
+            unit_size: default_unit_size(),
+            verify: false,
+            encrypt: false,
+            transport: Transport::default(),
+            congestion: Congestion::default(),
+            direct_io: false,
+            stream_rate_cap: None,
+            unsent_limit: default_unsent_limit(),
+            stall_timeout_secs: default_stall_timeout_secs(),
+            progress_every_secs: default_progress_every_secs(),
+        }
+    }
+
+    /// A duration setting, checked.
+    fn seconds(name: &str, value: f64) -> Result<Duration, SendError> {
+        Duration::try_from_secs_f64(value)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                SendError::Settings(format!(
+                    "{name} must be a positive number of seconds, not {value}"
+                ))
+            })
+    }
+
+    /// What the transfer sends.
+    fn send_source(&self) -> Result<SendSource, SendError> {
+        match &self.source {
+            SourceSetting::Paths(paths) if paths.is_empty() => Err(SendError::Settings(
+                "nothing to send: source = { paths = [...] } names no path".into(),
+            )),
+            SourceSetting::Paths(paths) => Ok(SendSource::Paths {
+                paths: paths.clone(),
+                dest: OsStr::new(&self.destination).as_bytes().to_vec(),
+            }),
+            SourceSetting::Memory(_) if !self.destination.is_empty() => Err(SendError::Settings(
+                "generated data goes to a discarding sink; a destination makes no sense".into(),
+            )),
+            SourceSetting::Memory(size) => Ok(SendSource::Memory { size: *size }),
+        }
+    }
+
+    /// The transfer's configuration.
+    fn send_config(&self) -> Result<SendConfig, SendError> {
+        if self.streams == 0 {
+            return Err(SendError::Settings("streams must be at least 1".into()));
+        }
+        Ok(SendConfig {
+            addr: self.receiver.clone(),
+            key: self.key.key()?,
+            streams: self.streams,
+            unit_size: self.unit_size,
+            verify: self.verify,
+            direct_io: self.direct_io,
+            stream_rate_cap: self.stream_rate_cap,
+            unsent_limit: self.unsent_limit,
+            encrypt: self.encrypt,
+            transport: self.transport,
+            congestion: self.congestion,
+            stall_timeout: Self::seconds("stall_timeout_secs", self.stall_timeout_secs)?,
+        })
+    }
+}
+
+/// What a job reports while it runs, in order; [`SendEvent::Finished`] is the last.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SendEvent {
+    /// Connected and authenticated, data flowing over this transport (TCP where MPTCP was
+    /// asked for and could not be had).
+    Started {
+        /// The transport the streams use.
+        transport: Transport,
+        /// The controller choosing the stream count.
+        optimizer: String,
+    },
+    /// Something that did not stop the transfer: why MPTCP was not used, a source left out
+    /// (links, special files), why the default optimiser is `gd`.
+    Notice(String),
+    /// Bytes, files and streams so far, every `progress_every_secs` (a reader that falls
+    /// behind misses some; the next one is newer).
+    Progress(Progress),
+    /// One monitoring interval: its signals and the controller's decision.
+    Decision(Box<MiRecord>),
+    /// The transfer ended: its summary, or why it failed ([`SendError::Cancelled`] when it was
+    /// cancelled).
+    Finished(Result<Summary, SendError>),
+}
+
+/// The job's side of the cancel: cancelling before the transfer has connected stops it as
+/// soon as it has.
+#[derive(Default)]
+struct CancelState {
+    cancelled: bool,
+    transfer: Option<Canceller>,
+}
+
+/// One running transfer. Dropping it without [`SendJob::finish`] or [`SendJob::cancel`] lets
+/// the transfer run on to its end unobserved.
+pub struct SendJob {
+    events: async_mpsc::Receiver<SendEvent>,
+    result: oneshot::Receiver<Result<Summary, SendError>>,
+    cancel: Arc<Mutex<CancelState>>,
+}
+
+impl SendJob {
+    /// Checks `settings`, builds the controller (a policy that cannot run stops nothing) and
+    /// starts the transfer on its own thread; returns at once. Settings that cannot work are
+    /// refused here; whether the receiver answers is the first thing the events tell.
+    pub fn start(settings: SenderSettings) -> Result<SendJob, SendError> {
+        let tuning = &settings.tuning;
+        let (choice, note) = match &settings.optimizer {
+            Some(choice) => (choice.clone(), None),
+            None => tuning.default_choice().map_err(optimizer_error)?,
+        };
+        let utility = tuning.utility_for(&[&choice]).map_err(optimizer_error)?;
+        let controller = choice
+            .build(tuning, utility, settings.seed)
+            .map_err(optimizer_error)?;
+        Self::spawn(&settings, controller, utility, note)
+    }
+
+    /// [`SendJob::start`] with a controller of the caller's own in place of a named one
+    /// (`settings.optimizer` must be `None`): it sees every monitoring interval of
+    /// `settings.tuning` and chooses the stream count, judged by the tuning's utility.
+    pub fn start_with(
+        settings: SenderSettings,
+        controller: Box<dyn Controller>,
+    ) -> Result<SendJob, SendError> {
+        if let Some(named) = &settings.optimizer {
+            return Err(SendError::Settings(format!(
+                "the settings name the optimizer {named} and a controller was given as well: \
+                 leave `optimizer` out"
+            )));
+        }
+        let utility = settings.tuning.utility_for(&[]).map_err(optimizer_error)?;
+        Self::spawn(&settings, controller, utility, None)
+    }
+
+    /// Starts the job's thread: the transfer of `settings` with `controller` judged by
+    /// `utility`, `note` its first event.
+    fn spawn(
+        settings: &SenderSettings,
+        controller: Box<dyn Controller>,
+        utility: UtilityParams,
+        note: Option<String>,
+    ) -> Result<SendJob, SendError> {
+        let source = settings.send_source()?;
+        let config = settings.send_config()?;
+        let every = SenderSettings::seconds("progress_every_secs", settings.progress_every_secs)?;
+        let optimizer_settings = OptimizerSettings {
+            interval: settings.tuning.interval().map_err(optimizer_error)?,
+            utility,
+            ..OptimizerSettings::default()
+        };
+
+        let (events_tx, events) = async_mpsc::channel(EVENT_BUFFER);
+        let (result_tx, result) = oneshot::channel();
+        let (log_tx, log) = mpsc::channel();
+        let cancel = Arc::new(Mutex::new(CancelState::default()));
+        let run = Run {
+            events: events_tx,
+            cancel: cancel.clone(),
+            every,
+            log,
+        };
+        std::thread::Builder::new()
+            .name("xfer-job".into())
+            .spawn(move || {
+                if let Some(note) = note {
+                    run.send(SendEvent::Notice(note));
+                }
+                let name = controller.name();
+                let outcome = Transfer::start(config, source).and_then(|transfer| {
+                    transfer.optimize(controller, optimizer_settings, Some(log_tx))?;
+                    Ok(transfer)
+                });
+                let result = match outcome {
+                    Ok(transfer) => run.follow(transfer, name),
+                    Err(e) => Err(e),
+                };
+                let _ = result_tx.send(result.clone());
+                run.send(SendEvent::Finished(result));
+            })
+            .map_err(|e| SendError::Settings(format!("cannot start a thread: {e}")))?;
+        Ok(SendJob {
+            events,
+            result,
+            cancel,
+        })
+    }
+
+    /// The next event; `None` after [`SendEvent::Finished`].
+    pub async fn next_event(&mut self) -> Option<SendEvent> {
+        self.events.recv().await
+    }
+
+    /// Cancels the transfer (also before it has connected): it ends with
+    /// [`SendError::Cancelled`]; see [`Canceller`] for what the receiver keeps.
+    pub fn cancel(&self) {
+        let mut state = self.cancel.lock().expect("cancel lock");
+        state.cancelled = true;
+        if let Some(transfer) = &state.transfer {
+            transfer.cancel();
+        }
+    }
+
+    /// Waits for the end of the transfer (passing over the events not yet read) and returns
+    /// its summary or its error.
+    pub async fn finish(mut self) -> Result<Summary, SendError> {
+        while self.events.recv().await.is_some() {}
+        self.result.await.unwrap_or(Err(SendError::Internal(
+            "the transfer's thread ended without a result".into(),
+        )))
+    }
+}
+
+/// An optimiser that cannot be had, as the job's error.
+fn optimizer_error(e: OptimizerError) -> SendError {
+    SendError::Optimizer(e.to_string())
+}
+
+/// The job thread's half: follows the transfer and reports it.
+struct Run {
+    events: async_mpsc::Sender<SendEvent>,
+    cancel: Arc<Mutex<CancelState>>,
+    every: Duration,
+    /// The transfer's monitoring intervals.
+    log: mpsc::Receiver<MiRecord>,
+}
+
+impl Run {
+    /// Sends an event, waiting while the reader's buffer is full; an event nobody will read
+    /// (the job was dropped) is let go.
+    fn send(&self, event: SendEvent) {
+        let _ = self.events.blocking_send(event);
+    }
+
+    /// Relays `transfer`'s progress, notices and decisions until it ends; its result.
+    fn follow(&self, transfer: Transfer, optimizer: String) -> Result<Summary, SendError> {
+        {
+            let mut state = self.cancel.lock().expect("cancel lock");
+            if state.cancelled {
+                transfer.canceller().cancel();
+            }
+            state.transfer = Some(transfer.canceller());
+        }
+        self.send(SendEvent::Started {
+            transport: transfer.transport(),
+            optimizer,
+        });
+        for notice in transfer.notices() {
+            self.send(SendEvent::Notice(notice.clone()));
+        }
+        let decisions = || {
+            for record in self.log.try_iter() {
+                self.send(SendEvent::Decision(Box::new(record)));
+            }
+        };
+        loop {
+            let over = transfer.wait_timeout(self.every);
+            decisions();
+            for skipped in transfer.take_skipped_sources() {
+                self.send(SendEvent::Notice(skipped));
+            }
+            if over {
+                break;
+            }
+            // A reader that is behind misses this snapshot; the next one is newer.
+            let _ = self
+                .events
+                .try_send(SendEvent::Progress(transfer.progress()));
+        }
+        let result = transfer.wait();
+        decisions();
+        result
+    }
+}

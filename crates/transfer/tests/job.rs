@@ -1,0 +1,256 @@
+//! The service API ([`transfer::job`]): a job built from a configuration file sends a tree
+//! byte-identical while reporting progress and the optimiser's decisions; a cancelled job ends
+//! with `Cancelled` and a second run sends only the rest; bad settings are refused before
+//! anything is sent, and an unreachable receiver is named.
+
+use std::path::Path;
+
+use transfer::auth::SessionKey;
+use transfer::job::{KeySetting, SendEvent, SendJob, SenderSettings, SourceSetting};
+use transfer::receiver::{Receiver, ReceiverConfig};
+use transfer::sender::SendError;
+
+const KEY: &str = "job-api-test-key-0123456789abcdef";
+
+fn start_receiver(root: &Path) -> String {
+    let config = ReceiverConfig::new(root.to_path_buf(), SessionKey::from_text(KEY).unwrap());
+    let receiver = Receiver::bind("127.0.0.1:0", config).unwrap();
+    let addr = receiver.local_addr().unwrap().to_string();
+    std::thread::spawn(move || receiver.serve(None));
+    addr
+}
+
+/// Deterministic bytes that differ from file to file.
+fn contents(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Runs `job` to its end; its events and its result.
+fn run(mut job: SendJob) -> (Vec<SendEvent>, Result<transfer::sender::Summary, SendError>) {
+    runtime().block_on(async {
+        let mut events = Vec::new();
+        while let Some(event) = job.next_event().await {
+            events.push(event);
+        }
+        (events, job.finish().await)
+    })
+}
+
+#[test]
+fn a_job_from_a_config_file_sends_a_tree_byte_identical_and_reports_what_it_does() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let tree = src.path().join("run42");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    let files = [
+        ("a.bin", 12 << 20),
+        ("sub/b.bin", 7 << 20),
+        ("sub/empty", 0),
+    ];
+    for (i, (name, len)) in files.iter().enumerate() {
+        std::fs::write(tree.join(name), contents(i as u64, *len)).unwrap();
+    }
+    let addr = start_receiver(root.path());
+    // 4 streams paced at 16 MB/s each: about 0.3 s, so that 0.05 s intervals are decided.
+    let config = format!(
+        r#"
+        receiver = "{addr}"
+        key = {{ text = "{KEY}" }}
+        source = {{ paths = ["{}"] }}
+        destination = "incoming"
+        stream_rate_cap = 16000000
+        unit_size = 262144
+        verify = true
+        progress_every_secs = 0.02
+        [tuning]
+        interval_secs = 0.05
+        "#,
+        tree.display()
+    );
+    let settings: SenderSettings = toml::from_str(&config).unwrap();
+    assert_eq!(settings.optimizer, None);
+    assert!(
+        !format!("{settings:?}").contains(KEY),
+        "the key is kept out of Debug"
+    );
+    let (events, result) = run(SendJob::start(settings).unwrap());
+
+    let summary = result.unwrap();
+    assert_eq!(summary.bytes, 19 << 20);
+    assert_eq!(summary.files, 3);
+    for (i, (name, len)) in files.iter().enumerate() {
+        let got = std::fs::read(root.path().join("incoming/run42").join(name)).unwrap();
+        assert!(got == contents(i as u64, *len), "{name} differs");
+    }
+    assert!(
+        matches!(&events[0], SendEvent::Started { optimizer, .. } if optimizer == "auto"),
+        "{:?}",
+        events[0]
+    );
+    assert_eq!(events.last(), Some(&SendEvent::Finished(Ok(summary))));
+    let progress: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            SendEvent::Progress(p) => Some(p.bytes_acked),
+            _ => None,
+        })
+        .collect();
+    assert!(progress.len() >= 2, "{} progress events", progress.len());
+    assert!(progress.windows(2).all(|w| w[0] <= w[1]), "{progress:?}");
+    let decisions = events
+        .iter()
+        .filter(|e| matches!(e, SendEvent::Decision(mi) if mi.controller == "auto"))
+        .count();
+    assert!(decisions >= 1, "no decision among {events:?}");
+}
+
+#[test]
+fn a_cancelled_job_ends_cancelled_and_the_next_run_sends_only_the_rest() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let file = src.path().join("big.bin");
+    let data = contents(7, 24 << 20);
+    std::fs::write(&file, &data).unwrap();
+    let addr = start_receiver(root.path());
+    let mut settings = SenderSettings::new(
+        addr,
+        KeySetting::Text(KEY.into()),
+        SourceSetting::Paths(vec![file.clone()]),
+    );
+    settings.optimizer = Some("fixed:1".parse().unwrap());
+    settings.streams = 1;
+    settings.unit_size = 1 << 20;
+    // One stream at 8 MB/s: 3 s for the whole file, cancelled after the first units.
+    settings.stream_rate_cap = Some(8_000_000);
+    settings.progress_every_secs = 0.02;
+
+    let mut job = SendJob::start(settings.clone()).unwrap();
+    let (cancelled_at, result) = runtime().block_on(async {
+        let mut acked = 0;
+        while let Some(event) = job.next_event().await {
+            if let SendEvent::Progress(p) = event {
+                if p.bytes_acked >= 2 << 20 {
+                    acked = p.bytes_acked;
+                    job.cancel();
+                    break;
+                }
+            }
+        }
+        (acked, job.finish().await)
+    });
+    assert_eq!(result, Err(SendError::Cancelled));
+    assert!(cancelled_at >= 2 << 20);
+    assert!(
+        !root.path().join("big.bin").exists(),
+        "a cancelled file is not in place"
+    );
+
+    settings.stream_rate_cap = None;
+    let (_, result) = run(SendJob::start(settings).unwrap());
+    let summary = result.unwrap();
+    assert!(
+        summary.bytes_skipped >= 2 << 20 && summary.bytes + summary.bytes_skipped == 24 << 20,
+        "second run: {} sent, {} already there",
+        summary.bytes,
+        summary.bytes_skipped
+    );
+    assert!(std::fs::read(root.path().join("big.bin")).unwrap() == data);
+}
+
+#[test]
+fn a_job_cancelled_before_it_connects_sends_nothing() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("f"), contents(3, 1 << 20)).unwrap();
+    let addr = start_receiver(root.path());
+    let settings = SenderSettings::new(
+        addr,
+        KeySetting::Text(KEY.into()),
+        SourceSetting::Paths(vec![src.path().join("f")]),
+    );
+    let job = SendJob::start(settings).unwrap();
+    job.cancel();
+    let (events, result) = run(job);
+    assert_eq!(result, Err(SendError::Cancelled), "{events:?}");
+    assert!(!root.path().join("f").exists());
+}
+
+#[test]
+fn bad_settings_are_refused_before_anything_is_sent_and_a_silent_receiver_is_named() {
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("f"), b"x").unwrap();
+    let base =
+        "receiver = \"127.0.0.1:9\"\nkey = { text = \"job-api-test-key-0123456789abcdef\" }\n";
+    let parse = |extra: &str| toml::from_str::<SenderSettings>(&format!("{base}{extra}"));
+    // Mistakes in the file name the field.
+    for (extra, says) in [
+        (
+            "source = { paths = [\"f\"] }\noptimizer = \"ppx\"",
+            "unknown optimizer \"ppx\"",
+        ),
+        (
+            "source = { paths = [\"f\"] }\nstrems = 3",
+            "unknown field `strems`",
+        ),
+        ("source = { files = [\"f\"] }", "unknown variant `files`"),
+        ("", "missing field `source`"),
+        ("source = { paths = [\"f\"] }\ntransport = \"udp\"", "udp"),
+    ] {
+        let err = parse(extra).err().unwrap().to_string();
+        assert!(err.contains(says), "{extra:?}: {err}");
+    }
+    // Settings that parse but cannot work are refused by start.
+    let paths = |extra: &str| {
+        parse(&format!(
+            "source = {{ paths = [\"{}\"] }}\n{extra}",
+            src.path().join("f").display()
+        ))
+        .unwrap()
+    };
+    for (settings, says) in [
+        (parse("source = { paths = [] }").unwrap(), "names no path"),
+        (
+            parse("source = { memory = 10 }\ndestination = \"x\"").unwrap(),
+            "discarding sink",
+        ),
+        (paths("streams = 0"), "at least 1"),
+        (paths("progress_every_secs = -1"), "progress_every_secs"),
+        (paths("[tuning]\nk = 0.5"), "K=0.5"),
+        (
+            paths("optimizer = \"ppo:/nonexistent/model\""),
+            "/nonexistent/model",
+        ),
+        (
+            SenderSettings {
+                key: KeySetting::File("/nonexistent/key".into()),
+                ..paths("")
+            },
+            "/nonexistent/key",
+        ),
+    ] {
+        let err = SendJob::start(settings).err().unwrap().to_string();
+        assert!(err.contains(says), "{says}: {err}");
+    }
+    // Nobody listens on the discard port of loopback.
+    let (events, result) = run(SendJob::start(paths("")).unwrap());
+    assert!(
+        matches!(&result, Err(SendError::Connect { addr, .. }) if addr == "127.0.0.1:9"),
+        "{result:?}"
+    );
+    assert_eq!(events.last(), Some(&SendEvent::Finished(result)));
+}
