@@ -12,6 +12,7 @@ use optimizer::{RewardParams, UtilityParams};
 use transfer::optimizer_choice::Tuning;
 use transfer::policy_source::PolicyRuntime;
 use transfer::quic::Congestion;
+use transfer::receiver::{DEFAULT_MAX_SESSIONS, DEFAULT_MAX_STREAMS};
 use transfer::sender::{DEFAULT_UNSENT_LIMIT, MIN_STALL_TIMEOUT};
 use transfer::transport::Transport;
 
@@ -22,6 +23,19 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+    /// How log lines on stderr look: text, or json (one object per line, for a log
+    /// collector). XFER_LOG sets the level (error, warn, info, debug).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// How log lines look ([`Cli::log_format`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// For people.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// The subcommands.
@@ -367,6 +381,10 @@ pub struct SendArgs {
     /// chunks go unacknowledged is closed and its chunks go to the other streams. At least 2s.
     #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_stall_timeout)]
     pub stall_timeout: Duration,
+    /// Serve the transfer's metrics (bytes, streams, retransmits, decisions, errors) for
+    /// Prometheus at http://ADDR/metrics while it runs.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
     /// Print one JSON object per second and a JSON summary instead of the progress bar.
     #[arg(long, conflicts_with = "quiet")]
     pub json: bool,
@@ -377,13 +395,29 @@ pub struct SendArgs {
 
 /// `xfer recv`.
 #[derive(Debug, Args)]
+#[command(
+    after_help = "SIGTERM or SIGINT stops the receiver: it takes no new session and lets those \
+                  running finish for --shutdown-grace; a second signal ends them at once (what \
+                  they verified is kept, and their senders resume by running again).\n\n\
+                  Examples:\n  \
+                  xfer recv --root /data/incoming --key-file /etc/xfer/key\n  \
+                  xfer recv --config /etc/xfer/recv.toml --log-format json"
+)]
 pub struct RecvArgs {
+    /// Read every setting from this TOML file instead of the flags (fields as the flags, with
+    /// `_secs` for times and `key = { file = "PATH" }`; see crates/cli/systemd/recv.toml).
+    #[arg(long, value_name = "FILE", conflicts_with_all = [
+        "listen", "root", "key_file", "encrypt", "transport", "max_streams", "max_sessions",
+        "session_memory", "idle_timeout", "direct_io", "handshake_timeout", "shutdown_grace",
+        "over_ssh",
+    ])]
+    pub config: Option<PathBuf>,
     /// Address and port to listen on (one port serves control and all data streams).
     #[arg(long, default_value = "0.0.0.0:9000")]
     pub listen: String,
     /// Directory everything received is written under.
-    #[arg(long)]
-    pub root: PathBuf,
+    #[arg(long, required_unless_present = "config")]
+    pub root: Option<PathBuf>,
     /// Read the session key from this file instead of generating a one-time key.
     #[arg(long)]
     pub key_file: Option<PathBuf>,
@@ -404,10 +438,10 @@ pub struct RecvArgs {
     #[arg(long, value_name = "tcp|mptcp|quic", default_value = "tcp")]
     pub transport: Transport,
     /// Most data streams one session may open.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = DEFAULT_MAX_STREAMS, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_streams: u32,
     /// Most sessions served at once; more are refused with the reason.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = DEFAULT_MAX_SESSIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_sessions: u64,
     /// Most memory of chunk buffers one session may hold (each stream holds up to one chunk of
     /// 16 MiB): below 4 GiB it lowers the streams a session may open.
@@ -424,6 +458,14 @@ pub struct RecvArgs {
     /// Close a connection that has not authenticated (and sent its manifest) within this.
     #[arg(long, default_value = "30s", value_parser = parse_positive_time)]
     pub handshake_timeout: Duration,
+    /// Serve the receiver's metrics (bytes, sessions, streams, refusals) for Prometheus at
+    /// http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// On SIGTERM or SIGINT, how long the sessions running may take to finish before they are
+    /// ended (0: at once).
+    #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_time_arg)]
+    pub shutdown_grace: Duration,
 }
 
 /// Where `xfer send` sends to.
@@ -592,6 +634,10 @@ fn parse_positive_time(s: &str) -> Result<Duration, String> {
     parse_time(s)
         .filter(|d| !d.is_zero())
         .ok_or_else(|| format!("{s:?} is not a positive time like 200s, 500ms or 2m"))
+}
+
+fn parse_time_arg(s: &str) -> Result<Duration, String> {
+    parse_time(s).ok_or_else(|| format!("{s:?} is not a time like 60s, 500ms or 2m"))
 }
 
 fn parse_stall_timeout(s: &str) -> Result<Duration, String> {

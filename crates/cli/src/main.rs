@@ -11,6 +11,7 @@ mod controllers;
 mod delay_line;
 mod env;
 mod external;
+mod metrics_endpoint;
 mod model;
 mod recv;
 mod send;
@@ -28,7 +29,7 @@ fn main() {
         args::Command::Recv(a) if !a.over_ssh => "info",
         _ => "warn",
     };
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("XFER_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
@@ -38,8 +39,11 @@ fn main() {
         // A closed stderr (the ssh channel of a receiver started over ssh, a daemon's closed
         // log pipe) must not make logging panic the thread that logs.
         .log_internal_errors(false)
-        .with_target(false)
-        .init();
+        .with_target(false);
+    match cli.log_format {
+        args::LogFormat::Text => logs.init(),
+        args::LogFormat::Json => logs.json().with_current_span(false).init(),
+    }
     if matches!(cli.command, args::Command::Send(_) | args::Command::Recv(_)) {
         raise_open_file_limit();
     }

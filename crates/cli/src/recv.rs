@@ -1,48 +1,42 @@
-//! `xfer recv`: serve sessions under a root directory.
+//! `xfer recv`: serve sessions under a root directory, set up by flags or by a configuration
+//! file (`--config`, [`ReceiverSettings`]), until stopped: SIGTERM or SIGINT lets the sessions
+//! running finish (for `shutdown_grace_secs`), a second one ends them at once.
 
 use std::io::Write;
+use std::path::Path;
 
 use anyhow::Context;
-use transfer::auth::SessionKey;
-use transfer::receiver::{Receiver, ReceiverConfig};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use transfer::auth::{KeySetting, SessionKey};
+use transfer::receiver::{ReceiverSettings, Stopper};
 
 use crate::args::RecvArgs;
 
 /// Binds, prints the address and key on stdout, and serves.
 pub fn run(args: RecvArgs) -> anyhow::Result<()> {
+    let settings = match &args.config {
+        Some(path) => read_settings(path)?,
+        None => settings_from_flags(&args)?,
+    };
     if args.over_ssh {
-        std::fs::create_dir_all(&args.root)
-            .with_context(|| format!("creating {}", args.root.display()))?;
+        std::fs::create_dir_all(&settings.root)
+            .with_context(|| format!("creating {}", settings.root.display()))?;
         exit_when_stdin_closes();
     }
-    let (key, key_text) = match &args.key_file {
-        Some(path) => (SessionKey::from_file(path)?, None),
-        None => {
-            let (text, key) = SessionKey::generate();
-            (key, Some(text))
-        }
-    };
-    let mut config = ReceiverConfig::new(args.root.clone(), key);
-    config.limits.max_streams = args.max_streams;
-    config.max_sessions = usize::try_from(args.max_sessions).unwrap_or(usize::MAX);
-    config.session_memory = args.session_memory;
-    config.idle_timeout = args.idle_timeout;
-    config.handshake_timeout = args.handshake_timeout;
-    config.require_encryption = args.encrypt;
-    config.transport = args.transport;
-    config.direct_io = args.direct_io;
-    let receiver = Receiver::bind(&args.listen, config)?;
+    let grace = settings.shutdown_grace()?;
+    let receiver = settings.bind()?;
+    if let Some(addr) = args.metrics {
+        crate::metrics_endpoint::serve(addr)?;
+    }
     tracing::info!("serving over {}", receiver.transport());
+    stop_on_signals(receiver.stopper(), grace)?;
     let addr = receiver.local_addr().context("reading the bound address")?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "listening on {addr}")?;
-    match key_text {
-        Some(text) => writeln!(out, "key {text}")?,
-        None => writeln!(
-            out,
-            "key from {}",
-            args.key_file.as_ref().expect("key file given").display()
-        )?,
+    match (&settings.key, &args.config) {
+        (KeySetting::File(path), _) => writeln!(out, "key from {}", path.display())?,
+        (KeySetting::Text(_), Some(config)) => writeln!(out, "key in {}", config.display())?,
+        (KeySetting::Text(text), None) => writeln!(out, "key {text}")?,
     }
     out.flush()?;
     drop(out);
@@ -56,6 +50,61 @@ pub fn run(args: RecvArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The settings of a configuration file (TOML).
+fn read_settings(path: &Path) -> anyhow::Result<ReceiverSettings> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the configuration {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("in {}", path.display()))
+}
+
+/// The settings the flags give, with a one-time key unless `--key-file` names one.
+fn settings_from_flags(args: &RecvArgs) -> anyhow::Result<ReceiverSettings> {
+    let root = args
+        .root
+        .clone()
+        .context("--root DIR or --config FILE is needed")?;
+    let key = match &args.key_file {
+        Some(path) => KeySetting::File(path.clone()),
+        None => KeySetting::Text(SessionKey::generate().0),
+    };
+    let mut settings = ReceiverSettings::new(root, key);
+    settings.listen = args.listen.clone();
+    settings.max_streams = args.max_streams;
+    settings.max_sessions = usize::try_from(args.max_sessions).unwrap_or(usize::MAX);
+    settings.session_memory = args.session_memory;
+    settings.idle_timeout_secs = args.idle_timeout.as_secs_f64();
+    settings.handshake_timeout_secs = args.handshake_timeout.as_secs_f64();
+    settings.shutdown_grace_secs = args.shutdown_grace.as_secs_f64();
+    settings.require_encryption = args.encrypt;
+    settings.transport = args.transport;
+    settings.direct_io = args.direct_io;
+    Ok(settings)
+}
+
+/// The first SIGTERM or SIGINT stops the receiver within `grace`; the next ends the sessions
+/// left at once.
+fn stop_on_signals(stopper: Stopper, grace: std::time::Duration) -> anyhow::Result<()> {
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
+        .context("installing signal handlers")?;
+    std::thread::Builder::new()
+        .name("xfer-signals".into())
+        .spawn(move || {
+            let mut grace = grace;
+            for signal in signals.forever() {
+                let name = if signal == SIGTERM {
+                    "SIGTERM"
+                } else {
+                    "SIGINT"
+                };
+                tracing::info!("{name}: stopping (again to end the running sessions at once)");
+                stopper.stop(grace);
+                grace = std::time::Duration::ZERO;
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok(())
+}
+
 /// Over ssh, stdin is the sender's lifeline: it closes when the sender ends (also when it was
 /// killed), and a receiver left behind would only hold a port. Exiting mid-session is safe:
 /// verified chunks are journaled, and the next run resumes from them.
@@ -65,4 +114,62 @@ fn exit_when_stdin_closes() {
         tracing::warn!("the ssh channel to the sender closed before the session ended: exiting");
         std::process::exit(1);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UNIT: &str = include_str!("../systemd/xfer-recv.service");
+    const CONFIG: &str = include_str!("../systemd/recv.toml");
+
+    /// The value of `key=` in the unit.
+    fn unit_value(key: &str) -> &'static str {
+        UNIT.lines()
+            .find_map(|line| line.strip_prefix(key)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("the unit has no {key}"))
+    }
+
+    #[test]
+    fn the_shipped_unit_runs_a_command_xfer_takes_with_the_shipped_configuration() {
+        use clap::Parser;
+        let words = shell_words::split(unit_value("ExecStart")).unwrap();
+        let cli = crate::args::Cli::try_parse_from(&words).unwrap();
+        let crate::args::Command::Recv(args) = cli.command else {
+            panic!("ExecStart runs {words:?}, not xfer recv");
+        };
+        assert_eq!(
+            args.config.as_deref(),
+            Some(Path::new("/etc/xfer/recv.toml"))
+        );
+        let settings: ReceiverSettings = toml::from_str(CONFIG).unwrap();
+        assert_eq!(settings.key, KeySetting::File("/etc/xfer/key".into()));
+        assert!(unit_value("ReadWritePaths").contains(settings.root.to_str().unwrap()));
+        let stop_timeout: f64 = unit_value("TimeoutStopSec").parse().unwrap();
+        assert!(
+            stop_timeout > settings.shutdown_grace().unwrap().as_secs_f64() + 5.0,
+            "systemd must wait longer than the grace period and the 2 s close"
+        );
+    }
+
+    #[test]
+    fn a_configuration_file_with_a_mistake_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("recv.toml");
+        std::fs::write(
+            &path,
+            "root = \"/data\"\nkey = { file = \"/k\" }\nmax_sesions = 3\n",
+        )
+        .unwrap();
+        let err = format!("{:#}", read_settings(&path).unwrap_err());
+        assert!(
+            err.contains("recv.toml") && err.contains("max_sesions"),
+            "{err}"
+        );
+        let err = format!(
+            "{:#}",
+            read_settings(&dir.path().join("missing.toml")).unwrap_err()
+        );
+        assert!(err.contains("missing.toml"), "{err}");
+    }
 }

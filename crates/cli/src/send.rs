@@ -188,6 +188,9 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         transport: args.transport,
         congestion,
     };
+    if let Some(addr) = args.metrics {
+        crate::metrics_endpoint::serve(addr)?;
+    }
     let transfer = Transfer::start(config, source)?;
     if !args.quiet {
         for warning in transfer.notices() {

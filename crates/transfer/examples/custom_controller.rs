@@ -5,8 +5,8 @@
 //!
 //! `cargo run --release -p transfer --example custom_controller`
 
-use transfer::auth::SessionKey;
-use transfer::job::{KeySetting, SendEvent, SendJob, SenderSettings, SourceSetting};
+use transfer::auth::{KeySetting, SessionKey};
+use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
 use transfer::optimizer::{Controller, Observation};
 use transfer::receiver::{Receiver, ReceiverConfig};
 

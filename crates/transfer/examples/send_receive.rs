@@ -4,8 +4,8 @@
 //!
 //! `cargo run --release -p transfer --example send_receive`
 
-use transfer::auth::SessionKey;
-use transfer::job::{KeySetting, SendEvent, SendJob, SenderSettings, SourceSetting};
+use transfer::auth::{KeySetting, SessionKey};
+use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
 use transfer::receiver::{Receiver, ReceiverConfig};
 
 #[tokio::main(flavor = "current_thread")]

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
-use transfer::auth::SessionKey;
-use transfer::job::{KeySetting, SendEvent, SendJob, SenderSettings, SourceSetting};
+use transfer::auth::{KeySetting, SessionKey};
+use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
 use transfer::receiver::{Receiver, ReceiverConfig};
 use transfer::sender::SendError;
 

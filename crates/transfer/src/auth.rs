@@ -12,7 +12,9 @@
 //! receiver's key but did not open the session cannot join it.
 
 use std::io::{Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
 
 use crate::wire::{FrameReader, Message, Role, SessionLimits, WireError, MAGIC, PROTOCOL_VERSION};
 
@@ -26,12 +28,12 @@ pub enum AuthError {
     #[error("invalid key: {0}")]
     InvalidKey(String),
     /// The key file could not be read.
-    #[error("cannot read key file {path}: {source}")]
+    #[error("cannot read key file {path}: {error}")]
     KeyFile {
         /// The file.
         path: String,
         /// The cause.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The key file can be read by other users, so the key is not secret.
     #[error("key file {path} can be read by other users (mode {mode:o}): run chmod 600 {path}")]
@@ -98,9 +100,9 @@ impl SessionKey {
         use std::io::Read;
         use std::os::unix::fs::PermissionsExt;
         let shown = || path.display().to_string();
-        let read_error = |source| AuthError::KeyFile {
+        let read_error = |error| AuthError::KeyFile {
             path: shown(),
-            source,
+            error,
         };
         let mut file = std::fs::File::open(path).map_err(read_error)?;
         let mode = file.metadata().map_err(read_error)?.permissions().mode();
@@ -378,6 +380,36 @@ pub fn name(msg: &Message) -> &'static str {
         Message::QuicRequest => "QuicRequest",
         Message::QuicOffer { .. } => "QuicOffer",
         Message::Error { .. } => "Error",
+    }
+}
+
+/// Where a session key comes from, in configuration files: `{ file = "PATH" }` (readable by
+/// its owner only, see [`SessionKey::from_file`]) or `{ text = "KEY" }`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum KeySetting {
+    /// A key file.
+    File(PathBuf),
+    /// The key itself (kept out of `Debug` output).
+    Text(String),
+}
+
+impl std::fmt::Debug for KeySetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeySetting::File(path) => f.debug_tuple("File").field(path).finish(),
+            KeySetting::Text(_) => f.write_str("Text(<hidden>)"),
+        }
+    }
+}
+
+impl KeySetting {
+    /// The key.
+    pub fn key(&self) -> Result<SessionKey, AuthError> {
+        match self {
+            KeySetting::File(path) => SessionKey::from_file(path),
+            KeySetting::Text(text) => SessionKey::from_text(text),
+        }
     }
 }
 

@@ -43,7 +43,7 @@ use optimizer::{Controller, UtilityParams};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc as async_mpsc, oneshot};
 
-use crate::auth::SessionKey;
+use crate::auth::KeySetting;
 use crate::optimizer_choice::{OptimizerChoice, OptimizerError, Tuning};
 use crate::quic::Congestion;
 use crate::sender::{
@@ -55,37 +55,6 @@ use crate::transport::Transport;
 /// Events a job holds for its reader before it waits (progress snapshots are dropped instead:
 /// a newer one follows).
 const EVENT_BUFFER: usize = 64;
-
-/// Where the receiver's session key comes from: `{ file = "PATH" }` (readable by its owner
-/// only, as `xfer recv --key-file` requires) or `{ text = "KEY" }`.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum KeySetting {
-    /// A key file.
-    File(PathBuf),
-    /// The key itself (kept out of `Debug` output).
-    Text(String),
-}
-
-impl std::fmt::Debug for KeySetting {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            KeySetting::File(path) => f.debug_tuple("File").field(path).finish(),
-            KeySetting::Text(_) => f.write_str("Text(<hidden>)"),
-        }
-    }
-}
-
-impl KeySetting {
-    /// The key.
-    pub fn key(&self) -> Result<SessionKey, SendError> {
-        match self {
-            KeySetting::File(path) => SessionKey::from_file(path),
-            KeySetting::Text(text) => SessionKey::from_text(text),
-        }
-        .map_err(|e| SendError::Settings(e.to_string()))
-    }
-}
 
 /// What a job sends: `{ paths = ["PATH", ...] }` (files and directory trees, each landing under
 /// its own name) or `{ memory = BYTES }` (generated data to a discarding sink, to measure a
@@ -240,7 +209,10 @@ impl SenderSettings {
         }
         Ok(SendConfig {
             addr: self.receiver.clone(),
-            key: self.key.key()?,
+            key: self
+                .key
+                .key()
+                .map_err(|e| SendError::Settings(e.to_string()))?,
             streams: self.streams,
             unit_size: self.unit_size,
             verify: self.verify,

@@ -67,6 +67,7 @@ pub mod receiver;
 pub mod sender;
 mod sockopt;
 pub mod tcp_info;
+pub mod telemetry;
 pub mod tls;
 pub mod transport;
 pub mod wire;

@@ -116,12 +116,12 @@ impl ManifestBatch {
 #[derive(Debug, thiserror::Error)]
 pub enum ScanError {
     /// A source could not be read.
-    #[error("cannot read source {path}: {source}")]
+    #[error("cannot read source {path}: {error}")]
     Unreadable {
         /// The source.
         path: String,
         /// The cause.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// Two sources would land at the same destination name.
     #[error("two sources are both named {0:?} at the destination")]
@@ -162,7 +162,7 @@ impl Scanner {
         for source in sources {
             let unreadable = |e: std::io::Error| ScanError::Unreadable {
                 path: source.display().to_string(),
-                source: e,
+                error: e,
             };
             let meta = std::fs::metadata(source).map_err(unreadable)?;
             let name = match source.file_name() {
@@ -234,7 +234,7 @@ impl ScannedBatch {
     ) -> Result<(), ScanError> {
         let entry = entry.map_err(|e| ScanError::Unreadable {
             path: e.path().unwrap_or(source).display().to_string(),
-            source: e
+            error: e
                 .into_io_error()
                 .unwrap_or_else(|| std::io::Error::other("filesystem loop")),
         })?;
@@ -254,7 +254,7 @@ impl ScannedBatch {
             Some(entry.metadata().map_err(|e| {
                 ScanError::Unreadable {
                     path: entry.path().display().to_string(),
-                    source: e
+                    error: e
                         .into_io_error()
                         .unwrap_or_else(|| std::io::Error::other("metadata")),
                 }

@@ -224,7 +224,7 @@ impl Tuning {
         let b = self.b.unwrap_or(fallback.b);
         if !(k.is_finite() && k >= 1.0 && b.is_finite() && b >= 0.0) {
             return Err(OptimizerError::Tuning(format!(
-                "K (--k) must be at least 1 and B (--b) at least 0, not K={k} B={b}"
+                "K must be at least 1 and B at least 0 (--k, --b), not K={k} B={b}"
             )));
         }
         Ok(UtilityParams { k, b })

@@ -22,15 +22,24 @@ const DEFAULT_TORCHSCRIPT: &[u8] = include_bytes!("../../../models/default/polic
 /// Why a policy could not be loaded, checked or run. Each names the policy's files.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyLoadError {
-    /// A file of the export could not be read.
-    #[error("cannot read {path}{hint}: {source}")]
+    /// The metadata file (named by `ppo:PATH` or `auto:PATH`) could not be read.
+    #[error(
+        "cannot read policy metadata {path} (ppo:PATH names an export directory of training/ \
+         or its metadata.json): {error}"
+    )]
+    Metadata {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        error: std::io::Error,
+    },
+    /// A file the metadata lists could not be read.
+    #[error("cannot read {path}: {error}")]
     Read {
         /// The file.
         path: PathBuf,
-        /// What the file should be, for the message (may be empty).
-        hint: &'static str,
         /// The cause.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The export's metadata does not list a file this runtime needs.
     #[error("{dir}: the metadata lists no {kind} file")]
@@ -41,12 +50,12 @@ pub enum PolicyLoadError {
         kind: &'static str,
     },
     /// The metadata, the network or the golden vectors are not what this library runs.
-    #[error("policy {policy}: {source}")]
+    #[error("policy {policy}: {error}")]
     Policy {
         /// Where the policy comes from ([`PolicySource::describe`]).
         policy: String,
         /// What is wrong with it.
-        source: PolicyError,
+        error: PolicyError,
     },
     /// The golden vectors are malformed or the network does not reproduce them.
     #[error("policy {policy}, golden vectors: {reason}")]
@@ -109,10 +118,10 @@ impl PolicySource {
     pub fn open(path: Option<&Path>) -> Result<Self, PolicyLoadError> {
         let Some(path) = path else {
             return Ok(PolicySource {
-                metadata: PolicyMetadata::from_json(DEFAULT_METADATA).map_err(|source| {
+                metadata: PolicyMetadata::from_json(DEFAULT_METADATA).map_err(|error| {
                     PolicyLoadError::Policy {
                         policy: "the built-in policy".into(),
-                        source,
+                        error,
                     }
                 })?,
                 dir: None,
@@ -123,15 +132,14 @@ impl PolicySource {
         } else {
             path.to_path_buf()
         };
-        let text = std::fs::read_to_string(&file).map_err(|source| PolicyLoadError::Read {
+        let text = std::fs::read_to_string(&file).map_err(|error| PolicyLoadError::Metadata {
             path: file.clone(),
-            hint: " (ppo:PATH names an export directory of training/ or its metadata.json)",
-            source,
+            error,
         })?;
         let metadata =
-            PolicyMetadata::from_json(&text).map_err(|source| PolicyLoadError::Policy {
+            PolicyMetadata::from_json(&text).map_err(|error| PolicyLoadError::Policy {
                 policy: file.display().to_string(),
-                source,
+                error,
             })?;
         let dir = file.parent().map(Path::to_path_buf).unwrap_or_default();
         Ok(PolicySource {
@@ -148,11 +156,11 @@ impl PolicySource {
         }
     }
 
-    /// `source`, said to be this policy's fault.
-    pub fn error(&self, source: PolicyError) -> PolicyLoadError {
+    /// `error`, said to be this policy's fault.
+    pub fn error(&self, error: PolicyError) -> PolicyLoadError {
         PolicyLoadError::Policy {
             policy: self.describe(),
-            source,
+            error,
         }
     }
 
@@ -173,11 +181,7 @@ impl PolicySource {
                 kind,
             })?;
         let path = dir.join(name);
-        std::fs::read(&path).map_err(|source| PolicyLoadError::Read {
-            path,
-            hint: "",
-            source,
-        })
+        std::fs::read(&path).map_err(|error| PolicyLoadError::Read { path, error })
     }
 
     /// The network, run by `runtime`.

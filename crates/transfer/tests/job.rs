@@ -3,53 +3,12 @@
 //! with `Cancelled` and a second run sends only the rest; bad settings are refused before
 //! anything is sent, and an unreachable receiver is named.
 
-use std::path::Path;
-
-use transfer::auth::SessionKey;
-use transfer::job::{KeySetting, SendEvent, SendJob, SenderSettings, SourceSetting};
-use transfer::receiver::{Receiver, ReceiverConfig};
+use transfer::auth::KeySetting;
+use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
 use transfer::sender::SendError;
 
-const KEY: &str = "job-api-test-key-0123456789abcdef";
-
-fn start_receiver(root: &Path) -> String {
-    let config = ReceiverConfig::new(root.to_path_buf(), SessionKey::from_text(KEY).unwrap());
-    let receiver = Receiver::bind("127.0.0.1:0", config).unwrap();
-    let addr = receiver.local_addr().unwrap().to_string();
-    std::thread::spawn(move || receiver.serve(None));
-    addr
-}
-
-/// Deterministic bytes that differ from file to file.
-fn contents(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// Runs `job` to its end; its events and its result.
-fn run(mut job: SendJob) -> (Vec<SendEvent>, Result<transfer::sender::Summary, SendError>) {
-    runtime().block_on(async {
-        let mut events = Vec::new();
-        while let Some(event) = job.next_event().await {
-            events.push(event);
-        }
-        (events, job.finish().await)
-    })
-}
+mod common;
+use common::{contents, run, runtime, start_receiver, KEY};
 
 #[test]
 fn a_job_from_a_config_file_sends_a_tree_byte_identical_and_reports_what_it_does() {

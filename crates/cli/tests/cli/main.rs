@@ -1,12 +1,15 @@
 //! End-to-end tests of the `xfer` binary over loopback: whole trees byte-identical, live stream
 //! count changes, resume after SIGKILL of either side, every bad input with its error, the
-//! receiver started over ssh (an sshd in a network namespace), and the fault-injection suite.
+//! receiver started over ssh (an sshd in a network namespace), the receiver as a daemon
+//! (configuration file, SIGTERM, metrics) under load, and the fault-injection suite.
 
 mod bad_input;
 mod chaos;
 mod checksum_rate;
 mod common;
+mod daemon;
 mod faults;
+mod load;
 mod mptcp;
 mod netns;
 mod odd_sizes;

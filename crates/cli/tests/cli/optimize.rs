@@ -145,7 +145,10 @@ fn optimizer_flags_that_cannot_work_are_refused_before_anything_is_sent() {
             &["--mi-log", "/nonexistent/dir/mi.jsonl"],
             "cannot create /nonexistent/dir/mi.jsonl",
         ),
-        (&["--k", "0.5"], "--k must be at least 1"),
+        (
+            &["--k", "0.5"],
+            "K must be at least 1 and B at least 0 (--k, --b), not K=0.5",
+        ),
         (&["--reward-eps=-1"], "--reward-eps at least 0"),
     ];
     for (args, needle) in cases {

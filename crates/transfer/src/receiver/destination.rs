@@ -24,12 +24,12 @@ pub enum DestinationError {
     #[error("{0}")]
     Refused(String),
     /// The filesystem failed (disk full, permissions, I/O error).
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}: {error}")]
     Io {
         /// Destination path relative to the receiver's root.
         path: String,
         /// The cause.
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 

@@ -149,9 +149,9 @@ fn under(dest: &Path, path: &[u8]) -> Result<PathBuf, DestinationError> {
 }
 
 fn io_at(path: &Path) -> impl Fn(std::io::Error) -> DestinationError + '_ {
-    move |source| DestinationError::Io {
+    move |error| DestinationError::Io {
         path: path.display().to_string(),
-        source,
+        error,
     }
 }
 

@@ -7,6 +7,8 @@ mod destination;
 mod file_tree;
 mod heartbeat;
 mod reader;
+mod settings;
+mod shutdown;
 
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter, Write};
@@ -20,11 +22,15 @@ use std::time::{Duration, Instant};
 pub use destination::check_root_writable;
 use destination::{ActivePaths, Destination, DestinationError, Placement};
 use reader::{Activity, ConnReader, Source};
+pub use settings::ReceiverSettings;
+pub use shutdown::Stopper;
+use shutdown::{Stage, StopState, STOPPING};
 
 use crate::auth::{self, random_bytes, ChannelBinding, SessionKey};
 use crate::direct_io::AlignedBuffer;
 use crate::link::{self, Connection, LinkReader, LinkWriter};
 use crate::quic::{QuicServer, QuicStream};
+use crate::telemetry;
 use crate::tls::ServerIdentity;
 use crate::transport::{self, Transport};
 use crate::wire::{
@@ -35,6 +41,17 @@ use crate::wire::{
 const READ_BUFFER: usize = 64 << 10;
 /// Replies a data stream holds back while it handles chunks that have already arrived.
 const REPLY_BUFFER: usize = 16 << 10;
+
+/// Default [`ReceiverConfig::limits`]`.max_streams`: data streams one session may open.
+pub const DEFAULT_MAX_STREAMS: u32 = 256;
+/// Default [`ReceiverConfig::max_sessions`].
+pub const DEFAULT_MAX_SESSIONS: usize = 32;
+/// Default [`ReceiverConfig::session_memory`]: 4 GiB.
+pub const DEFAULT_SESSION_MEMORY: u64 = 4 << 30;
+/// Default [`ReceiverConfig::idle_timeout`]: five minutes.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default [`ReceiverConfig::handshake_timeout`]: 30 seconds.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How a receiver is set up: where files land, the key, and the limits that keep one peer from
 /// taking the receiver down. A peer that breaks a limit loses its connection or its session,
@@ -91,16 +108,16 @@ impl ReceiverConfig {
             root,
             key,
             limits: SessionLimits {
-                max_streams: 256,
+                max_streams: DEFAULT_MAX_STREAMS,
                 max_chunk: 16 << 20,
             },
-            max_sessions: 32,
-            session_memory: 4 << 30,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            session_memory: DEFAULT_SESSION_MEMORY,
             max_manifest: wire::MAX_MESSAGE_LEN,
             max_unsealed: 4 * wire::SENDER_UNSEALED,
             max_handshakes: 64,
-            handshake_timeout: Duration::from_secs(30),
-            idle_timeout: Duration::from_secs(300),
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
             require_encryption: false,
             transport: Transport::Tcp,
             direct_io: false,
@@ -131,21 +148,21 @@ impl ReceiverConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ReceiverError {
     /// The listening address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}: {error}")]
     Bind {
         /// The address.
         addr: String,
         /// The cause (address in use, permission denied, ...).
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The root directory is missing or not writable (or, with direct I/O, on a file system
     /// that does not support it).
-    #[error("receiver root {path} is not a writable directory: {source}")]
+    #[error("receiver root {path} is not a writable directory: {error}")]
     Root {
         /// The root given.
         path: String,
         /// The cause.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The limits contradict each other.
     #[error("invalid receiver limits: {0}")]
@@ -153,6 +170,9 @@ pub enum ReceiverError {
     /// No TLS certificate could be made.
     #[error("{0}")]
     Tls(std::io::Error),
+    /// The settings are unusable (a key that cannot be read, a value out of range).
+    #[error("{0}")]
+    Settings(String),
 }
 
 /// A session being served.
@@ -172,6 +192,28 @@ struct Session {
     /// stream thread outlives its session (a vanished sender sends no FIN). `None` once it
     /// ended.
     connections: Mutex<Option<Vec<Connection>>>,
+    /// Its control connection, closed when a stopping receiver ends the session.
+    control: Option<Connection>,
+}
+
+impl Session {
+    /// Ends the session for `reason`: its streams say so to the sender at their next chunk.
+    fn fail(&self, reason: &str) {
+        self.failure
+            .lock()
+            .expect("failure lock")
+            .get_or_insert_with(|| reason.to_string());
+    }
+
+    /// Closes every connection of the session.
+    fn close(&self) {
+        if let Some(connections) = &*self.connections.lock().expect("connections lock") {
+            connections.iter().for_each(Connection::shutdown);
+        }
+        if let Some(control) = &self.control {
+            control.shutdown();
+        }
+    }
 }
 
 struct Shared {
@@ -188,6 +230,7 @@ struct Shared {
     handshakes: AtomicUsize,
     active_paths: Arc<ActivePaths>,
     sessions_ended: AtomicU64,
+    stop: StopState,
 }
 
 /// Holds one unit of a counter for as long as it lives.
@@ -226,16 +269,16 @@ impl Receiver {
     /// Checks the root, binds `addr`, and returns the receiver (nothing is served until `serve`).
     pub fn bind(addr: &str, mut config: ReceiverConfig) -> Result<Receiver, ReceiverError> {
         let root = check_root_writable(&config.root, config.direct_io);
-        config.root = root.map_err(|source| ReceiverError::Root {
+        config.root = root.map_err(|error| ReceiverError::Root {
             path: config.root.display().to_string(),
-            source,
+            error,
         })?;
         let limits = config.announced_limits().map_err(ReceiverError::Limits)?;
         let tls = ServerIdentity::generate().map_err(ReceiverError::Tls)?;
         let (listener, transport, fallback) =
-            transport::listen(config.transport, addr).map_err(|source| ReceiverError::Bind {
+            transport::listen(config.transport, addr).map_err(|error| ReceiverError::Bind {
                 addr: addr.to_string(),
-                source,
+                error,
             })?;
         if let Some(why) = fallback {
             tracing::warn!("{why}");
@@ -243,9 +286,9 @@ impl Receiver {
         let quic = match transport {
             Transport::Quic => {
                 let udp = listener.local_addr().and_then(QuicServer::bind);
-                Some(udp.map_err(|source| ReceiverError::Bind {
+                Some(udp.map_err(|error| ReceiverError::Bind {
                     addr: format!("{addr} (UDP, for QUIC)"),
-                    source,
+                    error,
                 })?)
             }
             _ => None,
@@ -263,6 +306,7 @@ impl Receiver {
                 handshakes: AtomicUsize::new(0),
                 active_paths: Arc::default(),
                 sessions_ended: AtomicU64::new(0),
+                stop: StopState::default(),
             }),
         })
     }
@@ -282,8 +326,14 @@ impl Receiver {
         &self.shared.config.root
     }
 
+    /// A handle that stops this receiver gracefully from any thread ([`Stopper::stop`]).
+    pub fn stopper(&self) -> Stopper {
+        Stopper(Arc::downgrade(&self.shared))
+    }
+
     /// Serves connections, each on its own thread. Returns after `max_sessions_served` control
-    /// sessions have ended (successfully or not), or never when `None`.
+    /// sessions have ended (successfully or not), or once a stop ([`Receiver::stopper`]) has
+    /// no session left; else never.
     pub fn serve(&self, max_sessions_served: Option<u64>) -> std::io::Result<()> {
         self.listener.set_nonblocking(true)?;
         let _accepting_quic = match &self.shared.quic {
@@ -301,6 +351,9 @@ impl Receiver {
             if max_sessions_served
                 .is_some_and(|n| self.shared.sessions_ended.load(Ordering::Acquire) >= n)
             {
+                return Ok(());
+            }
+            if self.shared.stopped() {
                 return Ok(());
             }
             match self.listener.accept() {
@@ -336,6 +389,30 @@ fn wait_readable(listener: &TcpListener, timeout_ms: i32) {
     unsafe { libc::poll(&mut fd, 1, timeout_ms) };
 }
 
+impl Shared {
+    /// For a stopping receiver, acts on the sessions still running past the grace period;
+    /// whether none is left, so that serving can end.
+    fn stopped(&self) -> bool {
+        let stage = self.stop.stage(Instant::now());
+        if stage == Stage::Serving {
+            return false;
+        }
+        if self.sessions_open.load(Ordering::Acquire) == 0 {
+            tracing::info!("stopped: no session is running");
+            return true;
+        }
+        if matches!(stage, Stage::Telling | Stage::Closing) {
+            for session in self.sessions.lock().expect("sessions lock").values() {
+                session.fail(STOPPING);
+                if stage == Stage::Closing {
+                    session.close();
+                }
+            }
+        }
+        false
+    }
+}
+
 /// A connection's place among those in their handshake ([`ReceiverConfig::max_handshakes`]),
 /// given back when it drops.
 struct Admitted(Arc<Shared>);
@@ -348,6 +425,7 @@ impl Shared {
             tracing::warn!(
                 "closing connection from {peer}: {max} connections are authenticating already"
             );
+            telemetry::receiver_refused();
             return None;
         }
         Some(Admitted(self.clone()))
@@ -474,7 +552,13 @@ fn serve_link(link: Link, peer: SocketAddr, admitted: Admitted) {
     drop(admitted);
     let failed = match proven {
         Ok((Role::Control, nonces)) => {
-            run_control(shared, &mut reader, &mut writer, peer, &nonces, encrypted);
+            let control = ControlPeer {
+                peer,
+                nonces: &nonces,
+                encrypted,
+                connection: connection.try_clone().ok(),
+            };
+            run_control(shared, &mut reader, &mut writer, control);
             shared.sessions_ended.fetch_add(1, Ordering::AcqRel);
             false
         }
@@ -494,6 +578,7 @@ fn serve_link(link: Link, peer: SocketAddr, admitted: Admitted) {
         },
         Err(e) => {
             tracing::warn!("connection from {peer} refused: {e}");
+            telemetry::receiver_refused();
             false
         }
     };
@@ -512,20 +597,34 @@ fn find_session(shared: &Shared, id: &[u8; 16]) -> Option<Arc<Session>> {
 
 fn refuse(writer: &mut impl Write, peer: SocketAddr, reason: String) {
     tracing::warn!("refusing {peer}: {reason}");
+    telemetry::receiver_refused();
     let _ = wire::write_message(writer, &Message::Refused { reason });
 }
 
 type ConnFrames = FrameReader<BufReader<LinkReader<ConnReader>>>;
 
+/// Who is on an authenticated control connection.
+struct ControlPeer<'a> {
+    peer: SocketAddr,
+    /// The nonces of its key handshake, which its session's key is derived from.
+    nonces: &'a auth::Nonces,
+    /// Whether it is TLS.
+    encrypted: bool,
+    /// Another handle to the connection, to close it from elsewhere.
+    connection: Option<Connection>,
+}
+
 fn run_control(
     shared: &Shared,
     reader: &mut ConnFrames,
     writer: &mut LinkWriter,
-    peer: SocketAddr,
-    nonces: &auth::Nonces,
-    encrypted: bool,
+    control: ControlPeer,
 ) {
     let config = &shared.config;
+    let peer = control.peer;
+    if shared.stop.is_stopping() {
+        return refuse(writer, peer, STOPPING.into());
+    }
     let Some(_slot) = Slot::take(&shared.sessions_open, config.max_sessions) else {
         return refuse(
             writer,
@@ -549,7 +648,7 @@ fn run_control(
         return tracing::warn!("session {name} from {peer}: {e}");
     }
     heartbeat::with_heartbeat(writer, |writer| {
-        serve_session(shared, reader, writer, peer, nonces, encrypted, id)
+        serve_session(shared, reader, writer, control, id)
     })
 }
 
@@ -564,12 +663,11 @@ fn serve_session(
     shared: &Shared,
     reader: &mut ConnFrames,
     writer: &mut impl Write,
-    peer: SocketAddr,
-    nonces: &auth::Nonces,
-    encrypted: bool,
+    control: ControlPeer,
     id: [u8; 16],
 ) {
     let config = &shared.config;
+    let peer = control.peer;
     let name = session_name(&id);
     reader.set_message_limit(config.max_manifest);
     let (dest, sink) = match reader.read_message() {
@@ -584,6 +682,7 @@ fn serve_session(
         Err(e) => return tracing::warn!("session {name} from {peer}: {e}"),
     };
     let started = Instant::now();
+    let dest_shown = String::from_utf8_lossy(&dest).into_owned();
     let placement = Placement {
         root: &config.root,
         dest: &dest,
@@ -596,16 +695,19 @@ fn serve_session(
         Ok(dest) => dest,
         Err(e) => return refuse(writer, peer, e.to_string()),
     };
+    tracing::info!(session = %name, %peer, dest = %dest_shown, "session started");
+    let open = telemetry::Open::receiver_session();
     let session = Arc::new(Session {
         id,
-        key: config.key.for_session(nonces, &id),
+        key: config.key.for_session(control.nonces, &id),
         name,
-        encrypted,
+        encrypted: control.encrypted,
         dest,
         activity: Activity::new(),
         streams: AtomicU32::new(0),
         failure: Mutex::new(None),
         connections: Mutex::new(Some(Vec::new())),
+        control: control.connection,
     });
     shared
         .sessions
@@ -624,13 +726,16 @@ fn serve_session(
     }
     let name = &session.name;
     let ManifestSoFar { files, bytes, .. } = announced;
+    let seconds = started.elapsed().as_secs_f64();
+    drop(open);
+    telemetry::receiver_session_ended(outcome.is_ok());
     match outcome {
-        Ok(()) => tracing::info!(
-            "session {name} from {peer} complete in {:.2?}: {files} files, {bytes} bytes",
-            started.elapsed()
-        ),
-        Err(e) => tracing::warn!(
-            "session {name} from {peer} ended early after {files} files were announced: {e}"
+        Ok(()) => {
+            tracing::info!(session = %name, %peer, files, bytes, seconds, "session complete")
+        }
+        Err(error) => tracing::warn!(
+            session = %name, %peer, files_announced = files, seconds, %error,
+            "session ended early"
         ),
     }
 }
@@ -794,6 +899,7 @@ fn run_data(
         refuse(writer, peer, "the session has ended".into());
         return false;
     }
+    let _open = telemetry::Open::receiver_stream();
     let result = wire::write_message(
         writer,
         &Message::Welcome {
@@ -922,6 +1028,7 @@ fn receive_chunks(
                     Err(ChunkError::Destination(e)) => return fail(&mut writer, e.to_string()),
                 };
                 if verified {
+                    telemetry::receiver_wrote(len as u64);
                     Message::Ack {
                         file: header.file,
                         offset: header.offset,

@@ -35,6 +35,7 @@ use crate::manifest::{ManifestBatch, ScannedBatch, Scanner, SinkKind};
 use crate::mptcp_info::{self, Subflow};
 use crate::quic::{Congestion, QuicClient};
 use crate::tcp_info::{self, TcpInfo};
+use crate::telemetry;
 use crate::transport::{self, Transport};
 use crate::wire::{self, FrameReader, Message, Role, WireError};
 use manifest_stream::Planner;
@@ -386,6 +387,7 @@ impl Shared {
         };
         self.bytes_acked
             .fetch_add(unit.len as u64, Ordering::Relaxed);
+        telemetry::sender_acked(unit.len as u64);
         if file_done {
             self.send_control(ControlEvent::Seal(unit.file));
         }
@@ -844,6 +846,13 @@ impl Transfer {
 
     /// Waits for the end of the transfer and returns its summary or its error.
     pub fn wait(self) -> Result<Summary, SendError> {
+        let outcome = self.outcome();
+        telemetry::sender_transfer_ended(&outcome);
+        outcome
+    }
+
+    /// [`Transfer::wait`] without counting the outcome.
+    fn outcome(self) -> Result<Summary, SendError> {
         while !self.wait_timeout(Duration::from_secs(3600)) {}
         let seconds = self.shared.start.elapsed().as_secs_f64();
         for t in self.threads.into_inner().expect("threads lock") {

@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use super::meter::{IntervalMeter, PathStats};
 use super::Shared;
+use crate::telemetry;
 
 /// How the live optimiser measures and judges the transfer.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -140,6 +141,7 @@ fn decide(
             record(std::mem::replace(&mut newest, newer), None, None);
         }
         let streams = controller.decide(&newest.0);
+        telemetry::sender_decided(&name);
         if !shared.is_over() {
             shared.set_target(streams);
         }

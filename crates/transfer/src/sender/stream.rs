@@ -19,6 +19,7 @@ use crate::mptcp_info::Subflow;
 use crate::quic::{QuicClient, QuicError, QuicReader};
 use crate::sockopt;
 use crate::tcp_info::TcpInfo;
+use crate::telemetry;
 use crate::transport::Transport;
 use crate::wire::{self, ChunkHeader, FrameReader, Message, Role, WireError};
 
@@ -152,6 +153,7 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                     .name(format!("xfer-stream-{}", handle.id))
                     .spawn(move || {
                         let id = handle.id;
+                        let _open = telemetry::Open::sender_stream();
                         let result = run_stream(&thread_shared, &handle);
                         thread_shared.notify_manager(ManagerEvent::StreamExited { id, result });
                     });
@@ -191,6 +193,7 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                     let _ = t.join();
                 }
                 if let Err(StreamFailure::Broken(reason)) = result {
+                    telemetry::sender_stream_broke();
                     failures += 1;
                     tracing::info!("stream {id} broke ({reason}); its units go back to the queue");
                     if failures > MAX_STREAM_FAILURES {

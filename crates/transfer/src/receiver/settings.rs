@@ -1,0 +1,216 @@
+//! A receiver's settings as a service or `xfer recv --config` keeps them: serde-readable, with
+//! the defaults of [`ReceiverConfig::new`] for every field left out.
+//!
+//! ```
+//! use transfer::receiver::ReceiverSettings;
+//!
+//! let settings: ReceiverSettings = toml::from_str(r#"
+//!     listen = "0.0.0.0:9000"
+//!     root = "/data/incoming"
+//!     key = { file = "/etc/xfer/key" }
+//!     max_sessions = 100
+//!     shutdown_grace_secs = 600
+//! "#).unwrap();
+//! assert_eq!(settings.max_streams, 256);
+//! ```
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    Receiver, ReceiverConfig, ReceiverError, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_SESSIONS, DEFAULT_MAX_STREAMS, DEFAULT_SESSION_MEMORY,
+};
+use crate::auth::KeySetting;
+use crate::transport::Transport;
+
+/// Everything a receiver needs; only `root` and `key` must be given.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiverSettings {
+    /// Address and port to listen on (one port serves control and all data streams).
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// Directory everything received is written under.
+    pub root: PathBuf,
+    /// The key senders must prove they hold.
+    pub key: KeySetting,
+    /// `"tcp"`, `"mptcp"` or `"quic"` ([`ReceiverConfig::transport`]).
+    #[serde(default)]
+    pub transport: Transport,
+    /// Serve only encrypted sessions.
+    #[serde(default)]
+    pub require_encryption: bool,
+    /// Write with direct I/O ([`ReceiverConfig::direct_io`]).
+    #[serde(default)]
+    pub direct_io: bool,
+    /// Most data streams one session may open.
+    #[serde(default = "default_max_streams")]
+    pub max_streams: u32,
+    /// Most sessions served at once; more are refused with the reason.
+    #[serde(default = "default_max_sessions")]
+    pub max_sessions: usize,
+    /// Most bytes of chunk buffers one session may hold ([`ReceiverConfig::session_memory`]).
+    #[serde(default = "default_session_memory")]
+    pub session_memory: u64,
+    /// Seconds a session may go without receiving a byte before it is closed.
+    #[serde(default = "default_idle_timeout_secs")]
+    pub idle_timeout_secs: f64,
+    /// Seconds a new connection may take to authenticate.
+    #[serde(default = "default_handshake_timeout_secs")]
+    pub handshake_timeout_secs: f64,
+    /// Seconds the sessions running when the receiver is asked to stop may take to finish
+    /// ([`super::Stopper::stop`]); `xfer recv` stops so on SIGTERM or SIGINT.
+    #[serde(default = "default_shutdown_grace_secs")]
+    pub shutdown_grace_secs: f64,
+}
+
+fn default_listen() -> String {
+    "0.0.0.0:9000".into()
+}
+
+fn default_max_streams() -> u32 {
+    DEFAULT_MAX_STREAMS
+}
+
+fn default_max_sessions() -> usize {
+    DEFAULT_MAX_SESSIONS
+}
+
+fn default_session_memory() -> u64 {
+    DEFAULT_SESSION_MEMORY
+}
+
+fn default_idle_timeout_secs() -> f64 {
+    DEFAULT_IDLE_TIMEOUT.as_secs_f64()
+}
+
+fn default_handshake_timeout_secs() -> f64 {
+    DEFAULT_HANDSHAKE_TIMEOUT.as_secs_f64()
+}
+
+fn default_shutdown_grace_secs() -> f64 {
+    60.0
+}
+
+/// A duration setting: a number of seconds, positive unless `zero` is allowed.
+fn seconds(name: &str, value: f64, zero: bool) -> Result<Duration, ReceiverError> {
+    Duration::try_from_secs_f64(value)
+        .ok()
+        .filter(|d| zero || !d.is_zero())
+        .ok_or_else(|| {
+            ReceiverError::Settings(format!(
+                "{name} must be a {} number of seconds, not {value}",
+                if zero { "non-negative" } else { "positive" }
+            ))
+        })
+}
+
+impl ReceiverSettings {
+    /// Settings with every default, to serve `root` to senders that hold `key`.
+    pub fn new(root: PathBuf, key: KeySetting) -> Self {
+        ReceiverSettings {
+            listen: default_listen(),
+            root,
+            key,
+            transport: Transport::default(),
+            require_encryption: false,
+            direct_io: false,
+            max_streams: default_max_streams(),
+            max_sessions: default_max_sessions(),
+            session_memory: default_session_memory(),
+            idle_timeout_secs: default_idle_timeout_secs(),
+            handshake_timeout_secs: default_handshake_timeout_secs(),
+            shutdown_grace_secs: default_shutdown_grace_secs(),
+        }
+    }
+
+    /// The receiver's configuration (the key read, every value checked).
+    pub fn config(&self) -> Result<ReceiverConfig, ReceiverError> {
+        let key = self
+            .key
+            .key()
+            .map_err(|e| ReceiverError::Settings(e.to_string()))?;
+        if self.max_streams == 0 || self.max_sessions == 0 {
+            return Err(ReceiverError::Settings(
+                "max_streams and max_sessions must be at least 1".into(),
+            ));
+        }
+        let mut config = ReceiverConfig::new(self.root.clone(), key);
+        config.transport = self.transport;
+        config.require_encryption = self.require_encryption;
+        config.direct_io = self.direct_io;
+        config.limits.max_streams = self.max_streams;
+        config.max_sessions = self.max_sessions;
+        config.session_memory = self.session_memory;
+        config.idle_timeout = seconds("idle_timeout_secs", self.idle_timeout_secs, false)?;
+        config.handshake_timeout =
+            seconds("handshake_timeout_secs", self.handshake_timeout_secs, false)?;
+        Ok(config)
+    }
+
+    /// How long running sessions may take to finish once the receiver is asked to stop.
+    pub fn shutdown_grace(&self) -> Result<Duration, ReceiverError> {
+        seconds("shutdown_grace_secs", self.shutdown_grace_secs, true)
+    }
+
+    /// Checks the settings and binds the receiver ([`Receiver::bind`]).
+    pub fn bind(&self) -> Result<Receiver, ReceiverError> {
+        self.shutdown_grace()?;
+        Receiver::bind(&self.listen, self.config()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_read_from_a_file_and_bad_values_are_named() {
+        let root = tempfile::tempdir().unwrap();
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\nroot = \"{}\"\nkey = {{ text = \"receiver-settings-test-key-0123\" }}\n\
+             max_sessions = 100\nidle_timeout_secs = 5\n",
+            root.path().display()
+        );
+        let settings: ReceiverSettings = toml::from_str(&text).unwrap();
+        assert!(!format!("{settings:?}").contains("receiver-settings-test-key"));
+        let config = settings.config().unwrap();
+        assert_eq!(config.max_sessions, 100);
+        assert_eq!(config.idle_timeout, Duration::from_secs(5));
+        assert_eq!(config.limits.max_streams, 256);
+        assert_eq!(settings.shutdown_grace().unwrap(), Duration::from_secs(60));
+        let receiver = settings.bind().unwrap();
+        assert!(receiver.local_addr().unwrap().port() > 0);
+
+        let err = toml::from_str::<ReceiverSettings>(&format!("{text}max_session = 3\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `max_session`"), "{err}");
+        for (change, says) in [
+            (
+                "idle_timeout_secs = 0",
+                "idle_timeout_secs must be a positive",
+            ),
+            (
+                "shutdown_grace_secs = -1",
+                "shutdown_grace_secs must be a non-negative",
+            ),
+            ("max_streams = 0", "at least 1"),
+            ("key = { text = \"short\" }", "at least"),
+            ("key = { file = \"/nonexistent/key\" }", "/nonexistent/key"),
+        ] {
+            let field = change.split(' ').next().unwrap();
+            let kept: String = text
+                .lines()
+                .filter(|l| !l.starts_with(field))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let settings: ReceiverSettings = toml::from_str(&format!("{kept}{change}\n")).unwrap();
+            let err = settings.bind().err().unwrap().to_string();
+            assert!(err.contains(says), "{change}: {err}");
+        }
+    }
+}
