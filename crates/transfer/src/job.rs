@@ -173,16 +173,9 @@ impl SenderSettings {
         }
     }
 
-    /// A duration setting, checked.
+    /// A positive time setting, checked.
     fn seconds(name: &str, value: f64) -> Result<Duration, SendError> {
-        Duration::try_from_secs_f64(value)
-            .ok()
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| {
-                SendError::Settings(format!(
-                    "{name} must be a positive number of seconds, not {value}"
-                ))
-            })
+        crate::seconds::seconds(name, value, false).map_err(SendError::Settings)
     }
 
     /// What the transfer sends.

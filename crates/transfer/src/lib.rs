@@ -64,6 +64,7 @@ pub mod optimizer_choice;
 pub mod policy_source;
 pub mod quic;
 pub mod receiver;
+mod seconds;
 pub mod sender;
 mod sockopt;
 pub mod tcp_info;

@@ -195,15 +195,8 @@ pub const MAX_STREAMS_LIMIT: u32 = 256;
 impl Tuning {
     /// The monitoring interval, checked.
     pub fn interval(&self) -> Result<Duration, OptimizerError> {
-        Duration::try_from_secs_f64(self.interval_secs)
-            .ok()
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| {
-                OptimizerError::Tuning(format!(
-                    "the monitoring interval must be a positive number of seconds, not {}",
-                    self.interval_secs
-                ))
-            })
+        crate::seconds::seconds("interval_secs", self.interval_secs, false)
+            .map_err(OptimizerError::Tuning)
     }
 
     /// The most streams the controller may use, checked.

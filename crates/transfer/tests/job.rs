@@ -1,7 +1,8 @@
 //! The service API ([`transfer::job`]): a job built from a configuration file sends a tree
 //! byte-identical while reporting progress and the optimiser's decisions; a cancelled job ends
 //! with `Cancelled` and a second run sends only the rest; bad settings are refused before
-//! anything is sent, and an unreachable receiver is named.
+//! anything is sent, and an unreachable receiver is named; a sender whose control connection is
+//! closed at once tries again.
 
 use transfer::auth::KeySetting;
 use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
@@ -212,4 +213,69 @@ fn bad_settings_are_refused_before_anything_is_sent_and_a_silent_receiver_is_nam
         "{result:?}"
     );
     assert_eq!(events.last(), Some(&SendEvent::Finished(result)));
+}
+
+/// A relay to `upstream` that closes the first `drop_first` connections as soon as they
+/// arrive, as a receiver busy authenticating others does; its address.
+fn closing_relay(upstream: String, drop_first: usize) -> String {
+    use std::net::{TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for (n, client) in listener.incoming().enumerate() {
+            let client = client.unwrap();
+            if n < drop_first {
+                // A reset, not a polite end: what a receiver that closes at once sends when
+                // data has already arrived.
+                socket2::SockRef::from(&client)
+                    .set_linger(Some(std::time::Duration::ZERO))
+                    .unwrap();
+                drop(client);
+                continue;
+            }
+            let server = TcpStream::connect(&upstream).unwrap();
+            for (mut from, mut to) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ] {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_sender_tries_again_when_the_receiver_closes_the_control_connection_at_once() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let file = src.path().join("f.bin");
+    let data = contents(9, 3 << 20);
+    std::fs::write(&file, &data).unwrap();
+    let upstream = start_receiver(root.path());
+    let settings = |addr: String| {
+        let mut settings = SenderSettings::new(
+            addr,
+            KeySetting::Text(KEY.into()),
+            SourceSetting::Paths(vec![file.clone()]),
+        );
+        settings.optimizer = Some("fixed:2".parse().unwrap());
+        settings
+    };
+
+    // Three closed attempts, then through.
+    let (_, result) = run(SendJob::start(settings(closing_relay(upstream.clone(), 3))).unwrap());
+    assert_eq!(result.unwrap().bytes, 3 << 20);
+    assert!(std::fs::read(root.path().join("f.bin")).unwrap() == data);
+
+    // Closed every time: the sender gives up, saying so.
+    std::fs::remove_file(root.path().join("f.bin")).unwrap();
+    let (_, result) = run(SendJob::start(settings(closing_relay(upstream, usize::MAX))).unwrap());
+    match result {
+        Err(SendError::Connection(reason)) => assert!(reason.contains("reset"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
 }

@@ -95,17 +95,9 @@ fn default_shutdown_grace_secs() -> f64 {
     60.0
 }
 
-/// A duration setting: a number of seconds, positive unless `zero` is allowed.
+/// A time setting, checked.
 fn seconds(name: &str, value: f64, zero: bool) -> Result<Duration, ReceiverError> {
-    Duration::try_from_secs_f64(value)
-        .ok()
-        .filter(|d| zero || !d.is_zero())
-        .ok_or_else(|| {
-            ReceiverError::Settings(format!(
-                "{name} must be a {} number of seconds, not {value}",
-                if zero { "non-negative" } else { "positive" }
-            ))
-        })
+    crate::seconds::seconds(name, value, zero).map_err(ReceiverError::Settings)
 }
 
 impl ReceiverSettings {

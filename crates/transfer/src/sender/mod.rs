@@ -637,29 +637,20 @@ impl Transfer {
             }
         };
         let addrs = resolve(&config.addr)?;
-        let (control, transport, fallback) = connect(&addrs, &config.addr, config.transport)?;
+        let ControlLink {
+            socket: control,
+            transport,
+            fallback,
+            mut reader,
+            mut writer,
+            welcomed:
+                auth::Welcomed {
+                    session,
+                    limits,
+                    session_key,
+                },
+        } = open_control(&addrs, &config, stall_timeout)?;
         let notices = Vec::from_iter(fallback);
-        control
-            .set_read_timeout(Some(stall_timeout))
-            .map_err(conn_err)?;
-        let (reader, mut writer, channel) =
-            link::client(&control, config.encrypt).map_err(conn_err)?;
-        let mut reader = FrameReader::new(std::io::BufReader::new(reader), 0);
-        let auth::Welcomed {
-            session,
-            limits,
-            session_key,
-        } = auth::handshake_as_client(
-            &mut reader,
-            &mut writer,
-            &channel,
-            &config.key,
-            Role::Control,
-        )
-        .map_err(|e| match e {
-            AuthError::Wire(w @ WireError::Io(_)) => SendError::reading(w, stall_timeout),
-            other => other.into(),
-        })?;
         wire::write_message(&mut writer, &Message::Start { dest, sink })
             .map_err(|e| SendError::Connection(e.to_string()))?;
         let quic = match transport {
@@ -894,6 +885,113 @@ impl Canceller {
     }
 }
 
+/// Attempts at the control connection when the receiver closes it before the key handshake
+/// is done, as a receiver does while `max_handshakes` other connections authenticate (a burst
+/// of senders): the pause between them doubles from 100 ms, plus up to as much again at random,
+/// about 3 s in all.
+const CONTROL_ATTEMPTS: u32 = 6;
+
+/// The control connection through its key handshake.
+struct ControlLink {
+    socket: TcpStream,
+    /// The transport in use, and why it is not the one asked for.
+    transport: Transport,
+    fallback: Option<String>,
+    reader: FrameReader<std::io::BufReader<link::LinkReader<TcpStream>>>,
+    writer: link::LinkWriter,
+    welcomed: auth::Welcomed,
+}
+
+/// How an attempt at the control connection failed.
+enum ControlFailure {
+    /// The receiver closed it before the handshake was done: worth another attempt.
+    Closed(std::io::Error),
+    /// Anything else.
+    Failed(SendError),
+}
+
+/// Connects the control connection and runs its key handshake, trying again (up to
+/// [`CONTROL_ATTEMPTS`] in all) when the receiver closes it first.
+fn open_control(
+    addrs: &[SocketAddr],
+    config: &SendConfig,
+    stall_timeout: Duration,
+) -> Result<ControlLink, SendError> {
+    let mut pause = Duration::from_millis(100);
+    let mut attempt = 1;
+    loop {
+        match try_control(addrs, config, stall_timeout) {
+            Ok(link) => return Ok(link),
+            Err(ControlFailure::Failed(e)) => return Err(e),
+            Err(ControlFailure::Closed(e)) if attempt >= CONTROL_ATTEMPTS => {
+                return Err(SendError::reading(WireError::Io(e), stall_timeout))
+            }
+            Err(ControlFailure::Closed(e)) => {
+                let jitter = u64::from(u16::from_le_bytes(auth::random_bytes::<2>()));
+                let wait = pause + pause.mul_f64(jitter as f64 / f64::from(u16::MAX));
+                tracing::info!(
+                    "the receiver closed the connection before the handshake ({e}); \
+                     trying again in {wait:.1?}"
+                );
+                std::thread::sleep(wait);
+                pause *= 2;
+                attempt += 1;
+            }
+        }
+    }
+}
+
+impl ControlFailure {
+    /// `e` as [`ControlFailure::Closed`] when the peer closed the connection, else as `other`
+    /// makes it.
+    fn of(e: std::io::Error, other: impl FnOnce(std::io::Error) -> SendError) -> Self {
+        use std::io::ErrorKind::*;
+        match e.kind() {
+            ConnectionReset | ConnectionAborted | UnexpectedEof | BrokenPipe => {
+                ControlFailure::Closed(e)
+            }
+            _ => ControlFailure::Failed(other(e)),
+        }
+    }
+}
+
+/// One attempt of [`open_control`].
+fn try_control(
+    addrs: &[SocketAddr],
+    config: &SendConfig,
+    stall_timeout: Duration,
+) -> Result<ControlLink, ControlFailure> {
+    let (socket, transport, fallback) = try_connect(addrs, config.transport)
+        .map_err(|e| ControlFailure::of(e, |e| connect_error(&config.addr, e)))?;
+    socket
+        .set_read_timeout(Some(stall_timeout))
+        .map_err(|e| ControlFailure::Failed(conn_err(e)))?;
+    let (reader, mut writer, channel) =
+        link::client(&socket, config.encrypt).map_err(|e| ControlFailure::of(e, conn_err))?;
+    let mut reader = FrameReader::new(std::io::BufReader::new(reader), 0);
+    let welcomed = auth::handshake_as_client(
+        &mut reader,
+        &mut writer,
+        &channel,
+        &config.key,
+        Role::Control,
+    )
+    .map_err(|e| match e {
+        AuthError::Wire(WireError::Io(io)) => ControlFailure::of(io, |io| {
+            SendError::reading(WireError::Io(io), stall_timeout)
+        }),
+        other => ControlFailure::Failed(other.into()),
+    })?;
+    Ok(ControlLink {
+        socket,
+        transport,
+        fallback,
+        reader,
+        writer,
+        welcomed,
+    })
+}
+
 fn conn_err(e: std::io::Error) -> SendError {
     SendError::Connection(e.to_string())
 }
@@ -922,20 +1020,33 @@ fn connect(
     shown: &str,
     transport: Transport,
 ) -> Result<(TcpStream, Transport, Option<String>), SendError> {
+    try_connect(addrs, transport).map_err(|e| connect_error(shown, e))
+}
+
+/// [`connect`], failing with the last address's error.
+fn try_connect(
+    addrs: &[SocketAddr],
+    transport: Transport,
+) -> std::io::Result<(TcpStream, Transport, Option<String>)> {
     let mut last = None;
     for addr in addrs {
         match transport::connect(transport, addr, CONNECT_TIMEOUT) {
             Ok((s, used, why)) => {
-                s.set_nodelay(true).map_err(conn_err)?;
+                s.set_nodelay(true)?;
                 return Ok((s, used, why));
             }
             Err(e) => last = Some(e),
         }
     }
-    Err(SendError::Connect {
+    Err(last.unwrap_or_else(|| std::io::Error::other("the name has no address")))
+}
+
+/// The error for a connection to `shown` that could not be made.
+fn connect_error(shown: &str, e: std::io::Error) -> SendError {
+    SendError::Connect {
         addr: shown.to_string(),
-        reason: last.map(|e| e.to_string()).unwrap_or_default(),
-    })
+        reason: e.to_string(),
+    }
 }
 
 /// Samples a stream's counters: a TCP socket's `TCP_INFO` and, over MPTCP, its subflows'; a
