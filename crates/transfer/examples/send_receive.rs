@@ -1,12 +1,13 @@
 //! A minimal send/receive pair: a receiver serving a directory on loopback, and a job that
 //! sends a small tree to it with the default optimiser, printing progress and the
-//! optimiser's decisions, then checks that every byte arrived.
+//! optimiser's decisions, then checks that every byte arrived and that the receiver's report
+//! of the session (from its event stream) says the same.
 //!
 //! `cargo run --release -p transfer --example send_receive`
 
 use transfer::auth::{KeySetting, SessionKey};
 use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
-use transfer::receiver::{Receiver, ReceiverConfig};
+use transfer::receiver::{Receiver, ReceiverConfig, ReceiverEvent};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -23,6 +24,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (key_text, key) = SessionKey::generate();
     let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.clone(), key))?;
     let addr = receiver.local_addr()?.to_string();
+    let mut receiver_events = receiver.subscribe();
     std::thread::spawn(move || receiver.serve(None));
 
     // The sender: settings as a service would keep them, then a job observed to its end.
@@ -40,9 +42,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     while let Some(event) = job.next_event().await {
         match event {
             SendEvent::Started {
+                session,
                 transport,
                 optimizer,
-            } => println!("started over {transport}, {optimizer} chooses the stream count"),
+            } => println!(
+                "session {session} started over {transport}, {optimizer} chooses the stream count"
+            ),
             SendEvent::Progress(p) => println!(
                 "{:>5.2} s  {:>9} of {} bytes  {} streams",
                 p.elapsed.as_secs_f64(),
@@ -75,5 +80,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     println!("every file arrived byte-identical");
+
+    // What the receiver says of the same session.
+    let report = loop {
+        match receiver_events.next().await {
+            Some(ReceiverEvent::SessionEnded(report)) => break report,
+            Some(other) => println!("receiver: {other:?}"),
+            None => return Err("the receiver ended without reporting the session".into()),
+        }
+    };
+    println!(
+        "receiver: session {} from {} {}: {} files placed, {} bytes received",
+        report.session, report.peer, report.outcome, report.files_placed, report.bytes_received
+    );
+    if report.session != summary.session
+        || !report.outcome.is_completed()
+        || report.files_placed != summary.files
+        || report.bytes_received < summary.bytes
+    {
+        return Err("the receiver's report differs from the sender's summary".into());
+    }
     Ok(())
 }

@@ -50,6 +50,7 @@ use crate::sender::{
     Canceller, MiRecord, OptimizerSettings, Progress, SendConfig, SendError, SendSource, Summary,
     Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_STREAMS, DEFAULT_UNIT_SIZE, DEFAULT_UNSENT_LIMIT,
 };
+use crate::session_id::SessionId;
 use crate::transport::Transport;
 
 /// Events a job holds for its reader before it waits (progress snapshots are dropped instead:
@@ -226,6 +227,8 @@ pub enum SendEvent {
     /// Connected and authenticated, data flowing over this transport (TCP where MPTCP was
     /// asked for and could not be had).
     Started {
+        /// The session's id, which the receiver's events and logs name too.
+        session: SessionId,
         /// The transport the streams use.
         transport: Transport,
         /// The controller choosing the stream count.
@@ -403,6 +406,7 @@ impl Run {
             state.transfer = Some(transfer.canceller());
         }
         self.send(SendEvent::Started {
+            session: transfer.session(),
             transport: transfer.transport(),
             optimizer,
         });

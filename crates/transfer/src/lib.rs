@@ -36,6 +36,12 @@
 //! (`send_receive`), a queue of transfers with a concurrency limit (`transfer_queue`) and a
 //! controller of one's own (`custom_controller`).
 //!
+//! A receiver ([`receiver::ReceiverSettings`], serde as well) reports its sessions as a stream
+//! of [`receiver::ReceiverEvent`]s ([`receiver::Receiver::subscribe`]): each start, each end
+//! with a [`receiver::SessionReport`], and refused connections. Its
+//! [`receiver::Stopper`] stops it gracefully or ends one session. Both ends name a session
+//! by the same [`session_id::SessionId`].
+//!
 //! # Below the jobs
 //!
 //! - [`receiver::Receiver`] serves sessions on one port ([`receiver::ReceiverConfig`]).
@@ -66,6 +72,7 @@ pub mod quic;
 pub mod receiver;
 mod seconds;
 pub mod sender;
+pub mod session_id;
 mod sockopt;
 pub mod tcp_info;
 pub mod telemetry;

@@ -16,12 +16,13 @@
 //! | `xfer_sender_retransmits_total` | counter | TCP segments retransmitted, counted when a transfer ends |
 //! | `xfer_receiver_bytes_total` | counter | bytes verified and written |
 //! | `xfer_receiver_sessions` | gauge | sessions being served |
-//! | `xfer_receiver_sessions_total{outcome}` | counter | sessions ended: `completed`, `failed` |
+//! | `xfer_receiver_sessions_total{outcome}` | counter | sessions ended: `completed`, `disconnected`, `ended_by_receiver`, `failed` ([`crate::receiver::SessionOutcome`]) |
 //! | `xfer_receiver_streams` | gauge | data streams open |
 //! | `xfer_receiver_refused_total` | counter | connections and sessions refused (limits, bad key, stopping) |
 
 use metrics::{counter, describe_counter, describe_gauge, gauge, Unit};
 
+use crate::receiver::SessionOutcome;
 use crate::sender::{SendError, Summary};
 
 const SENDER_BYTES: &str = "xfer_sender_bytes_total";
@@ -122,9 +123,14 @@ pub(crate) fn receiver_wrote(bytes: u64) {
     counter!(RECEIVER_BYTES).increment(bytes);
 }
 
-/// A session ended, completed or not.
-pub(crate) fn receiver_session_ended(completed: bool) {
-    let label = if completed { "completed" } else { "failed" };
+/// A session ended so.
+pub(crate) fn receiver_session_ended(outcome: &SessionOutcome) {
+    let label = match outcome {
+        SessionOutcome::Completed => "completed",
+        SessionOutcome::Disconnected(_) => "disconnected",
+        SessionOutcome::EndedByReceiver(_) => "ended_by_receiver",
+        SessionOutcome::Failed(_) => "failed",
+    };
     counter!(RECEIVER_SESSIONS_ENDED, "outcome" => label).increment(1);
 }
 

@@ -3,68 +3,14 @@
 //! left; a session still running after the grace period is ended with the reason, and its
 //! sender, started again against the next receiver on the same root, sends only the rest.
 
-use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use transfer::auth::KeySetting;
-use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
-use transfer::receiver::{ReceiverSettings, Stopper};
+use transfer::job::SendJob;
 use transfer::sender::SendError;
 
 mod common;
-use common::{contents, run, runtime, KEY};
-
-/// A receiver from settings on a free loopback port: its address, its stopper and its
-/// serving thread.
-fn serve(root: &Path) -> (String, Stopper, JoinHandle<std::io::Result<()>>) {
-    let mut settings = ReceiverSettings::new(root.into(), KeySetting::Text(KEY.into()));
-    settings.listen = "127.0.0.1:0".into();
-    let receiver = settings.bind().unwrap();
-    let addr = receiver.local_addr().unwrap().to_string();
-    let stopper = receiver.stopper();
-    (
-        addr,
-        stopper,
-        std::thread::spawn(move || receiver.serve(None)),
-    )
-}
-
-/// A job sending `file` on one stream paced at `rate` bytes per second.
-fn paced(addr: &str, file: PathBuf, rate: Option<u64>) -> SenderSettings {
-    let mut settings = SenderSettings::new(
-        addr,
-        KeySetting::Text(KEY.into()),
-        SourceSetting::Paths(vec![file]),
-    );
-    settings.optimizer = Some("fixed:1".parse().unwrap());
-    settings.streams = 1;
-    settings.unit_size = 1 << 20;
-    settings.stream_rate_cap = rate;
-    settings.progress_every_secs = 0.02;
-    settings
-}
-
-/// Runs `job` until it has `bytes` acknowledged, then calls `then`; its result.
-fn run_past(
-    mut job: SendJob,
-    bytes: u64,
-    then: impl FnOnce(),
-) -> Result<transfer::sender::Summary, SendError> {
-    runtime().block_on(async {
-        let mut then = Some(then);
-        while let Some(event) = job.next_event().await {
-            if let SendEvent::Progress(p) = event {
-                if p.bytes_acked >= bytes {
-                    if let Some(then) = then.take() {
-                        then();
-                    }
-                }
-            }
-        }
-        job.finish().await
-    })
-}
+use common::{contents, paced, run, run_past, serve, Serving};
 
 /// Waits up to `limit` for `serving` to return.
 fn ends_within(serving: JoinHandle<std::io::Result<()>>, limit: Duration) {
@@ -87,7 +33,12 @@ fn a_stopping_receiver_finishes_running_sessions_refuses_new_ones_and_ends() {
     let data = contents(1, 12 << 20);
     std::fs::write(&first, &data).unwrap();
     std::fs::write(&second, contents(2, 1 << 20)).unwrap();
-    let (addr, stopper, serving) = serve(root.path());
+    let Serving {
+        addr,
+        stopper,
+        thread: serving,
+        ..
+    } = serve(root.path());
 
     // 12 MiB at 8 MB/s: the stop comes about a second and a half before the end.
     let job = SendJob::start(paced(&addr, first, Some(8_000_000))).unwrap();
@@ -117,7 +68,12 @@ fn a_session_left_after_the_grace_period_is_ended_and_resumes_at_the_next_receiv
     let file = src.path().join("big.bin");
     let data = contents(3, 24 << 20);
     std::fs::write(&file, &data).unwrap();
-    let (addr, stopper, serving) = serve(root.path());
+    let Serving {
+        addr,
+        stopper,
+        thread: serving,
+        ..
+    } = serve(root.path());
 
     // 24 MiB at 4 MB/s would take 6 s; the grace period is half a second.
     let job = SendJob::start(paced(&addr, file.clone(), Some(4_000_000))).unwrap();
@@ -138,7 +94,7 @@ fn a_session_left_after_the_grace_period_is_ended_and_resumes_at_the_next_receiv
     ends_within(serving, Duration::from_secs(5));
     assert!(!root.path().join("big.bin").exists());
 
-    let (addr, _, _) = serve(root.path());
+    let addr = serve(root.path()).addr;
     let (_, result) = run(SendJob::start(paced(&addr, file, None)).unwrap());
     let summary = result.unwrap();
     assert!(

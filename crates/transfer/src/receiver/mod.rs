@@ -4,6 +4,7 @@
 
 mod announced;
 mod destination;
+mod events;
 mod file_tree;
 mod heartbeat;
 mod reader;
@@ -21,6 +22,8 @@ use std::time::{Duration, Instant};
 
 pub use destination::check_root_writable;
 use destination::{ActivePaths, Destination, DestinationError, Placement};
+use events::Publisher;
+pub use events::{ReceiverEvent, ReceiverEvents, SessionOutcome, SessionReport};
 use reader::{Activity, ConnReader, Source};
 pub use settings::ReceiverSettings;
 pub use shutdown::Stopper;
@@ -30,6 +33,7 @@ use crate::auth::{self, random_bytes, ChannelBinding, SessionKey};
 use crate::direct_io::AlignedBuffer;
 use crate::link::{self, Connection, LinkReader, LinkWriter};
 use crate::quic::{QuicServer, QuicStream};
+use crate::session_id::SessionId;
 use crate::telemetry;
 use crate::tls::ServerIdentity;
 use crate::transport::{self, Transport};
@@ -187,7 +191,11 @@ struct Session {
     dest: Destination,
     activity: Arc<Activity>,
     streams: AtomicU32,
+    /// Bytes its streams verified and wrote.
+    bytes_received: AtomicU64,
     failure: Mutex<Option<String>>,
+    /// Whether the receiver itself ended it (stopping, or [`Stopper::end_session`]).
+    ended_by_receiver: std::sync::atomic::AtomicBool,
     /// Handles of the data connections, shut down when the control connection ends so that no
     /// stream thread outlives its session (a vanished sender sends no FIN). `None` once it
     /// ended.
@@ -203,6 +211,13 @@ impl Session {
             .lock()
             .expect("failure lock")
             .get_or_insert_with(|| reason.to_string());
+    }
+
+    /// The receiver ends the session for `reason`, which its streams tell the sender at their
+    /// next chunk.
+    fn end(&self, reason: &str) {
+        self.ended_by_receiver.store(true, Ordering::Release);
+        self.fail(reason);
     }
 
     /// Closes every connection of the session.
@@ -231,6 +246,7 @@ struct Shared {
     active_paths: Arc<ActivePaths>,
     sessions_ended: AtomicU64,
     stop: StopState,
+    events: Publisher,
 }
 
 /// Holds one unit of a counter for as long as it lives.
@@ -307,6 +323,7 @@ impl Receiver {
                 active_paths: Arc::default(),
                 sessions_ended: AtomicU64::new(0),
                 stop: StopState::default(),
+                events: Publisher::default(),
             }),
         })
     }
@@ -326,9 +343,17 @@ impl Receiver {
         &self.shared.config.root
     }
 
-    /// A handle that stops this receiver gracefully from any thread ([`Stopper::stop`]).
+    /// A handle that stops this receiver gracefully ([`Stopper::stop`]) or ends one of its
+    /// sessions ([`Stopper::end_session`]), from any thread.
     pub fn stopper(&self) -> Stopper {
         Stopper(Arc::downgrade(&self.shared))
+    }
+
+    /// Subscribes to what happens from now on: sessions starting and ending (each with its
+    /// [`SessionReport`]) and connections refused. Any number of subscribers may listen;
+    /// events nobody subscribed to cost nothing.
+    pub fn subscribe(&self) -> ReceiverEvents {
+        self.shared.events.subscribe()
     }
 
     /// Serves connections, each on its own thread. Returns after `max_sessions_served` control
@@ -403,7 +428,7 @@ impl Shared {
         }
         if matches!(stage, Stage::Telling | Stage::Closing) {
             for session in self.sessions.lock().expect("sessions lock").values() {
-                session.fail(STOPPING);
+                session.end(STOPPING);
                 if stage == Stage::Closing {
                     session.close();
                 }
@@ -425,7 +450,11 @@ impl Shared {
             tracing::warn!(
                 "closing connection from {peer}: {max} connections are authenticating already"
             );
-            telemetry::receiver_refused();
+            refused(
+                self,
+                peer,
+                format!("{max} connections are authenticating already"),
+            );
             return None;
         }
         Some(Admitted(self.clone()))
@@ -572,13 +601,13 @@ fn serve_link(link: Link, peer: SocketAddr, admitted: Admitted) {
                 peer,
             ),
             None => {
-                refuse(&mut writer, peer, "the session has ended".into());
+                refuse(shared, &mut writer, peer, "the session has ended".into());
                 false
             }
         },
         Err(e) => {
             tracing::warn!("connection from {peer} refused: {e}");
-            telemetry::receiver_refused();
+            refused(shared, peer, e.to_string());
             false
         }
     };
@@ -595,10 +624,24 @@ fn find_session(shared: &Shared, id: &[u8; 16]) -> Option<Arc<Session>> {
         .cloned()
 }
 
-fn refuse(writer: &mut impl Write, peer: SocketAddr, reason: String) {
+/// Tells `peer` why it is refused, and logs, counts and publishes it.
+fn refuse(shared: &Shared, writer: &mut impl Write, peer: SocketAddr, reason: String) {
     tracing::warn!("refusing {peer}: {reason}");
+    let _ = wire::write_message(
+        writer,
+        &Message::Refused {
+            reason: reason.clone(),
+        },
+    );
+    refused(shared, peer, reason);
+}
+
+/// Counts and publishes a refusal the peer has been told of.
+fn refused(shared: &Shared, peer: SocketAddr, reason: String) {
     telemetry::receiver_refused();
-    let _ = wire::write_message(writer, &Message::Refused { reason });
+    shared
+        .events
+        .publish(ReceiverEvent::Refused { peer, reason });
 }
 
 type ConnFrames = FrameReader<BufReader<LinkReader<ConnReader>>>;
@@ -623,10 +666,11 @@ fn run_control(
     let config = &shared.config;
     let peer = control.peer;
     if shared.stop.is_stopping() {
-        return refuse(writer, peer, STOPPING.into());
+        return refuse(shared, writer, peer, STOPPING.into());
     }
     let Some(_slot) = Slot::take(&shared.sessions_open, config.max_sessions) else {
         return refuse(
+            shared,
             writer,
             peer,
             format!(
@@ -636,7 +680,7 @@ fn run_control(
         );
     };
     let id = random_bytes::<16>();
-    let name = session_name(&id);
+    let name = SessionId(id).short();
     let limits = shared.limits;
     if let Err(e) = wire::write_message(
         writer,
@@ -652,11 +696,6 @@ fn run_control(
     })
 }
 
-/// How logs name a session: the first bytes of its id in hex.
-fn session_name(id: &[u8; 16]) -> String {
-    id[..4].iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// A control connection from `Welcome` on: where the files go, then the manifest's batches
 /// (each answered by its plan) and the files' seals until the session finishes or fails.
 fn serve_session(
@@ -668,12 +707,13 @@ fn serve_session(
 ) {
     let config = &shared.config;
     let peer = control.peer;
-    let name = session_name(&id);
+    let name = SessionId(id).short();
     reader.set_message_limit(config.max_manifest);
     let (dest, sink) = match reader.read_message() {
         Ok(Message::Start { dest, sink }) => (dest, sink),
         Ok(other) => {
             return refuse(
+                shared,
                 writer,
                 peer,
                 format!("expected Start, got {}", auth::name(&other)),
@@ -693,9 +733,14 @@ fn serve_session(
     };
     let dest = match Destination::open(placement, sink) {
         Ok(dest) => dest,
-        Err(e) => return refuse(writer, peer, e.to_string()),
+        Err(e) => return refuse(shared, writer, peer, e.to_string()),
     };
     tracing::info!(session = %name, %peer, dest = %dest_shown, "session started");
+    shared.events.publish(ReceiverEvent::SessionStarted {
+        session: SessionId(id),
+        peer,
+        dest: dest_shown.clone(),
+    });
     let open = telemetry::Open::receiver_session();
     let session = Arc::new(Session {
         id,
@@ -705,7 +750,9 @@ fn serve_session(
         dest,
         activity: Activity::new(),
         streams: AtomicU32::new(0),
+        bytes_received: AtomicU64::new(0),
         failure: Mutex::new(None),
+        ended_by_receiver: Default::default(),
         connections: Mutex::new(Some(Vec::new())),
         control: control.connection,
     });
@@ -724,27 +771,59 @@ fn serve_session(
     for connection in connections.into_iter().flatten() {
         connection.shutdown();
     }
-    let name = &session.name;
-    let ManifestSoFar { files, bytes, .. } = announced;
-    let seconds = started.elapsed().as_secs_f64();
+    let report = SessionReport {
+        session: SessionId(id),
+        peer,
+        dest: dest_shown,
+        files_announced: announced.files,
+        bytes_announced: announced.bytes,
+        files_placed: announced.placed,
+        bytes_received: session.bytes_received.load(Ordering::Acquire),
+        seconds: started.elapsed().as_secs_f64(),
+        outcome: session.outcome(outcome),
+    };
     drop(open);
-    telemetry::receiver_session_ended(outcome.is_ok());
-    match outcome {
-        Ok(()) => {
+    telemetry::receiver_session_ended(&report.outcome);
+    let (name, files, bytes, seconds) = (
+        &session.name,
+        report.files_announced,
+        report.bytes_received,
+        report.seconds,
+    );
+    match &report.outcome {
+        SessionOutcome::Completed => {
             tracing::info!(session = %name, %peer, files, bytes, seconds, "session complete")
         }
-        Err(error) => tracing::warn!(
-            session = %name, %peer, files_announced = files, seconds, %error,
+        error => tracing::warn!(
+            session = %name, %peer, files_announced = files, bytes, seconds, %error,
             "session ended early"
         ),
     }
+    shared.events.publish(ReceiverEvent::SessionEnded(report));
 }
 
-/// What a session's manifest announced so far.
+impl Session {
+    /// How the session ended, given how its control connection did: a session the receiver
+    /// ended, or one a stream failed (after which the sender gives up), ends for that reason.
+    fn outcome(&self, control: Result<(), SessionOutcome>) -> SessionOutcome {
+        let failure = self.failure.lock().expect("failure lock").clone();
+        match (control, failure) {
+            (_, Some(reason)) if self.ended_by_receiver.load(Ordering::Acquire) => {
+                SessionOutcome::EndedByReceiver(reason)
+            }
+            (Ok(()), _) => SessionOutcome::Completed,
+            (Err(SessionOutcome::Disconnected(_)), Some(reason)) => SessionOutcome::Failed(reason),
+            (Err(outcome), _) => outcome,
+        }
+    }
+}
+
+/// What a session's manifest announced so far, and how many of its files are in place.
 #[derive(Default)]
 struct ManifestSoFar {
     files: u64,
     bytes: u64,
+    placed: u64,
     /// The batch that said `last` came.
     complete: bool,
 }
@@ -755,18 +834,24 @@ fn serve_control_messages(
     reader: &mut ConnFrames,
     writer: &mut impl Write,
     announced: &mut ManifestSoFar,
-) -> Result<(), String> {
+) -> Result<(), SessionOutcome> {
+    let lost = |e: &dyn std::fmt::Display| SessionOutcome::Disconnected(e.to_string());
+    let failed = |e: &dyn std::fmt::Display| SessionOutcome::Failed(e.to_string());
+    let wire_error = |e: WireError| match e {
+        WireError::Io(_) => lost(&e),
+        _ => failed(&e),
+    };
     reader
         .get_mut()
         .get_mut()
         .source_mut()
         .watch_session(session.activity.clone(), shared.config.idle_timeout)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| lost(&e))?;
     loop {
-        match reader.read_message().map_err(|e| e.to_string())? {
+        match reader.read_message().map_err(wire_error)? {
             Message::Entries(batch) => {
                 if announced.complete {
-                    return Err("a batch of the manifest after its last".into());
+                    return Err(failed(&"a batch of the manifest after its last"));
                 }
                 let result = {
                     let _busy = session.activity.busy();
@@ -782,8 +867,8 @@ fn serve_control_messages(
                         reason: e.to_string(),
                     },
                 };
-                wire::write_message(writer, &reply).map_err(|e| e.to_string())?;
-                result.map_err(|e| e.to_string())?;
+                wire::write_message(writer, &reply).map_err(wire_error)?;
+                result.map_err(|e| failed(&e))?;
                 announced.files += batch.files.len() as u64;
                 announced.bytes = announced.bytes.saturating_add(batch.total_bytes());
                 announced.complete = batch.last;
@@ -794,6 +879,9 @@ fn serve_control_messages(
                     session.dest.seal(file, blake3)
                 };
                 let error = result.as_ref().err().map(ToString::to_string);
+                if result.is_ok() {
+                    announced.placed += 1;
+                }
                 wire::write_message(
                     writer,
                     &Message::Finalized {
@@ -801,9 +889,9 @@ fn serve_control_messages(
                         error: error.clone(),
                     },
                 )
-                .map_err(|e| e.to_string())?;
+                .map_err(wire_error)?;
                 if let Err(DestinationError::Protocol(e)) = result {
-                    return Err(e);
+                    return Err(failed(&e));
                 }
             }
             Message::QuicRequest => {
@@ -816,8 +904,8 @@ fn serve_control_messages(
                         reason: reason.clone(),
                     },
                 };
-                wire::write_message(writer, &reply).map_err(|e| e.to_string())?;
-                offer?;
+                wire::write_message(writer, &reply).map_err(wire_error)?;
+                offer.map_err(|e| failed(&e))?;
             }
             Message::Finish => {
                 let finished = {
@@ -830,17 +918,18 @@ fn serve_control_messages(
                         message: e.to_string(),
                     },
                 };
-                wire::write_message(writer, &reply).map_err(|e| e.to_string())?;
+                wire::write_message(writer, &reply).map_err(wire_error)?;
                 return match reply {
                     Message::Done => Ok(()),
-                    _ => Err("finishing failed".into()),
+                    Message::Error { message } => Err(failed(&message)),
+                    _ => unreachable!("the reply is Done or Error"),
                 };
             }
             other => {
-                return Err(format!(
+                return Err(failed(&format_args!(
                     "unexpected {} on the control connection",
                     auth::name(&other)
-                ))
+                )))
             }
         }
     }
@@ -874,6 +963,7 @@ fn run_data(
     if session.streams.fetch_add(1, Ordering::AcqRel) >= limits.max_streams {
         session.streams.fetch_sub(1, Ordering::AcqRel);
         refuse(
+            shared,
             writer,
             peer,
             format!("a session may open at most {} streams", limits.max_streams),
@@ -896,7 +986,7 @@ fn run_data(
     };
     if !registered {
         session.streams.fetch_sub(1, Ordering::AcqRel);
-        refuse(writer, peer, "the session has ended".into());
+        refuse(shared, writer, peer, "the session has ended".into());
         return false;
     }
     let _open = telemetry::Open::receiver_stream();
@@ -1029,6 +1119,9 @@ fn receive_chunks(
                 };
                 if verified {
                     telemetry::receiver_wrote(len as u64);
+                    session
+                        .bytes_received
+                        .fetch_add(len as u64, Ordering::Relaxed);
                     Message::Ack {
                         file: header.file,
                         offset: header.offset,

@@ -6,6 +6,7 @@ use std::sync::{Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use super::Shared;
+use crate::session_id::SessionId;
 
 /// What a sender is told when its session is refused or ended by a stop.
 pub(super) const STOPPING: &str =
@@ -59,7 +60,8 @@ impl StopState {
     }
 }
 
-/// Stops a receiver from any thread ([`super::Receiver::stopper`]). Cloning it is cheap, and
+/// Stops a receiver, or ends one of its sessions, from any thread
+/// ([`super::Receiver::stopper`]). Cloning it is cheap, and
 /// it does not keep the receiver alive.
 #[derive(Debug, Clone)]
 pub struct Stopper(pub(super) Weak<Shared>);
@@ -80,6 +82,33 @@ impl Stopper {
             );
             shared.stop.begin(grace);
         }
+    }
+
+    /// Ends one running session (a service cancelling an inbound transfer): its streams tell
+    /// the sender `reason` at their next chunk and, two seconds later, its connections are
+    /// closed. What it verified stays journaled, so the sender resumes by starting the same
+    /// transfer again. Returns whether such a session was running. Its
+    /// [`super::SessionReport`] says [`super::SessionOutcome::EndedByReceiver`].
+    pub fn end_session(&self, session: SessionId, reason: &str) -> bool {
+        let Some(shared) = self.0.upgrade() else {
+            return false;
+        };
+        let Some(running) = super::find_session(&shared, &session.0) else {
+            return false;
+        };
+        tracing::info!(session = %running.name, %reason, "ending the session");
+        running.end(reason);
+        let closing = running.clone();
+        let spawned = std::thread::Builder::new()
+            .name("xfer-end-session".into())
+            .spawn(move || {
+                std::thread::sleep(TELL_THEN_CLOSE);
+                closing.close();
+            });
+        if spawned.is_err() {
+            running.close();
+        }
+        true
     }
 }
 

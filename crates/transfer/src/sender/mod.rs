@@ -34,6 +34,7 @@ use crate::link::Connection;
 use crate::manifest::{ManifestBatch, ScannedBatch, Scanner, SinkKind};
 use crate::mptcp_info::{self, Subflow};
 use crate::quic::{Congestion, QuicClient};
+use crate::session_id::SessionId;
 use crate::tcp_info::{self, TcpInfo};
 use crate::telemetry;
 use crate::transport::{self, Transport};
@@ -253,6 +254,8 @@ pub struct StreamSample {
 /// The result of a finished transfer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Summary {
+    /// The session's id, as the receiver reports it ([`crate::receiver::SessionReport`]).
+    pub session: SessionId,
     /// Bytes acknowledged in this run.
     pub bytes: u64,
     /// Bytes the receiver already had.
@@ -825,6 +828,11 @@ impl Transfer {
         self.shared.sample_streams()
     }
 
+    /// The session's id, which the receiver's events and logs use too.
+    pub fn session(&self) -> SessionId {
+        SessionId(self.shared.session)
+    }
+
     /// A handle that cancels this transfer from any thread ([`SendError::Cancelled`]).
     pub fn canceller(&self) -> Canceller {
         Canceller(Arc::downgrade(&self.shared))
@@ -858,6 +866,7 @@ impl Transfer {
             .expect("outcome is set")?;
         let streams_timeline = shared.timeline.lock().expect("timeline lock").clone();
         Ok(Summary {
+            session: SessionId(shared.session),
             bytes: shared.bytes_acked.load(Ordering::Relaxed),
             bytes_skipped: shared.bytes_skipped.load(Ordering::Relaxed),
             files: shared.files_total.load(Ordering::Acquire),

@@ -1,14 +1,15 @@
 //! What the tests of jobs and receivers share: a receiver on loopback, recognisable file
-//! contents, and a job run to its end.
+//! contents, paced jobs, and a job run to its end.
 
 // Each test file uses some of these.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
 
-use transfer::auth::SessionKey;
-use transfer::job::{SendEvent, SendJob};
-use transfer::receiver::{Receiver, ReceiverConfig};
+use transfer::auth::{KeySetting, SessionKey};
+use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
+use transfer::receiver::{Receiver, ReceiverConfig, ReceiverEvents, ReceiverSettings, Stopper};
 use transfer::sender::{SendError, Summary};
 
 /// The key of every test receiver.
@@ -52,5 +53,62 @@ pub fn run(mut job: SendJob) -> (Vec<SendEvent>, Result<Summary, SendError>) {
             events.push(event);
         }
         (events, job.finish().await)
+    })
+}
+
+/// A receiver serving from settings on its own thread.
+pub struct Serving {
+    /// Its loopback address.
+    pub addr: String,
+    /// Stops it or ends its sessions.
+    pub stopper: Stopper,
+    /// Its events from before it served.
+    pub events: ReceiverEvents,
+    /// The thread serving it.
+    pub thread: JoinHandle<std::io::Result<()>>,
+}
+
+/// A receiver from settings on a free loopback port.
+pub fn serve(root: &Path) -> Serving {
+    let mut settings = ReceiverSettings::new(root.into(), KeySetting::Text(KEY.into()));
+    settings.listen = "127.0.0.1:0".into();
+    let receiver = settings.bind().unwrap();
+    Serving {
+        addr: receiver.local_addr().unwrap().to_string(),
+        stopper: receiver.stopper(),
+        events: receiver.subscribe(),
+        thread: std::thread::spawn(move || receiver.serve(None)),
+    }
+}
+
+/// A job sending `file` on one stream paced at `rate` bytes per second.
+pub fn paced(addr: &str, file: PathBuf, rate: Option<u64>) -> SenderSettings {
+    let mut settings = SenderSettings::new(
+        addr,
+        KeySetting::Text(KEY.into()),
+        SourceSetting::Paths(vec![file]),
+    );
+    settings.optimizer = Some("fixed:1".parse().unwrap());
+    settings.streams = 1;
+    settings.unit_size = 1 << 20;
+    settings.stream_rate_cap = rate;
+    settings.progress_every_secs = 0.02;
+    settings
+}
+
+/// Runs `job` until it has `bytes` acknowledged, then calls `then`; its result.
+pub fn run_past(mut job: SendJob, bytes: u64, then: impl FnOnce()) -> Result<Summary, SendError> {
+    runtime().block_on(async {
+        let mut then = Some(then);
+        while let Some(event) = job.next_event().await {
+            if let SendEvent::Progress(p) = event {
+                if p.bytes_acked >= bytes {
+                    if let Some(then) = then.take() {
+                        then();
+                    }
+                }
+            }
+        }
+        job.finish().await
     })
 }
