@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::wire::{FrameReader, Message, Role, SessionLimits, WireError, MAGIC, PROTOCOL_VERSION};
+use crate::wire::{
+    FrameReader, Limit, Message, Role, SessionLimits, WireError, MAGIC, PROTOCOL_VERSION,
+};
 
 /// Fewest characters accepted in a session key.
 pub const MIN_KEY_LEN: usize = 16;
@@ -49,6 +51,9 @@ pub enum AuthError {
     /// The peer refused the connection with this reason.
     #[error("receiver refused the connection: {0}")]
     Refused(String),
+    /// The receiver refused the session because this limit of its is reached.
+    #[error("receiver refused the session: {0}")]
+    Limited(Limit),
     /// The peer spoke something that is not this protocol.
     #[error("protocol error: {0}")]
     Protocol(String),
@@ -268,6 +273,7 @@ pub fn handshake_as_client<R: Read, W: Write>(
             })
         }
         Message::Refused { reason } => Err(AuthError::Refused(reason)),
+        Message::Limited { limit } => Err(AuthError::Limited(limit)),
         other => Err(AuthError::Protocol(format!(
             "expected Welcome, got {}",
             name(&other)
@@ -379,6 +385,7 @@ pub fn name(msg: &Message) -> &'static str {
         Message::EndOfStream => "EndOfStream",
         Message::QuicRequest => "QuicRequest",
         Message::QuicOffer { .. } => "QuicOffer",
+        Message::Limited { .. } => "Limited",
         Message::Error { .. } => "Error",
     }
 }

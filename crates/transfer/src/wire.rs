@@ -24,7 +24,7 @@ use crate::manifest::{ManifestBatch, SinkKind};
 /// First bytes of every connection's `Hello`, so a stray client is refused at once.
 pub const MAGIC: [u8; 4] = *b"XFR1";
 /// Version of this protocol; peers with another version are refused with a clear error.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 /// Largest control message body accepted.
 pub const MAX_MESSAGE_LEN: usize = 64 << 20;
 /// Most entries (directories and files) a sender puts in one [`ManifestBatch`]: with paths of
@@ -126,6 +126,21 @@ pub struct SessionLimits {
     pub max_streams: u32,
     /// Largest chunk payload in bytes.
     pub max_chunk: u32,
+}
+
+/// A receiver's limit that refused a session, announced in [`Message::Limited`]: a sender
+/// (or the service running it) can tell it from other refusals and try again later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Limit {
+    /// The receiver serves its most sessions at once already.
+    #[error("the receiver serves {max} sessions at once already")]
+    Sessions {
+        /// Its `max_sessions`.
+        max: u64,
+    },
+    /// The receiver is shutting down and takes no new session.
+    #[error("the receiver is shutting down")]
+    ShuttingDown,
 }
 
 /// What the receiver already holds of one manifest file, answered in `Plan`.
@@ -248,6 +263,12 @@ pub enum Message {
     QuicOffer {
         /// BLAKE3 of the certificate's DER encoding: the sender accepts no other.
         certificate: [u8; 32],
+    },
+    /// The receiver refuses the session because `limit` is reached (control, instead of
+    /// `Welcome`): a [`Message::Refused`] a sender may try again after.
+    Limited {
+        /// Which limit.
+        limit: Limit,
     },
 }
 
@@ -557,6 +578,12 @@ mod tests {
                 message: "disk full".into(),
             },
             Message::QuicRequest,
+            Message::Limited {
+                limit: Limit::Sessions { max: 32 },
+            },
+            Message::Limited {
+                limit: Limit::ShuttingDown,
+            },
             Message::QuicOffer {
                 certificate: [9; 32],
             },

@@ -2,14 +2,16 @@
 //! byte-identical while reporting progress and the optimiser's decisions; a cancelled job ends
 //! with `Cancelled` and a second run sends only the rest; bad settings are refused before
 //! anything is sent, and an unreachable receiver is named; a sender whose control connection is
-//! closed at once tries again.
+//! closed at once tries again; errors name the file, the receiver and the limit they concern.
 
 use transfer::auth::KeySetting;
 use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
+use transfer::receiver::{Receiver, ReceiverConfig};
 use transfer::sender::SendError;
+use transfer::wire::Limit;
 
 mod common;
-use common::{contents, run, runtime, start_receiver, KEY};
+use common::{contents, paced, run, run_past, runtime, serve, start_receiver, KEY};
 
 #[test]
 fn a_job_from_a_config_file_sends_a_tree_byte_identical_and_reports_what_it_does() {
@@ -273,9 +275,72 @@ fn a_sender_tries_again_when_the_receiver_closes_the_control_connection_at_once(
 
     // Closed every time: the sender gives up, saying so.
     std::fs::remove_file(root.path().join("f.bin")).unwrap();
-    let (_, result) = run(SendJob::start(settings(closing_relay(upstream, usize::MAX))).unwrap());
+    let relay = closing_relay(upstream, usize::MAX);
+    let (_, result) = run(SendJob::start(settings(relay.clone())).unwrap());
     match result {
-        Err(SendError::Connection(reason)) => assert!(reason.contains("reset"), "{reason}"),
+        Err(SendError::Connection { addr, reason }) => {
+            assert_eq!(addr, relay);
+            assert!(reason.contains("reset"), "{reason}")
+        }
         other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn errors_name_the_file_the_receiver_and_the_limit_they_concern() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let file = src.path().join("big.bin");
+    std::fs::write(&file, contents(5, 8 << 20)).unwrap();
+    let serving = serve(root.path());
+
+    // A directory appears where the file is to go while it is on its way: the receiver cannot
+    // put it in place, and the error says which file.
+    let job = SendJob::start(paced(&serving.addr, file.clone(), Some(8_000_000))).unwrap();
+    let result = run_past(job, 1 << 20, || {
+        std::fs::create_dir(root.path().join("big.bin")).unwrap();
+    });
+    match result {
+        Err(SendError::Receiver {
+            file: Some(file),
+            reason,
+        }) => {
+            assert_eq!(file, "big.bin");
+            assert!(reason.contains("a directory is in the way"), "{reason}");
+        }
+        other => panic!("a file that cannot be put in place: {other:?}"),
+    }
+
+    // A source that cannot be read is named.
+    let (_, result) =
+        run(SendJob::start(paced(&serving.addr, src.path().join("gone"), None)).unwrap());
+    match result {
+        Err(SendError::Source { path, .. }) => assert!(path.ends_with("gone"), "{path}"),
+        other => panic!("a missing source: {other:?}"),
+    }
+
+    // A receiver serving its most sessions refuses one more, saying which limit.
+    let busy_root = tempfile::tempdir().unwrap();
+    let mut config = ReceiverConfig::new(
+        busy_root.path().into(),
+        transfer::auth::SessionKey::from_text(KEY).unwrap(),
+    );
+    config.max_sessions = 1;
+    let receiver = Receiver::bind("127.0.0.1:0", config).unwrap();
+    let addr = receiver.local_addr().unwrap().to_string();
+    std::thread::spawn(move || receiver.serve(None));
+    let slow = SendJob::start(paced(&addr, file.clone(), Some(4_000_000))).unwrap();
+    let mut second = None;
+    let first = run_past(slow, 1 << 20, || {
+        let job = SendJob::start(paced(&addr, file.clone(), None)).unwrap();
+        second = Some(std::thread::spawn(move || run(job).1).join().unwrap());
+    });
+    assert_eq!(first.unwrap().bytes, 8 << 20);
+    match second.unwrap() {
+        Err(SendError::Limited {
+            addr: refused_by,
+            limit: Limit::Sessions { max: 1 },
+        }) => assert_eq!(refused_by, addr),
+        other => panic!("a session over the limit: {other:?}"),
     }
 }

@@ -119,7 +119,7 @@ fn a_session_the_receiver_ends_tells_its_sender_why_and_resumes_later() {
         ended_session = Some(session);
     });
     match result {
-        Err(SendError::Receiver(reason)) => {
+        Err(SendError::Receiver { file: None, reason }) => {
             assert!(reason.contains("cancelled by the portal"), "{reason}")
         }
         other => panic!("the sender of an ended session: {other:?}"),

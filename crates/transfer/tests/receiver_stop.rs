@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use transfer::job::SendJob;
 use transfer::sender::SendError;
+use transfer::wire::Limit;
 
 mod common;
 use common::{contents, paced, run, run_past, serve, Serving};
@@ -52,9 +53,10 @@ fn a_stopping_receiver_finishes_running_sessions_refuses_new_ones_and_ends() {
     assert_eq!(summary.bytes, 12 << 20);
     assert!(std::fs::read(root.path().join("first.bin")).unwrap() == data);
     match refused.unwrap() {
-        Err(SendError::Receiver(reason)) => {
-            assert!(reason.contains("shutting down"), "{reason}")
-        }
+        Err(SendError::Limited {
+            limit: Limit::ShuttingDown,
+            addr: refused_by,
+        }) => assert_eq!(refused_by, addr),
         other => panic!("a new session while stopping: {other:?}"),
     }
     assert!(!root.path().join("second.bin").exists());
@@ -83,7 +85,9 @@ fn a_session_left_after_the_grace_period_is_ended_and_resumes_at_the_next_receiv
         stopped_at.set(Some(Instant::now()));
     });
     match result {
-        Err(SendError::Receiver(reason)) => assert!(reason.contains("shutting down"), "{reason}"),
+        Err(SendError::Receiver { file: None, reason }) => {
+            assert!(reason.contains("shutting down"), "{reason}")
+        }
         other => panic!("a session past the grace period: {other:?}"),
     }
     let ended = stopped_at.get().unwrap().elapsed();

@@ -38,7 +38,8 @@ use crate::telemetry;
 use crate::tls::ServerIdentity;
 use crate::transport::{self, Transport};
 use crate::wire::{
-    self, chunk_checksum, ChunkHeader, FrameReader, Head, Message, Role, SessionLimits, WireError,
+    self, chunk_checksum, ChunkHeader, FrameReader, Head, Limit, Message, Role, SessionLimits,
+    WireError,
 };
 
 /// Size of the buffer in front of each connection's socket.
@@ -636,6 +637,14 @@ fn refuse(shared: &Shared, writer: &mut impl Write, peer: SocketAddr, reason: St
     refused(shared, peer, reason);
 }
 
+/// Tells `peer` its session is refused because `limit` is reached, and logs, counts and
+/// publishes it.
+fn refuse_over(shared: &Shared, writer: &mut impl Write, peer: SocketAddr, limit: Limit) {
+    tracing::warn!("refusing {peer}: {limit}");
+    let _ = wire::write_message(writer, &Message::Limited { limit });
+    refused(shared, peer, limit.to_string());
+}
+
 /// Counts and publishes a refusal the peer has been told of.
 fn refused(shared: &Shared, peer: SocketAddr, reason: String) {
     telemetry::receiver_refused();
@@ -666,18 +675,11 @@ fn run_control(
     let config = &shared.config;
     let peer = control.peer;
     if shared.stop.is_stopping() {
-        return refuse(shared, writer, peer, STOPPING.into());
+        return refuse_over(shared, writer, peer, Limit::ShuttingDown);
     }
     let Some(_slot) = Slot::take(&shared.sessions_open, config.max_sessions) else {
-        return refuse(
-            shared,
-            writer,
-            peer,
-            format!(
-                "the receiver serves {} sessions already",
-                config.max_sessions
-            ),
-        );
+        let max = config.max_sessions as u64;
+        return refuse_over(shared, writer, peer, Limit::Sessions { max });
     };
     let id = random_bytes::<16>();
     let name = SessionId(id).short();

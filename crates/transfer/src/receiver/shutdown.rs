@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::Shared;
 use crate::session_id::SessionId;
 
-/// What a sender is told when its session is refused or ended by a stop.
+/// What a sender is told when its running session is ended by a stop.
 pub(super) const STOPPING: &str =
     "the receiver is shutting down; start the transfer again later to send the rest";
 

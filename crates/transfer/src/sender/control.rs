@@ -36,7 +36,7 @@ pub(super) fn run_writer(
             ControlEvent::Abort => return,
         };
         if let Err(e) = wire::write_message(&mut writer, &message) {
-            return shared.fail(SendError::Connection(e.to_string()));
+            return shared.fail(shared.config.lost(e));
         }
         if message == Message::Finish {
             return;
@@ -54,7 +54,7 @@ pub(super) fn run_reader(
     loop {
         let message = match reader.read_message() {
             Ok(m) => m,
-            Err(e) => return shared.fail(SendError::reading(e, shared.config.stall_timeout)),
+            Err(e) => return shared.fail(shared.config.reading(e)),
         };
         match message {
             Message::Working => {}
@@ -69,11 +69,17 @@ pub(super) fn run_reader(
                 }
             }
             Message::Finalized {
-                error: Some(error), ..
-            } => return shared.fail(SendError::Receiver(error)),
+                file,
+                error: Some(reason),
+            } => {
+                return shared.fail(SendError::Receiver {
+                    file: Some(shared.file_shown(file)),
+                    reason,
+                })
+            }
             Message::Done => return shared.complete(),
             Message::Error { message } | Message::Refused { reason: message } => {
-                return shared.fail(SendError::Receiver(message))
+                return shared.fail(SendError::refused(message))
             }
             other => {
                 return shared.fail(SendError::Protocol(format!(

@@ -18,7 +18,7 @@ pub(super) fn run_scanner(shared: &Shared, mut scanner: Scanner) {
         }
         let scanned = match scanner.next_batch(wire::BATCH_ENTRIES) {
             Ok(scanned) => scanned,
-            Err(e) => return shared.fail(SendError::Source(e.to_string())),
+            Err(e) => return shared.fail(e.into()),
         };
         let batch = match shared.announce(scanned) {
             Ok(batch) => batch,

@@ -31,14 +31,14 @@ use std::time::{Duration, Instant};
 use crate::auth::{self, AuthError, SessionKey};
 use crate::link;
 use crate::link::Connection;
-use crate::manifest::{ManifestBatch, ScannedBatch, Scanner, SinkKind};
+use crate::manifest::{ManifestBatch, ScanError, ScannedBatch, Scanner, SinkKind};
 use crate::mptcp_info::{self, Subflow};
 use crate::quic::{Congestion, QuicClient};
 use crate::session_id::SessionId;
 use crate::tcp_info::{self, TcpInfo};
 use crate::telemetry;
 use crate::transport::{self, Transport};
-use crate::wire::{self, FrameReader, Message, Role, WireError};
+use crate::wire::{self, FrameReader, Limit, Message, Role, WireError};
 use manifest_stream::Planner;
 pub use meter::PathStats;
 pub use optimize::{MiRecord, OptimizerSettings};
@@ -126,20 +126,69 @@ pub const MIN_STALL_TIMEOUT: Duration = Duration::from_secs(2 * wire::HEARTBEAT.
 /// limit, which lets each socket queue megabytes that fall out of cache before they are sent.
 pub const DEFAULT_UNSENT_LIMIT: u32 = 128 << 10;
 
-/// Why a transfer failed. Every variant's text is a complete one-line explanation.
+/// Why a transfer failed. Every variant's text is a complete one-line explanation; the
+/// variants name what a service acts on: which file ([`SendError::Source`],
+/// [`SendError::SourceChanged`], [`SendError::Receiver`]), which receiver
+/// ([`SendError::Connect`], [`SendError::Connection`], [`SendError::Limited`]) and which limit
+/// ([`SendError::Limited`], [`SendError::TooManyFiles`]).
+///
+/// ```
+/// use transfer::sender::SendError;
+/// use transfer::wire::Limit;
+///
+/// /// Whether a service should queue the transfer again for later.
+/// fn worth_retrying(e: &SendError) -> bool {
+///     matches!(
+///         e,
+///         SendError::Limited { .. }
+///             | SendError::Connect { .. }
+///             | SendError::Connection { .. }
+///             | SendError::SourceChanged { .. }
+///     )
+/// }
+///
+/// let busy = SendError::Limited {
+///     addr: "dtn.example.org:9000".into(),
+///     limit: Limit::Sessions { max: 32 },
+/// };
+/// assert!(worth_retrying(&busy));
+/// assert_eq!(
+///     busy.to_string(),
+///     "the receiver at dtn.example.org:9000 refused the session: the receiver serves 32 \
+///      sessions at once already; try again later"
+/// );
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SendError {
     /// The settings cannot work together.
     #[error("{0}")]
     Settings(String),
-    /// A source could not be scanned.
+    /// A source could not be read or scanned.
+    #[error("cannot read source {path}: {reason}")]
+    Source {
+        /// The file or directory, as given or found under a given directory.
+        path: String,
+        /// The cause.
+        reason: String,
+    },
+    /// Two sources would land under the same name, or one has no name to land under.
     #[error("{0}")]
-    Source(String),
+    Sources(String),
     /// A source file changed while it was being sent.
     #[error(
-        "source file {0} changed during the transfer; run the same command again to send it whole"
+        "source file {path} changed during the transfer; run the same command again to send it \
+         whole"
     )]
-    SourceChanged(String),
+    SourceChanged {
+        /// The file.
+        path: String,
+    },
+    /// The sources hold more files than one transfer can carry.
+    #[error("a transfer sends at most {max} files; send the sources in parts")]
+    TooManyFiles {
+        /// The most one transfer carries.
+        max: u64,
+    },
     /// The receiver's address did not resolve or accept a connection.
     #[error("cannot connect to {addr}: {reason}")]
     Connect {
@@ -151,12 +200,33 @@ pub enum SendError {
     /// Authentication failed or the receiver refused the session.
     #[error("{0}")]
     Auth(String),
-    /// The receiver reported an error (disk full, path refused, ...).
-    #[error("receiver: {0}")]
-    Receiver(String),
+    /// The receiver refused the session because one of its limits is reached: the same
+    /// transfer may be started again later.
+    #[error("the receiver at {addr} refused the session: {limit}; try again later")]
+    Limited {
+        /// The receiver's address.
+        addr: String,
+        /// Which limit.
+        limit: Limit,
+    },
+    /// The receiver reported an error (disk full, path refused, ...); its text names the path
+    /// it concerns.
+    #[error("receiver: {reason}")]
+    Receiver {
+        /// The file it concerns (its path as sent, under the destination), when it is about
+        /// one file; `None` when it is about the session.
+        file: Option<String>,
+        /// What the receiver said.
+        reason: String,
+    },
     /// The connection to the receiver broke.
-    #[error("lost connection to the receiver: {0}")]
-    Connection(String),
+    #[error("lost connection to the receiver at {addr}: {reason}")]
+    Connection {
+        /// The receiver's address.
+        addr: String,
+        /// The cause.
+        reason: String,
+    },
     /// The receiver broke the protocol.
     #[error("protocol error: {0}")]
     Protocol(String),
@@ -167,26 +237,70 @@ pub enum SendError {
     /// there: the same transfer started again sends only the rest.
     #[error("the transfer was cancelled; start it again to send the rest")]
     Cancelled,
+    /// The operating system refused something the transfer needs (a thread, a socket
+    /// option).
+    #[error("{0}")]
+    System(String),
     /// A bug in xfer.
     #[error("internal error (please report it): {0}")]
     Internal(String),
 }
 
+impl From<ScanError> for SendError {
+    fn from(e: ScanError) -> Self {
+        match e {
+            ScanError::Unreadable { path, error } => SendError::Source {
+                path,
+                reason: error.to_string(),
+            },
+            other => SendError::Sources(other.to_string()),
+        }
+    }
+}
+
 impl SendError {
+    /// A receiver's refusal as the error a sender reports.
+    fn refused(reason: String) -> SendError {
+        SendError::Receiver { file: None, reason }
+    }
+}
+
+impl SendConfig {
+    /// The connection to the receiver broke, for `reason`.
+    fn lost(&self, reason: impl std::fmt::Display) -> SendError {
+        SendError::Connection {
+            addr: self.addr.clone(),
+            reason: reason.to_string(),
+        }
+    }
+
     /// The error for a failed read from the receiver's control connection: a read that timed
     /// out says for how long the receiver was silent.
-    fn reading(e: WireError, stall_timeout: Duration) -> SendError {
+    fn reading(&self, e: WireError) -> SendError {
         match e {
-            WireError::Io(io) if is_timeout(&io) => SendError::Connection(format!(
+            WireError::Io(io) if is_timeout(&io) => self.lost(format_args!(
                 "the receiver sent nothing for {} s, not even its heartbeat",
-                stall_timeout.as_secs_f64()
+                self.stall_timeout.as_secs_f64()
             )),
             WireError::Io(io) if io.kind() == std::io::ErrorKind::UnexpectedEof => {
-                SendError::Connection(
-                    "the connection closed (if the receiver closed it, its log says why)".into(),
-                )
+                self.lost("the connection closed (if the receiver closed it, its log says why)")
             }
-            other => SendError::Connection(other.to_string()),
+            other => self.lost(other),
+        }
+    }
+
+    /// What a failed key handshake with the receiver means for the transfer.
+    fn handshake_failed(&self, e: AuthError) -> SendError {
+        match e {
+            AuthError::Wire(w @ WireError::Io(_)) => self.lost(w),
+            AuthError::Wire(w) => SendError::Protocol(w.to_string()),
+            AuthError::Protocol(p) => SendError::Protocol(p),
+            AuthError::Refused(r) => SendError::refused(r),
+            AuthError::Limited(limit) => SendError::Limited {
+                addr: self.addr.clone(),
+                limit,
+            },
+            other => SendError::Auth(other.to_string()),
         }
     }
 }
@@ -197,20 +311,6 @@ fn is_timeout(e: &std::io::Error) -> bool {
         e.kind(),
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
     )
-}
-
-impl From<AuthError> for SendError {
-    fn from(e: AuthError) -> Self {
-        match e {
-            AuthError::Wire(w @ crate::wire::WireError::Io(_)) => {
-                SendError::Connection(w.to_string())
-            }
-            AuthError::Wire(w) => SendError::Protocol(w.to_string()),
-            AuthError::Protocol(p) => SendError::Protocol(p),
-            AuthError::Refused(r) => SendError::Receiver(r),
-            other => SendError::Auth(other.to_string()),
-        }
-    }
 }
 
 /// A snapshot of a transfer's progress.
@@ -430,10 +530,9 @@ impl Shared {
         let count = batch.files.len() as u64;
         let first = self.files_total.load(Ordering::Acquire);
         if first + count > u64::from(u32::MAX) {
-            return Err(SendError::Source(format!(
-                "a transfer sends at most {} files",
-                u32::MAX
-            )));
+            return Err(SendError::TooManyFiles {
+                max: u64::from(u32::MAX),
+            });
         }
         self.skipped.lock().expect("skipped lock").extend(skipped);
         *self.unsettled.lock().expect("unsettled lock") += count;
@@ -611,14 +710,10 @@ impl Transfer {
             config.encrypt = true;
         }
         config.stall_timeout = config.stall_timeout.max(MIN_STALL_TIMEOUT);
-        let stall_timeout = config.stall_timeout;
         let (first_batch, source_data, scanner, dest, sink) = match source {
             SendSource::Paths { paths, dest } => {
-                let source_err = |e: crate::manifest::ScanError| SendError::Source(e.to_string());
-                let mut scanner = Scanner::new(&paths).map_err(source_err)?;
-                let first = scanner
-                    .next_batch(wire::BATCH_ENTRIES)
-                    .map_err(source_err)?;
+                let mut scanner = Scanner::new(&paths)?;
+                let first = scanner.next_batch(wire::BATCH_ENTRIES)?;
                 (
                     first,
                     SourceData::Files {
@@ -652,18 +747,12 @@ impl Transfer {
                     limits,
                     session_key,
                 },
-        } = open_control(&addrs, &config, stall_timeout)?;
+        } = open_control(&addrs, &config)?;
         let notices = Vec::from_iter(fallback);
         wire::write_message(&mut writer, &Message::Start { dest, sink })
-            .map_err(|e| SendError::Connection(e.to_string()))?;
+            .map_err(|e| config.lost(e))?;
         let quic = match transport {
-            Transport::Quic => Some(ask_for_quic(
-                &mut reader,
-                &mut writer,
-                &session,
-                config.congestion,
-                stall_timeout,
-            )?),
+            Transport::Quic => Some(ask_for_quic(&mut reader, &mut writer, &session, &config)?),
             _ => None,
         };
         let (control_tx, control_rx) = mpsc::channel();
@@ -708,11 +797,11 @@ impl Transfer {
         let batch = shared.announce(first_batch)?;
         let whole = batch.last;
         wire::write_message(&mut writer, &Message::Entries(batch))
-            .map_err(|e| SendError::Connection(e.to_string()))?;
+            .map_err(|e| shared.config.lost(e))?;
         let mut planner = Planner::default();
-        match read_answer(&mut reader, stall_timeout)? {
+        match read_answer(&mut reader, &shared.config)? {
             Message::Plan { first, files, last } => planner.apply(&shared, first, &files, last)?,
-            Message::Refused { reason } => return Err(SendError::Receiver(reason)),
+            Message::Refused { reason } => return Err(SendError::refused(reason)),
             other => {
                 return Err(SendError::Protocol(format!(
                     "expected Plan, got {}",
@@ -724,7 +813,7 @@ impl Transfer {
             std::thread::Builder::new()
                 .name(name.into())
                 .spawn(f)
-                .map_err(|e| SendError::Source(format!("cannot start a thread: {e}")))
+                .map_err(|e| SendError::System(format!("cannot start a thread: {e}")))
         };
         let mut threads = vec![
             spawn("xfer-control-out", {
@@ -921,19 +1010,15 @@ enum ControlFailure {
 
 /// Connects the control connection and runs its key handshake, trying again (up to
 /// [`CONTROL_ATTEMPTS`] in all) when the receiver closes it first.
-fn open_control(
-    addrs: &[SocketAddr],
-    config: &SendConfig,
-    stall_timeout: Duration,
-) -> Result<ControlLink, SendError> {
+fn open_control(addrs: &[SocketAddr], config: &SendConfig) -> Result<ControlLink, SendError> {
     let mut pause = Duration::from_millis(100);
     let mut attempt = 1;
     loop {
-        match try_control(addrs, config, stall_timeout) {
+        match try_control(addrs, config) {
             Ok(link) => return Ok(link),
             Err(ControlFailure::Failed(e)) => return Err(e),
             Err(ControlFailure::Closed(e)) if attempt >= CONTROL_ATTEMPTS => {
-                return Err(SendError::reading(WireError::Io(e), stall_timeout))
+                return Err(config.reading(WireError::Io(e)))
             }
             Err(ControlFailure::Closed(e)) => {
                 let jitter = u64::from(u16::from_le_bytes(auth::random_bytes::<2>()));
@@ -965,18 +1050,14 @@ impl ControlFailure {
 }
 
 /// One attempt of [`open_control`].
-fn try_control(
-    addrs: &[SocketAddr],
-    config: &SendConfig,
-    stall_timeout: Duration,
-) -> Result<ControlLink, ControlFailure> {
+fn try_control(addrs: &[SocketAddr], config: &SendConfig) -> Result<ControlLink, ControlFailure> {
     let (socket, transport, fallback) = try_connect(addrs, config.transport)
         .map_err(|e| ControlFailure::of(e, |e| connect_error(&config.addr, e)))?;
     socket
-        .set_read_timeout(Some(stall_timeout))
-        .map_err(|e| ControlFailure::Failed(conn_err(e)))?;
-    let (reader, mut writer, channel) =
-        link::client(&socket, config.encrypt).map_err(|e| ControlFailure::of(e, conn_err))?;
+        .set_read_timeout(Some(config.stall_timeout))
+        .map_err(|e| ControlFailure::Failed(config.lost(e)))?;
+    let (reader, mut writer, channel) = link::client(&socket, config.encrypt)
+        .map_err(|e| ControlFailure::of(e, |e| config.lost(e)))?;
     let mut reader = FrameReader::new(std::io::BufReader::new(reader), 0);
     let welcomed = auth::handshake_as_client(
         &mut reader,
@@ -986,10 +1067,10 @@ fn try_control(
         Role::Control,
     )
     .map_err(|e| match e {
-        AuthError::Wire(WireError::Io(io)) => ControlFailure::of(io, |io| {
-            SendError::reading(WireError::Io(io), stall_timeout)
-        }),
-        other => ControlFailure::Failed(other.into()),
+        AuthError::Wire(WireError::Io(io)) => {
+            ControlFailure::of(io, |io| config.reading(WireError::Io(io)))
+        }
+        other => ControlFailure::Failed(config.handshake_failed(other)),
     })?;
     Ok(ControlLink {
         socket,
@@ -999,10 +1080,6 @@ fn try_control(
         writer,
         welcomed,
     })
-}
-
-fn conn_err(e: std::io::Error) -> SendError {
-    SendError::Connection(e.to_string())
 }
 
 fn resolve(addr: &str) -> Result<Vec<SocketAddr>, SendError> {
@@ -1080,12 +1157,12 @@ fn sample_connection(
 /// The receiver's next message on the control connection that is not its heartbeat.
 fn read_answer<R: std::io::Read>(
     reader: &mut FrameReader<R>,
-    stall_timeout: Duration,
+    config: &SendConfig,
 ) -> Result<Message, SendError> {
     loop {
         match reader.read_message() {
             Ok(Message::Working) => {}
-            answer => return answer.map_err(|e| SendError::reading(e, stall_timeout)),
+            answer => return answer.map_err(|e| config.reading(e)),
         }
     }
 }
@@ -1096,15 +1173,14 @@ fn ask_for_quic<R: std::io::Read>(
     reader: &mut FrameReader<R>,
     writer: &mut impl std::io::Write,
     session: &[u8; 16],
-    congestion: Congestion,
-    stall_timeout: Duration,
+    config: &SendConfig,
 ) -> Result<QuicClient, SendError> {
-    wire::write_message(writer, &Message::QuicRequest)
-        .map_err(|e| SendError::Connection(e.to_string()))?;
-    match read_answer(reader, stall_timeout)? {
-        Message::QuicOffer { certificate } => QuicClient::new(session, certificate, congestion)
-            .map_err(|e| SendError::Connection(e.to_string())),
-        Message::Refused { reason } => Err(SendError::Receiver(reason)),
+    wire::write_message(writer, &Message::QuicRequest).map_err(|e| config.lost(e))?;
+    match read_answer(reader, config)? {
+        Message::QuicOffer { certificate } => {
+            QuicClient::new(session, certificate, config.congestion).map_err(|e| config.lost(e))
+        }
+        Message::Refused { reason } => Err(SendError::refused(reason)),
         other => Err(SendError::Protocol(format!(
             "expected QuicOffer, got {}",
             auth::name(&other)

@@ -87,7 +87,7 @@ impl SourceData {
                     let window = ReadWindow::map(opened, unit.offset, len)
                         .map_err(|e| locate().map_or_else(|e| e, |s| s.read_error(e)))?;
                     let checksum = window.guard(chunk_checksum).map_err(|_| match locate() {
-                        Ok(source) => SendError::SourceChanged(source.local.display().to_string()),
+                        Ok(source) => source.changed(),
                         Err(e) => e,
                     })?;
                     let window = buf.window.insert(window);
@@ -113,15 +113,14 @@ impl SourceData {
             return Ok(None);
         };
         let (path, entry) = (&source.local, &source.entry);
-        let changed = || SendError::SourceChanged(path.display().to_string());
-        let meta = std::fs::metadata(path).map_err(|_| changed())?;
+        let meta = std::fs::metadata(path).map_err(|_| source.changed())?;
         if meta.len() != entry.size || crate::manifest::Timestamp::mtime_of(&meta) != entry.mtime {
-            return Err(changed());
+            return Err(source.changed());
         }
         if !hash {
             return Ok(None);
         }
-        let unreadable = |e| SendError::Source(format!("cannot read {}: {e}", path.display()));
+        let unreadable = |e| source.unreadable(e);
         let file = open_source(path, direct).map_err(unreadable)?;
         let hash = direct_io::blake3_of(&file, direct).map_err(unreadable)?;
         Ok(Some(*hash.as_bytes()))
@@ -155,17 +154,31 @@ fn open_source(path: &Path, direct: bool) -> std::io::Result<File> {
 impl SourceFile {
     /// The error for a file that cannot be opened.
     fn open_error(&self, e: std::io::Error, direct: bool) -> SendError {
-        let e = if direct { direct_io::open_error(e) } else { e };
-        SendError::Source(format!("cannot read {}: {e}", self.local.display()))
+        self.unreadable(if direct { direct_io::open_error(e) } else { e })
+    }
+
+    /// The file cannot be read, for `e`.
+    fn unreadable(&self, e: std::io::Error) -> SendError {
+        SendError::Source {
+            path: self.local.display().to_string(),
+            reason: e.to_string(),
+        }
+    }
+
+    /// The file changed since it was scanned.
+    fn changed(&self) -> SendError {
+        SendError::SourceChanged {
+            path: self.local.display().to_string(),
+        }
     }
 
     /// The error for a failed read: a file that ended early (or whose window could not be
     /// faulted in, `EFAULT`) changed since it was scanned.
     fn read_error(&self, e: std::io::Error) -> SendError {
         if e.kind() == std::io::ErrorKind::UnexpectedEof || e.raw_os_error() == Some(libc::EFAULT) {
-            SendError::SourceChanged(self.local.display().to_string())
+            self.changed()
         } else {
-            SendError::Source(format!("cannot read {}: {e}", self.local.display()))
+            self.unreadable(e)
         }
     }
 }

@@ -163,7 +163,7 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                     }
                     Err(e) => {
                         drop(streams);
-                        shared.fail(SendError::Source(format!(
+                        shared.fail(SendError::System(format!(
                             "cannot start a stream thread: {e}"
                         )));
                         break;
@@ -197,9 +197,11 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                     failures += 1;
                     tracing::info!("stream {id} broke ({reason}); its units go back to the queue");
                     if failures > MAX_STREAM_FAILURES {
-                        shared.fail(SendError::Connection(format!(
-                            "{failures} streams broke; last: {reason}"
-                        )));
+                        shared.fail(
+                            shared
+                                .config
+                                .lost(format_args!("{failures} streams broke; last: {reason}")),
+                        );
                     }
                 }
             }
@@ -303,7 +305,7 @@ fn prove_session<R: Read>(
             AuthError::Wire(w @ (WireError::Io(_) | WireError::Corrupted(_))) => {
                 StreamFailure::Broken(w.to_string())
             }
-            other => fatal(shared, other.into()),
+            other => fatal(shared, shared.config.handshake_failed(other)),
         })
 }
 
@@ -379,10 +381,10 @@ fn carry<R: Read + Send>(
 fn tune_data_socket(socket: &TcpStream, config: &SendConfig) -> Result<(), SendError> {
     socket2::SockRef::from(socket)
         .set_tcp_notsent_lowat(config.unsent_limit)
-        .map_err(|e| SendError::Connection(format!("cannot limit the unsent queue: {e}")))?;
+        .map_err(|e| SendError::System(format!("cannot limit the unsent queue: {e}")))?;
     if let Some(rate) = config.stream_rate_cap {
         sockopt::set(socket, libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE, rate)
-            .map_err(|e| SendError::Connection(format!("cannot cap the stream rate: {e}")))?;
+            .map_err(|e| SendError::System(format!("cannot cap the stream rate: {e}")))?;
     }
     Ok(())
 }
@@ -478,9 +480,9 @@ fn read_acks(
                     tracing::warn!("chunk {offset} of {} failed its checksum at the receiver; sending it again", shared.file_shown(file));
                     shared.hand_back(handle.id, std::iter::once(u));
                     if shared.nacks.fetch_add(1, Ordering::Relaxed) >= MAX_NACKS {
-                        return Err(fatal(SendError::Connection(
-                            "too many chunks arrived corrupted".into(),
-                        )));
+                        return Err(fatal(
+                            shared.config.lost("too many chunks arrived corrupted"),
+                        ));
                     }
                 }
                 _ => {
@@ -490,7 +492,7 @@ fn read_acks(
                 }
             },
             Message::EndOfStream => return Ok(()),
-            Message::Error { message } => return Err(fatal(SendError::Receiver(message))),
+            Message::Error { message } => return Err(fatal(SendError::refused(message))),
             other => {
                 return Err(fatal(SendError::Protocol(format!(
                     "unexpected {} on a data stream",
