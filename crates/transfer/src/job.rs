@@ -60,6 +60,23 @@ const EVENT_BUFFER: usize = 64;
 /// What a job sends: `{ paths = ["PATH", ...] }` (files and directory trees, each landing under
 /// its own name) or `{ memory = BYTES }` (generated data to a discarding sink, to measure a
 /// path).
+///
+/// ```
+/// use transfer::job::SourceSetting;
+///
+/// #[derive(serde::Deserialize)]
+/// struct Staging {
+///     source: SourceSetting,
+/// }
+/// let trees: Staging = toml::from_str(r#"source = { paths = ["/data/run42", "/data/run43"] }"#)?;
+/// assert_eq!(
+///     trees.source,
+///     SourceSetting::Paths(vec!["/data/run42".into(), "/data/run43".into()])
+/// );
+/// let probe: Staging = toml::from_str("source = { memory = 10_000_000_000 }")?;
+/// assert_eq!(probe.source, SourceSetting::Memory(10_000_000_000));
+/// # Ok::<(), toml::de::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum SourceSetting {
@@ -71,6 +88,35 @@ pub enum SourceSetting {
 
 /// Everything a transfer needs, as a service keeps it in its configuration. Only `receiver`,
 /// `key` and `source` must be given; every other field has the default `xfer send` has.
+///
+/// ```
+/// use transfer::auth::KeySetting;
+/// use transfer::job::{SenderSettings, SourceSetting};
+///
+/// let settings: SenderSettings = toml::from_str(r#"
+///     receiver = "dtn.example.org:9000"
+///     key = { file = "/etc/xfer/key" }
+///     source = { paths = ["/data/run42"] }
+///     optimizer = "fixed:8"
+///     verify = true
+///     [tuning]
+///     max_streams = 32
+/// "#)?;
+/// assert_eq!(settings.key, KeySetting::File("/etc/xfer/key".into()));
+/// assert_eq!(settings.optimizer.unwrap().to_string(), "fixed:8");
+/// assert_eq!(settings.tuning.max_streams, 32);
+/// assert_eq!(settings.streams, transfer::sender::DEFAULT_STREAMS, "left out: the default");
+///
+/// // A misspelt field is an error that names it, not a setting silently ignored.
+/// let typo = toml::from_str::<SenderSettings>(r#"
+///     receiver = "dtn.example.org:9000"
+///     key = { file = "/etc/xfer/key" }
+///     source = { memory = 1000 }
+///     strems = 4
+/// "#);
+/// assert!(typo.unwrap_err().to_string().contains("unknown field `strems`"));
+/// # Ok::<(), toml::de::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SenderSettings {
@@ -151,6 +197,20 @@ fn default_progress_every_secs() -> f64 {
 
 impl SenderSettings {
     /// Settings with every default, to send `source` to `receiver` with `key`.
+    ///
+    /// ```
+    /// use transfer::auth::KeySetting;
+    /// use transfer::job::{SenderSettings, SourceSetting};
+    ///
+    /// let mut settings = SenderSettings::new(
+    ///     "dtn.example.org:9000",
+    ///     KeySetting::File("/etc/xfer/key".into()),
+    ///     SourceSetting::Paths(vec!["/data/run42".into()]),
+    /// );
+    /// settings.destination = "incoming/run42".into();
+    /// settings.encrypt = true;
+    /// assert_eq!(settings.optimizer, None, "auto, the default");
+    /// ```
     pub fn new(receiver: impl Into<String>, key: KeySetting, source: SourceSetting) -> Self {
         SenderSettings {
             receiver: receiver.into(),
@@ -222,6 +282,28 @@ impl SenderSettings {
 }
 
 /// What a job reports while it runs, in order; [`SendEvent::Finished`] is the last.
+///
+/// ```
+/// use transfer::job::SendEvent;
+///
+/// /// One line of a service's transfer log.
+/// fn log_line(event: &SendEvent) -> Option<String> {
+///     Some(match event {
+///         SendEvent::Started { session, transport, optimizer } => {
+///             format!("session {session} over {transport}, {optimizer} choosing streams")
+///         }
+///         SendEvent::Notice(notice) => format!("note: {notice}"),
+///         SendEvent::Progress(p) => format!("{} of {} bytes", p.bytes_acked, p.bytes_total),
+///         SendEvent::Decision(mi) => format!("interval {}: {:?} streams", mi.observation.mi, mi.decision),
+///         SendEvent::Finished(Ok(summary)) => format!("done: {} bytes", summary.bytes),
+///         SendEvent::Finished(Err(e)) => format!("failed: {e}"),
+///     })
+/// }
+/// assert_eq!(
+///     log_line(&SendEvent::Notice("MPTCP is not available here".into())).unwrap(),
+///     "note: MPTCP is not available here"
+/// );
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub enum SendEvent {
     /// Connected and authenticated, data flowing over this transport (TCP where MPTCP was
@@ -257,6 +339,29 @@ struct CancelState {
 
 /// One running transfer. Dropping it without [`SendJob::finish`] or [`SendJob::cancel`] lets
 /// the transfer run on to its end unobserved.
+///
+/// A whole transfer over loopback: a receiver, and a job that sends 8 MiB of generated data to
+/// it.
+///
+/// ```
+/// use transfer::auth::{KeySetting, SessionKey};
+/// use transfer::job::{SendJob, SenderSettings, SourceSetting};
+/// use transfer::receiver::{Receiver, ReceiverConfig};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let root = tempfile::tempdir()?;
+/// let (key_text, key) = SessionKey::generate();
+/// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), key))?;
+/// let addr = receiver.local_addr()?.to_string();
+/// std::thread::spawn(move || receiver.serve(Some(1)));
+///
+/// let settings = SenderSettings::new(addr, KeySetting::Text(key_text), SourceSetting::Memory(8 << 20));
+/// let job = SendJob::start(settings)?;
+/// let summary = tokio::runtime::Runtime::new()?.block_on(job.finish())?;
+/// assert_eq!(summary.bytes, 8 << 20);
+/// # Ok(())
+/// # }
+/// ```
 pub struct SendJob {
     events: async_mpsc::Receiver<SendEvent>,
     result: oneshot::Receiver<Result<Summary, SendError>>,
@@ -267,6 +372,20 @@ impl SendJob {
     /// Checks `settings`, builds the controller (a policy that cannot run stops nothing) and
     /// starts the transfer on its own thread; returns at once. Settings that cannot work are
     /// refused here; whether the receiver answers is the first thing the events tell.
+    ///
+    /// ```
+    /// use transfer::auth::KeySetting;
+    /// use transfer::job::{SendJob, SenderSettings, SourceSetting};
+    ///
+    /// let mut settings = SenderSettings::new(
+    ///     "127.0.0.1:9",
+    ///     KeySetting::Text("an-example-key-0123456789".into()),
+    ///     SourceSetting::Memory(1 << 20),
+    /// );
+    /// settings.streams = 0;
+    /// let refused = SendJob::start(settings).err().unwrap();
+    /// assert_eq!(refused.to_string(), "streams must be at least 1");
+    /// ```
     pub fn start(settings: SenderSettings) -> Result<SendJob, SendError> {
         let tuning = &settings.tuning;
         let (choice, note) = match &settings.optimizer {
@@ -283,6 +402,35 @@ impl SendJob {
     /// [`SendJob::start`] with a controller of the caller's own in place of a named one
     /// (`settings.optimizer` must be `None`): it sees every monitoring interval of
     /// `settings.tuning` and chooses the stream count, judged by the tuning's utility.
+    ///
+    /// ```
+    /// use transfer::auth::KeySetting;
+    /// use transfer::job::{SendJob, SenderSettings, SourceSetting};
+    /// use transfer::optimizer::{Controller, Observation};
+    ///
+    /// /// One more stream every interval while the loss stays under 0.1 %, one fewer after.
+    /// struct Cautious;
+    ///
+    /// impl Controller for Cautious {
+    ///     fn name(&self) -> String {
+    ///         "cautious".into()
+    ///     }
+    ///     fn decide(&mut self, o: &Observation) -> usize {
+    ///         if o.loss < 0.001 { o.streams + 1 } else { o.streams.saturating_sub(1).max(1) }
+    ///     }
+    /// }
+    ///
+    /// let settings = SenderSettings::new(
+    ///     "127.0.0.1:9",
+    ///     KeySetting::Text("an-example-key-0123456789".into()),
+    ///     SourceSetting::Memory(1 << 20),
+    /// );
+    /// // Nobody listens on loopback's discard port: the job starts, then tells why it failed.
+    /// let job = SendJob::start_with(settings, Box::new(Cautious))?;
+    /// let failed = tokio::runtime::Runtime::new()?.block_on(job.finish());
+    /// assert!(matches!(failed, Err(transfer::sender::SendError::Connect { .. })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn start_with(
         settings: SenderSettings,
         controller: Box<dyn Controller>,
@@ -351,12 +499,50 @@ impl SendJob {
     }
 
     /// The next event; `None` after [`SendEvent::Finished`].
+    ///
+    /// ```
+    /// use transfer::auth::KeySetting;
+    /// use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
+    ///
+    /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+    /// let settings = SenderSettings::new(
+    ///     "127.0.0.1:9",
+    ///     KeySetting::Text("an-example-key-0123456789".into()),
+    ///     SourceSetting::Memory(1 << 20),
+    /// );
+    /// let mut job = SendJob::start(settings)?;
+    /// let mut last = None;
+    /// while let Some(event) = job.next_event().await {
+    ///     last = Some(event);
+    /// }
+    /// assert!(matches!(last, Some(SendEvent::Finished(Err(_)))), "nobody listens there");
+    /// # Ok(())
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(example()).unwrap();
+    /// ```
     pub async fn next_event(&mut self) -> Option<SendEvent> {
         self.events.recv().await
     }
 
     /// Cancels the transfer (also before it has connected): it ends with
     /// [`SendError::Cancelled`]; see [`Canceller`] for what the receiver keeps.
+    ///
+    /// ```
+    /// use transfer::auth::KeySetting;
+    /// use transfer::job::{SendJob, SenderSettings, SourceSetting};
+    /// use transfer::sender::SendError;
+    ///
+    /// let settings = SenderSettings::new(
+    ///     "192.0.2.1:9000", // an address nobody answers from: the job is still connecting
+    ///     KeySetting::Text("an-example-key-0123456789".into()),
+    ///     SourceSetting::Memory(1 << 30),
+    /// );
+    /// let job = SendJob::start(settings)?;
+    /// job.cancel();
+    /// let result = tokio::runtime::Runtime::new()?.block_on(job.finish());
+    /// assert!(matches!(result, Err(SendError::Cancelled | SendError::Connect { .. })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn cancel(&self) {
         let mut state = self.cancel.lock().expect("cancel lock");
         state.cancelled = true;
@@ -367,6 +553,25 @@ impl SendJob {
 
     /// Waits for the end of the transfer (passing over the events not yet read) and returns
     /// its summary or its error.
+    ///
+    /// ```
+    /// use transfer::auth::KeySetting;
+    /// use transfer::job::{SendJob, SenderSettings, SourceSetting};
+    /// use transfer::sender::SendError;
+    ///
+    /// let settings = SenderSettings::new(
+    ///     "127.0.0.1:9",
+    ///     KeySetting::Text("an-example-key-0123456789".into()),
+    ///     SourceSetting::Memory(1 << 20),
+    /// );
+    /// let job = SendJob::start(settings)?;
+    /// match tokio::runtime::Runtime::new()?.block_on(job.finish()) {
+    ///     Ok(summary) => println!("{:.2} Gbit/s", summary.gbit_per_s()),
+    ///     Err(SendError::Connect { addr, reason }) => println!("{addr} is not listening: {reason}"),
+    ///     Err(e) => println!("failed: {e}"),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub async fn finish(mut self) -> Result<Summary, SendError> {
         while self.events.recv().await.is_some() {}
         self.result.await.unwrap_or(Err(SendError::Internal(

@@ -274,6 +274,16 @@ pub(super) fn require_complete(
 
 /// Checks at start-up that `root` is a directory this process can create files in (and, with
 /// `direct_io`, open them for direct I/O).
+/// Returns the root made canonical.
+///
+/// ```
+/// use transfer::receiver::check_root_writable;
+///
+/// let dir = tempfile::tempdir()?;
+/// assert_eq!(check_root_writable(dir.path(), false)?, dir.path().canonicalize()?);
+/// assert!(check_root_writable(&dir.path().join("missing"), false).is_err());
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn check_root_writable(root: &Path, direct_io: bool) -> std::io::Result<PathBuf> {
     let root = std::fs::canonicalize(root)?;
     if !root.is_dir() {

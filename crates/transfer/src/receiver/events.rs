@@ -14,6 +14,25 @@ use crate::session_id::SessionId;
 const EVENT_BUFFER: usize = 1024;
 
 /// Something that happened at the receiver.
+///
+/// ```
+/// use transfer::receiver::ReceiverEvent;
+///
+/// /// What a portal shows of an event.
+/// fn shown(event: &ReceiverEvent) -> String {
+///     match event {
+///         ReceiverEvent::SessionStarted { session, peer, dest } => {
+///             format!("{peer} started {} into {dest}", session.short())
+///         }
+///         ReceiverEvent::SessionEnded(report) => format!("{}: {}", report.session.short(), report.outcome),
+///         ReceiverEvent::Refused { peer, reason } => format!("refused {peer}: {reason}"),
+///         ReceiverEvent::Missed { events } => format!("({events} events not shown)"),
+///     }
+/// }
+/// let refused = ReceiverEvent::Refused { peer: "10.0.0.9:51000".parse()?, reason: "wrong key".into() };
+/// assert_eq!(shown(&refused), "refused 10.0.0.9:51000: wrong key");
+/// # Ok::<(), std::net::AddrParseError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum ReceiverEvent {
@@ -44,6 +63,27 @@ pub enum ReceiverEvent {
 }
 
 /// One session from start to end, as the receiver saw it.
+///
+/// ```
+/// use transfer::receiver::{SessionOutcome, SessionReport};
+/// use transfer::session_id::SessionId;
+///
+/// let report = SessionReport {
+///     session: SessionId([7; 16]),
+///     peer: "10.0.0.2:40000".parse()?,
+///     dest: "run42".into(),
+///     files_announced: 3,
+///     bytes_announced: 3 << 30,
+///     files_placed: 3,
+///     bytes_received: 2 << 30,
+///     seconds: 4.0,
+///     outcome: SessionOutcome::Completed,
+/// };
+/// // One of the three GiB was there from an earlier, interrupted run.
+/// let gbit_per_s = report.bytes_received as f64 * 8.0 / report.seconds / 1e9;
+/// assert!((gbit_per_s - 4.29).abs() < 0.01);
+/// # Ok::<(), std::net::AddrParseError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SessionReport {
     /// The session's id.
@@ -70,6 +110,15 @@ pub struct SessionReport {
 
 /// How a session ended. Whatever the end, every chunk it verified stays journaled: the same
 /// transfer started again sends only the rest.
+///
+/// ```
+/// use transfer::receiver::SessionOutcome;
+///
+/// let cut = SessionOutcome::Disconnected("connection reset by peer".into());
+/// assert_eq!(cut.to_string(), "disconnected: connection reset by peer");
+/// // A workflow starts its next step only on a complete arrival.
+/// assert!(!cut.is_completed());
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", content = "reason", rename_all = "snake_case")]
 pub enum SessionOutcome {
@@ -88,6 +137,13 @@ pub enum SessionOutcome {
 
 impl SessionOutcome {
     /// Whether every file arrived.
+    ///
+    /// ```
+    /// use transfer::receiver::SessionOutcome;
+    ///
+    /// assert!(SessionOutcome::Completed.is_completed());
+    /// assert!(!SessionOutcome::EndedByReceiver("maintenance".into()).is_completed());
+    /// ```
     pub fn is_completed(&self) -> bool {
         *self == SessionOutcome::Completed
     }
@@ -128,21 +184,80 @@ impl Publisher {
 /// A subscription to a receiver's events ([`super::Receiver::subscribe`]). Events wait for it
 /// in a bounded buffer: one that reads too slowly is told what it missed instead of holding the
 /// receiver's memory.
+///
+/// Each session's report as one JSON line, for a log collector:
+///
+/// ```
+/// use transfer::auth::SessionKey;
+/// use transfer::receiver::{Receiver, ReceiverConfig, ReceiverEvent};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let root = tempfile::tempdir()?;
+/// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), SessionKey::generate().1))?;
+/// let mut events = receiver.subscribe();
+/// std::thread::spawn(move || {
+///     while let Some(event) = events.blocking_next() {
+///         if let ReceiverEvent::SessionEnded(_) = event {
+///             println!("{}", serde_json::to_string(&event).unwrap());
+///         }
+///     }
+/// });
+/// # Ok(())
+/// # }
+/// ```
 pub struct ReceiverEvents(broadcast::Receiver<ReceiverEvent>);
 
 impl ReceiverEvents {
     /// The next event, waiting for it; `None` once the receiver is gone and every event has
     /// been read. Suits any async runtime.
+    ///
+    /// ```
+    /// use transfer::auth::SessionKey;
+    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    ///
+    /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+    /// let root = tempfile::tempdir()?;
+    /// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), SessionKey::generate().1))?;
+    /// let mut events = receiver.subscribe();
+    /// drop(receiver);
+    /// assert_eq!(events.next().await, None, "the receiver is gone");
+    /// # Ok(())
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(example()).unwrap();
+    /// ```
     pub async fn next(&mut self) -> Option<ReceiverEvent> {
         Self::received(self.0.recv().await)
     }
 
     /// [`ReceiverEvents::next`] for threads outside an async runtime (it panics inside one).
+    ///
+    /// ```
+    /// use transfer::auth::SessionKey;
+    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    ///
+    /// let root = tempfile::tempdir()?;
+    /// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), SessionKey::generate().1))?;
+    /// let mut events = receiver.subscribe();
+    /// drop(receiver);
+    /// assert_eq!(events.blocking_next(), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn blocking_next(&mut self) -> Option<ReceiverEvent> {
         Self::received(self.0.blocking_recv())
     }
 
     /// An event already waiting, if any (never waits); `None` also once the receiver is gone.
+    ///
+    /// ```
+    /// use transfer::auth::SessionKey;
+    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    ///
+    /// let root = tempfile::tempdir()?;
+    /// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), SessionKey::generate().1))?;
+    /// let mut events = receiver.subscribe();
+    /// assert_eq!(events.try_next(), None, "nothing has happened yet");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn try_next(&mut self) -> Option<ReceiverEvent> {
         use broadcast::error::TryRecvError;
         match self.0.try_recv() {

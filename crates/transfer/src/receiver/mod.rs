@@ -61,6 +61,21 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How a receiver is set up: where files land, the key, and the limits that keep one peer from
 /// taking the receiver down. A peer that breaks a limit loses its connection or its session,
 /// with the reason logged; the receiver goes on serving everyone else.
+///
+/// ```
+/// use std::time::Duration;
+/// use transfer::auth::SessionKey;
+/// use transfer::receiver::{Receiver, ReceiverConfig};
+///
+/// let root = tempfile::tempdir()?;
+/// let mut config = ReceiverConfig::new(root.path().into(), SessionKey::from_text("a-site-key-0123456789")?);
+/// config.max_sessions = 8;
+/// config.limits.max_streams = 64;
+/// config.idle_timeout = Duration::from_secs(60);
+/// config.require_encryption = true;
+/// let receiver = Receiver::bind("127.0.0.1:0", config)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct ReceiverConfig {
     /// Everything received lands under this directory.
@@ -108,6 +123,17 @@ impl ReceiverConfig {
     /// 32 sessions, 64 MiB manifest batches, 262,144 unsealed files, 64 connections in their
     /// handshake, a 30 s handshake and a 5 min idle timeout; plain and encrypted sessions; TCP;
     /// writes through the page cache.
+    ///
+    /// ```
+    /// use transfer::auth::SessionKey;
+    /// use transfer::receiver::{ReceiverConfig, DEFAULT_MAX_SESSIONS};
+    /// use transfer::transport::Transport;
+    ///
+    /// let (_, key) = SessionKey::generate();
+    /// let config = ReceiverConfig::new("/data/incoming".into(), key);
+    /// assert_eq!(config.max_sessions, DEFAULT_MAX_SESSIONS);
+    /// assert_eq!(config.transport, Transport::Tcp);
+    /// ```
     pub fn new(root: PathBuf, key: SessionKey) -> Self {
         ReceiverConfig {
             root,
@@ -150,6 +176,18 @@ impl ReceiverConfig {
 }
 
 /// Errors that stop a receiver from starting.
+///
+/// ```
+/// use transfer::auth::SessionKey;
+/// use transfer::receiver::{Receiver, ReceiverConfig, ReceiverError};
+///
+/// let (_, key) = SessionKey::generate();
+/// let config = ReceiverConfig::new("/nonexistent/incoming".into(), key);
+/// match Receiver::bind("127.0.0.1:0", config) {
+///     Err(ReceiverError::Root { path, .. }) => assert_eq!(path, "/nonexistent/incoming"),
+///     other => panic!("{:?}", other.err()),
+/// }
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum ReceiverError {
     /// The listening address could not be bound.
@@ -276,6 +314,34 @@ impl Drop for Slot<'_> {
 }
 
 /// A bound receiver, ready to serve sessions.
+///
+/// A receiver embedded in a service: it serves on its own thread, the service follows its
+/// sessions through its events and stops it gracefully when it shuts down itself.
+///
+/// ```
+/// use std::time::Duration;
+/// use transfer::auth::SessionKey;
+/// use transfer::receiver::{Receiver, ReceiverConfig, ReceiverEvent};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let root = tempfile::tempdir()?;
+/// let (key_text, key) = SessionKey::generate(); // the text goes to the senders
+/// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), key))?;
+/// let (stopper, mut events) = (receiver.stopper(), receiver.subscribe());
+/// let serving = std::thread::spawn(move || receiver.serve(None));
+/// std::thread::spawn(move || {
+///     while let Some(event) = events.blocking_next() {
+///         if let ReceiverEvent::SessionEnded(report) = event {
+///             println!("{} from {}: {}", report.dest, report.peer, report.outcome);
+///         }
+///     }
+/// });
+/// // ... and at the service's own shutdown:
+/// stopper.stop(Duration::from_secs(30));
+/// serving.join().unwrap()?;
+/// # Ok(())
+/// # }
+/// ```
 pub struct Receiver {
     listener: TcpListener,
     transport: Transport,
@@ -284,6 +350,17 @@ pub struct Receiver {
 
 impl Receiver {
     /// Checks the root, binds `addr`, and returns the receiver (nothing is served until `serve`).
+    ///
+    /// ```
+    /// use transfer::auth::SessionKey;
+    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    ///
+    /// let root = tempfile::tempdir()?;
+    /// let (_, key) = SessionKey::generate();
+    /// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), key))?;
+    /// assert_eq!(receiver.root(), root.path().canonicalize()?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn bind(addr: &str, mut config: ReceiverConfig) -> Result<Receiver, ReceiverError> {
         let root = check_root_writable(&config.root, config.direct_io);
         config.root = root.map_err(|error| ReceiverError::Root {
@@ -330,22 +407,73 @@ impl Receiver {
     }
 
     /// The address actually bound (useful with port 0).
+    ///
+    /// ```
+    /// use transfer::auth::SessionKey;
+    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    ///
+    /// let root = tempfile::tempdir()?;
+    /// let config = ReceiverConfig::new(root.path().into(), SessionKey::generate().1);
+    /// let receiver = Receiver::bind("127.0.0.1:0", config)?;
+    /// let addr = receiver.local_addr()?;
+    /// assert!(addr.ip().is_loopback() && addr.port() != 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
     }
 
     /// The transport it listens for: the one configured, or TCP where MPTCP could not be had.
+    ///
+    /// ```
+    /// use transfer::auth::SessionKey;
+    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    /// use transfer::transport::Transport;
+    ///
+    /// let root = tempfile::tempdir()?;
+    /// let mut config = ReceiverConfig::new(root.path().into(), SessionKey::generate().1);
+    /// config.transport = Transport::Mptcp;
+    /// let receiver = Receiver::bind("127.0.0.1:0", config)?;
+    /// // Where the kernel has no MPTCP, the receiver serves TCP (and logs why).
+    /// assert!(matches!(receiver.transport(), Transport::Mptcp | Transport::Tcp));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn transport(&self) -> Transport {
         self.transport
     }
 
     /// The root directory in use (canonical).
+    ///
+    /// ```
+    /// use transfer::auth::SessionKey;
+    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    ///
+    /// let root = tempfile::tempdir()?;
+    /// let config = ReceiverConfig::new(root.path().join("."), SessionKey::generate().1);
+    /// let receiver = Receiver::bind("127.0.0.1:0", config)?;
+    /// assert_eq!(receiver.root(), root.path().canonicalize()?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn root(&self) -> &Path {
         &self.shared.config.root
     }
 
     /// A handle that stops this receiver gracefully ([`Stopper::stop`]) or ends one of its
     /// sessions ([`Stopper::end_session`]), from any thread.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use transfer::auth::SessionKey;
+    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    ///
+    /// let root = tempfile::tempdir()?;
+    /// let config = ReceiverConfig::new(root.path().into(), SessionKey::generate().1);
+    /// let receiver = Receiver::bind("127.0.0.1:0", config)?;
+    /// let stopper = receiver.stopper();
+    /// std::thread::spawn(move || stopper.stop(Duration::ZERO));
+    /// receiver.serve(None)?; // returns once stopped: no session was running
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn stopper(&self) -> Stopper {
         Stopper(Arc::downgrade(&self.shared))
     }
@@ -353,6 +481,32 @@ impl Receiver {
     /// Subscribes to what happens from now on: sessions starting and ending (each with its
     /// [`SessionReport`]) and connections refused. Any number of subscribers may listen;
     /// events nobody subscribed to cost nothing.
+    ///
+    /// ```
+    /// use transfer::auth::{KeySetting, SessionKey};
+    /// use transfer::job::{SendJob, SenderSettings, SourceSetting};
+    /// use transfer::receiver::{Receiver, ReceiverConfig, ReceiverEvent};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let root = tempfile::tempdir()?;
+    /// let (key_text, key) = SessionKey::generate();
+    /// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), key))?;
+    /// let addr = receiver.local_addr()?.to_string();
+    /// let mut events = receiver.subscribe();
+    /// std::thread::spawn(move || receiver.serve(Some(1)));
+    ///
+    /// let settings = SenderSettings::new(addr, KeySetting::Text(key_text), SourceSetting::Memory(1 << 20));
+    /// let summary = tokio::runtime::Runtime::new()?.block_on(SendJob::start(settings)?.finish())?;
+    /// let report = loop {
+    ///     if let Some(ReceiverEvent::SessionEnded(report)) = events.blocking_next() {
+    ///         break report;
+    ///     }
+    /// };
+    /// assert_eq!(report.session, summary.session);
+    /// assert!(report.outcome.is_completed());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn subscribe(&self) -> ReceiverEvents {
         self.shared.events.subscribe()
     }
@@ -360,6 +514,25 @@ impl Receiver {
     /// Serves connections, each on its own thread. Returns after `max_sessions_served` control
     /// sessions have ended (successfully or not), or once a stop ([`Receiver::stopper`]) has
     /// no session left; else never.
+    ///
+    /// ```
+    /// use transfer::auth::{KeySetting, SessionKey};
+    /// use transfer::job::{SendJob, SenderSettings, SourceSetting};
+    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let root = tempfile::tempdir()?;
+    /// let (key_text, key) = SessionKey::generate();
+    /// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), key))?;
+    /// let addr = receiver.local_addr()?.to_string();
+    /// // Serve one session, as `xfer recv --once` does.
+    /// let serving = std::thread::spawn(move || receiver.serve(Some(1)));
+    /// let settings = SenderSettings::new(addr, KeySetting::Text(key_text), SourceSetting::Memory(1 << 20));
+    /// tokio::runtime::Runtime::new()?.block_on(SendJob::start(settings)?.finish())?;
+    /// serving.join().unwrap()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn serve(&self, max_sessions_served: Option<u64>) -> std::io::Result<()> {
         self.listener.set_nonblocking(true)?;
         let _accepting_quic = match &self.shared.quic {

@@ -27,6 +27,21 @@ use crate::auth::KeySetting;
 use crate::transport::Transport;
 
 /// Everything a receiver needs; only `root` and `key` must be given.
+///
+/// ```
+/// use transfer::receiver::ReceiverSettings;
+///
+/// let settings: ReceiverSettings = toml::from_str(r#"
+///     root = "/data/incoming"
+///     key = { file = "/etc/xfer/key" }
+///     transport = "mptcp"
+///     require_encryption = true
+/// "#)?;
+/// assert_eq!(settings.listen, "0.0.0.0:9000");
+/// // Written back, e.g. to show the settings in effect.
+/// assert!(toml::to_string(&settings)?.contains("max_sessions = 32"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReceiverSettings {
@@ -102,6 +117,15 @@ fn seconds(name: &str, value: f64, zero: bool) -> Result<Duration, ReceiverError
 
 impl ReceiverSettings {
     /// Settings with every default, to serve `root` to senders that hold `key`.
+    ///
+    /// ```
+    /// use transfer::auth::KeySetting;
+    /// use transfer::receiver::ReceiverSettings;
+    ///
+    /// let mut settings = ReceiverSettings::new("/data/incoming".into(), KeySetting::File("/etc/xfer/key".into()));
+    /// settings.listen = "10.0.0.1:9000".into();
+    /// settings.max_sessions = 100;
+    /// ```
     pub fn new(root: PathBuf, key: KeySetting) -> Self {
         ReceiverSettings {
             listen: default_listen(),
@@ -120,6 +144,22 @@ impl ReceiverSettings {
     }
 
     /// The receiver's configuration (the key read, every value checked).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use transfer::auth::KeySetting;
+    /// use transfer::receiver::ReceiverSettings;
+    ///
+    /// let mut settings = ReceiverSettings::new(
+    ///     "/data/incoming".into(),
+    ///     KeySetting::Text("a-site-key-0123456789".into()),
+    /// );
+    /// settings.idle_timeout_secs = 90.0;
+    /// assert_eq!(settings.config()?.idle_timeout, Duration::from_secs(90));
+    /// settings.idle_timeout_secs = 0.0;
+    /// assert!(settings.config().unwrap_err().to_string().contains("idle_timeout_secs"));
+    /// # Ok::<(), transfer::receiver::ReceiverError>(())
+    /// ```
     pub fn config(&self) -> Result<ReceiverConfig, ReceiverError> {
         let key = self
             .key
@@ -144,11 +184,35 @@ impl ReceiverSettings {
     }
 
     /// How long running sessions may take to finish once the receiver is asked to stop.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use transfer::auth::KeySetting;
+    /// use transfer::receiver::ReceiverSettings;
+    ///
+    /// let mut settings = ReceiverSettings::new("/data".into(), KeySetting::File("/etc/xfer/key".into()));
+    /// assert_eq!(settings.shutdown_grace()?, Duration::from_secs(60));
+    /// settings.shutdown_grace_secs = 0.0; // end running sessions at once
+    /// assert_eq!(settings.shutdown_grace()?, Duration::ZERO);
+    /// # Ok::<(), transfer::receiver::ReceiverError>(())
+    /// ```
     pub fn shutdown_grace(&self) -> Result<Duration, ReceiverError> {
         seconds("shutdown_grace_secs", self.shutdown_grace_secs, true)
     }
 
     /// Checks the settings and binds the receiver ([`Receiver::bind`]).
+    ///
+    /// ```
+    /// use transfer::auth::KeySetting;
+    /// use transfer::receiver::ReceiverSettings;
+    ///
+    /// let root = tempfile::tempdir()?;
+    /// let mut settings = ReceiverSettings::new(root.path().into(), KeySetting::Text("a-site-key-0123456789".into()));
+    /// settings.listen = "127.0.0.1:0".into();
+    /// let receiver = settings.bind()?;
+    /// assert!(receiver.local_addr()?.port() > 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn bind(&self) -> Result<Receiver, ReceiverError> {
         self.shutdown_grace()?;
         Receiver::bind(&self.listen, self.config()?)

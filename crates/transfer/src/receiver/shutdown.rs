@@ -63,6 +63,19 @@ impl StopState {
 /// Stops a receiver, or ends one of its sessions, from any thread
 /// ([`super::Receiver::stopper`]). Cloning it is cheap, and
 /// it does not keep the receiver alive.
+///
+/// ```
+/// use std::time::Duration;
+/// use transfer::auth::SessionKey;
+/// use transfer::receiver::{Receiver, ReceiverConfig};
+///
+/// let root = tempfile::tempdir()?;
+/// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), SessionKey::generate().1))?;
+/// let stopper = receiver.stopper();
+/// drop(receiver);
+/// stopper.stop(Duration::ZERO); // a receiver that is gone: nothing to do
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Stopper(pub(super) Weak<Shared>);
 
@@ -72,6 +85,21 @@ impl Stopper {
     /// running then are told to stop and, two seconds later, their connections are closed;
     /// what they verified stays journaled. [`super::Receiver::serve`] returns once no session
     /// is left. Calling it again can only shorten the grace period.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use transfer::auth::SessionKey;
+    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    ///
+    /// let root = tempfile::tempdir()?;
+    /// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), SessionKey::generate().1))?;
+    /// let stopper = receiver.stopper();
+    /// let serving = std::thread::spawn(move || receiver.serve(None));
+    /// stopper.stop(Duration::from_secs(600)); // sessions running may take 10 minutes
+    /// stopper.stop(Duration::ZERO); // a second request (another SIGTERM): end them now
+    /// serving.join().unwrap()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn stop(&self, grace: Duration) {
         if let Some(shared) = self.0.upgrade() {
             let running = shared
@@ -89,6 +117,31 @@ impl Stopper {
     /// closed. What it verified stays journaled, so the sender resumes by starting the same
     /// transfer again. Returns whether such a session was running. Its
     /// [`super::SessionReport`] says [`super::SessionOutcome::EndedByReceiver`].
+    ///
+    /// A portal that cancels the inbound transfers of a project over quota:
+    ///
+    /// ```
+    /// use transfer::auth::SessionKey;
+    /// use transfer::receiver::{Receiver, ReceiverConfig, ReceiverEvent};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let root = tempfile::tempdir()?;
+    /// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), SessionKey::generate().1))?;
+    /// let (stopper, mut events) = (receiver.stopper(), receiver.subscribe());
+    /// std::thread::spawn(move || receiver.serve(None));
+    /// std::thread::spawn(move || {
+    ///     while let Some(event) = events.blocking_next() {
+    ///         match event {
+    ///             ReceiverEvent::SessionStarted { session, dest, .. } if dest.starts_with("over-quota/") => {
+    ///                 stopper.end_session(session, "project over quota: ask for more space");
+    ///             }
+    ///             _ => {}
+    ///         }
+    ///     }
+    /// });
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn end_session(&self, session: SessionId, reason: &str) -> bool {
         let Some(shared) = self.0.upgrade() else {
             return false;
