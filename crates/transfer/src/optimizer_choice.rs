@@ -27,6 +27,19 @@ use serde::{Deserialize, Serialize};
 use crate::policy_source::{PolicyLoadError, PolicyRuntime, PolicySource};
 
 /// A controller that chooses the stream count; in configuration files its name as a string.
+///
+/// ```
+/// use transfer::optimizer::ControllerSpec;
+/// use transfer::optimizer_choice::OptimizerChoice;
+///
+/// assert_eq!("gd".parse::<OptimizerChoice>()?, OptimizerChoice::Builtin(ControllerSpec::Gd));
+/// assert_eq!(
+///     "ppo:models/gentle".parse::<OptimizerChoice>()?,
+///     OptimizerChoice::Ppo(Some("models/gentle".into()))
+/// );
+/// assert!("fixed:0".parse::<OptimizerChoice>().is_err());
+/// # Ok::<(), transfer::optimizer_choice::OptimizerError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum OptimizerChoice {
@@ -40,6 +53,17 @@ pub enum OptimizerChoice {
 }
 
 /// Why an optimiser could not be chosen or built.
+///
+/// ```
+/// use transfer::optimizer_choice::{OptimizerChoice, OptimizerError, Tuning};
+///
+/// let missing: OptimizerChoice = "ppo:/nonexistent/model".parse()?;
+/// match missing.build(&Tuning::default(), Default::default(), 0) {
+///     Err(OptimizerError::Policy(e)) => assert!(e.to_string().contains("/nonexistent/model")),
+///     other => panic!("{:?}", other.err()),
+/// }
+/// # Ok::<(), OptimizerError>(())
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum OptimizerError {
     /// The name is not one of the optimisers.
@@ -121,6 +145,16 @@ impl From<OptimizerChoice> for String {
 
 impl OptimizerChoice {
     /// The policy this controller runs, if it runs one: `Some(None)` for the built-in policy.
+    ///
+    /// ```
+    /// use std::path::Path;
+    /// use transfer::optimizer_choice::OptimizerChoice;
+    ///
+    /// let policy = |name: &str| name.parse::<OptimizerChoice>().unwrap().policy_path().map(|p| p.map(Path::to_path_buf));
+    /// assert_eq!(policy("auto"), Some(None));
+    /// assert_eq!(policy("ppo:models/light"), Some(Some("models/light".into())));
+    /// assert_eq!(policy("bo"), None);
+    /// ```
     pub fn policy_path(&self) -> Option<Option<&Path>> {
         match self {
             OptimizerChoice::Ppo(path) | OptimizerChoice::Auto(path) => Some(path.as_deref()),
@@ -131,6 +165,18 @@ impl OptimizerChoice {
     /// Builds the controller for a transfer measured as `tuning` says and judged by `utility`
     /// ([`Tuning::utility_for`]); `seed` seeds its random choices. A policy that was trained
     /// for another utility, or that this build cannot run, is refused here.
+    ///
+    /// ```
+    /// use transfer::optimizer::Observation;
+    /// use transfer::optimizer_choice::{OptimizerChoice, Tuning};
+    ///
+    /// let tuning = Tuning { max_streams: 16, ..Tuning::default() };
+    /// let choice: OptimizerChoice = "gd".parse()?;
+    /// let utility = tuning.utility_for(&[&choice])?;
+    /// let controller = choice.build(&tuning, utility, 42)?;
+    /// assert_eq!(controller.name(), "gd");
+    /// # Ok::<(), transfer::optimizer_choice::OptimizerError>(())
+    /// ```
     pub fn build(
         &self,
         tuning: &Tuning,
@@ -160,6 +206,15 @@ impl OptimizerChoice {
 
 /// How the optimiser measures and judges a transfer; in configuration files a table whose
 /// fields may each be left out.
+///
+/// ```
+/// use transfer::optimizer_choice::Tuning;
+///
+/// let tuning: Tuning = toml::from_str("interval_secs = 0.5\nmax_streams = 32\nk = 1.05")?;
+/// assert_eq!(tuning.utility_or(Default::default()).unwrap().k, 1.05);
+/// assert_eq!(tuning.b, None, "the B the policy was trained for");
+/// # Ok::<(), toml::de::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Tuning {
@@ -194,12 +249,32 @@ pub const MAX_STREAMS_LIMIT: u32 = 256;
 
 impl Tuning {
     /// The monitoring interval, checked.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use transfer::optimizer_choice::Tuning;
+    ///
+    /// let mut tuning = Tuning { interval_secs: 0.25, ..Tuning::default() };
+    /// assert_eq!(tuning.interval()?, Duration::from_millis(250));
+    /// tuning.interval_secs = 0.0;
+    /// assert!(tuning.interval().is_err());
+    /// # Ok::<(), transfer::optimizer_choice::OptimizerError>(())
+    /// ```
     pub fn interval(&self) -> Result<Duration, OptimizerError> {
         crate::seconds::seconds("interval_secs", self.interval_secs, false)
             .map_err(OptimizerError::Tuning)
     }
 
     /// The most streams the controller may use, checked.
+    ///
+    /// ```
+    /// use transfer::optimizer_choice::Tuning;
+    ///
+    /// assert_eq!(Tuning::default().max_streams()?, 64);
+    /// let too_many = Tuning { max_streams: 1000, ..Tuning::default() };
+    /// assert!(too_many.max_streams().unwrap_err().to_string().contains("from 1 to 256"));
+    /// # Ok::<(), transfer::optimizer_choice::OptimizerError>(())
+    /// ```
     pub fn max_streams(&self) -> Result<usize, OptimizerError> {
         if (1..=MAX_STREAMS_LIMIT).contains(&self.max_streams) {
             Ok(self.max_streams as usize)
@@ -212,6 +287,18 @@ impl Tuning {
     }
 
     /// The utility: `k` and `b` where given, the others from `fallback`; checked.
+    ///
+    /// ```
+    /// use transfer::optimizer::UtilityParams;
+    /// use transfer::optimizer_choice::Tuning;
+    ///
+    /// let tuning = Tuning { b: Some(3.0), ..Tuning::default() };
+    /// let utility = tuning.utility_or(UtilityParams { k: 1.05, b: 30.0 })?;
+    /// assert_eq!((utility.k, utility.b), (1.05, 3.0));
+    /// let bad = Tuning { k: Some(0.9), ..Tuning::default() };
+    /// assert!(bad.utility_or(UtilityParams::default()).is_err(), "K below 1 rewards more streams");
+    /// # Ok::<(), transfer::optimizer_choice::OptimizerError>(())
+    /// ```
     pub fn utility_or(&self, fallback: UtilityParams) -> Result<UtilityParams, OptimizerError> {
         let k = self.k.unwrap_or(fallback.k);
         let b = self.b.unwrap_or(fallback.b);
@@ -227,6 +314,17 @@ impl Tuning {
     /// utility the policies among them were trained for (a model re-trained for other weights
     /// needs no settings), else the default. Policies trained for different utilities need `k`
     /// and `b` (and then refuse to run if those are not theirs).
+    ///
+    /// ```
+    /// use transfer::optimizer::UtilityParams;
+    /// use transfer::optimizer_choice::{OptimizerChoice, Tuning};
+    ///
+    /// let gd: OptimizerChoice = "gd".parse()?;
+    /// assert_eq!(Tuning::default().utility_for(&[&gd])?, UtilityParams::default());
+    /// let gentle = Tuning { k: Some(1.05), b: Some(30.0), ..Tuning::default() };
+    /// assert_eq!(gentle.utility_for(&[&gd])?, UtilityParams { k: 1.05, b: 30.0 });
+    /// # Ok::<(), transfer::optimizer_choice::OptimizerError>(())
+    /// ```
     pub fn utility_for(
         &self,
         choices: &[&OptimizerChoice],
@@ -256,6 +354,18 @@ impl Tuning {
     /// The optimiser that runs when none is named: `auto` (the built-in policy with its
     /// tuner), unless `k`/`b` ask for a utility that policy was not trained for, when it is
     /// `gd` and the second value says why.
+    ///
+    /// ```
+    /// use transfer::optimizer_choice::Tuning;
+    ///
+    /// let (choice, note) = Tuning::default().default_choice()?;
+    /// assert_eq!((choice.to_string(), note), ("auto".into(), None));
+    /// let other_goal = Tuning { k: Some(1.3), ..Tuning::default() };
+    /// let (choice, note) = other_goal.default_choice()?;
+    /// assert_eq!(choice.to_string(), "gd");
+    /// assert!(note.unwrap().contains("trained for"));
+    /// # Ok::<(), transfer::optimizer_choice::OptimizerError>(())
+    /// ```
     pub fn default_choice(&self) -> Result<(OptimizerChoice, Option<String>), OptimizerError> {
         let trained = PolicySource::open(None)?.metadata.utility;
         let wanted = self.utility_or(trained)?;

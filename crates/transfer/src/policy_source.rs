@@ -20,6 +20,15 @@ const DEFAULT_GOLDEN: &str = include_str!("../../../models/default/golden.json")
 const DEFAULT_TORCHSCRIPT: &[u8] = include_bytes!("../../../models/default/policy.pt");
 
 /// Why a policy could not be loaded, checked or run. Each names the policy's files.
+///
+/// ```
+/// use transfer::policy_source::{PolicyLoadError, PolicySource};
+///
+/// match PolicySource::open(Some("/nonexistent/export".as_ref())) {
+///     Err(PolicyLoadError::Metadata { path, .. }) => assert_eq!(path, std::path::Path::new("/nonexistent/export")),
+///     other => panic!("{other:?}"),
+/// }
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyLoadError {
     /// The metadata file (named by `ppo:PATH` or `auto:PATH`) could not be read.
@@ -75,6 +84,19 @@ pub enum PolicyLoadError {
 }
 
 /// Which export of a policy runs it; in configuration files `"onnx"` or `"torchscript"`.
+///
+/// ```
+/// use transfer::policy_source::{PolicyLoadError, PolicyRuntime, PolicySource};
+///
+/// let runtime: PolicyRuntime = "torchscript".parse()?;
+/// let source = PolicySource::open(None).unwrap();
+/// match source.model(runtime) {
+///     Ok(_) => println!("this build runs TorchScript (the tch feature)"),
+///     Err(PolicyLoadError::NoTorch) => println!("this build runs ONNX only"),
+///     Err(e) => panic!("{e}"),
+/// }
+/// # Ok::<(), String>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PolicyRuntime {
@@ -100,6 +122,17 @@ impl FromStr for PolicyRuntime {
 }
 
 /// A policy's metadata and where its files are (`None`: the built-in default).
+///
+/// ```
+/// use transfer::policy_source::{PolicyRuntime, PolicySource};
+///
+/// // A policy of models/ (paths are relative to the crate, where doctests run).
+/// let light = PolicySource::open(Some("../../models/light".as_ref()))?;
+/// println!("{}: trained for K={}", light.describe(), light.metadata.utility.k);
+/// let mut network = light.model(PolicyRuntime::Onnx)?;
+/// assert!(light.golden()?.check(network.as_mut()).unwrap() < 1e-5);
+/// # Ok::<(), transfer::policy_source::PolicyLoadError>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct PolicySource {
     /// What the export says about itself.
@@ -149,6 +182,14 @@ impl PolicySource {
     }
 
     /// Where the policy comes from, for messages.
+    ///
+    /// ```
+    /// use transfer::policy_source::PolicySource;
+    ///
+    /// let gentle = PolicySource::open(Some("../../models/gentle/metadata.json".as_ref()))?;
+    /// assert_eq!(gentle.describe(), "../../models/gentle");
+    /// # Ok::<(), transfer::policy_source::PolicyLoadError>(())
+    /// ```
     pub fn describe(&self) -> String {
         match &self.dir {
             None => "the built-in policy (models/default)".into(),
@@ -157,6 +198,18 @@ impl PolicySource {
     }
 
     /// `error`, said to be this policy's fault.
+    ///
+    /// ```
+    /// use transfer::optimizer::policy::PolicyError;
+    /// use transfer::policy_source::PolicySource;
+    ///
+    /// let source = PolicySource::open(None).unwrap();
+    /// let e = source.error(PolicyError::Mismatch("it takes 40 inputs".into()));
+    /// assert_eq!(
+    ///     e.to_string(),
+    ///     "policy the built-in policy (models/default): the model does not fit this xfer: it takes 40 inputs"
+    /// );
+    /// ```
     pub fn error(&self, error: PolicyError) -> PolicyLoadError {
         PolicyLoadError::Policy {
             policy: self.describe(),
@@ -185,6 +238,16 @@ impl PolicySource {
     }
 
     /// The network, run by `runtime`.
+    ///
+    /// ```
+    /// use transfer::policy_source::{PolicyRuntime, PolicySource};
+    ///
+    /// let source = PolicySource::open(None).unwrap();
+    /// let mut network = source.model(PolicyRuntime::Onnx).unwrap();
+    /// let zeros = vec![0.0; source.metadata.layout.size];
+    /// let logits = network.logits(&zeros).unwrap();
+    /// assert_eq!(logits.len(), source.metadata.layout.actions.len(), "one logit per action");
+    /// ```
     pub fn model(&self, runtime: PolicyRuntime) -> Result<Box<dyn PolicyModel>, PolicyLoadError> {
         let size = self.metadata.layout.size;
         let model: Box<dyn PolicyModel> = match runtime {
@@ -207,6 +270,14 @@ impl PolicySource {
     }
 
     /// Size of the ONNX export in bytes.
+    ///
+    /// ```
+    /// use transfer::policy_source::PolicySource;
+    ///
+    /// let default = PolicySource::open(None).unwrap().onnx_size().unwrap();
+    /// let light = PolicySource::open(Some("../../models/light".as_ref())).unwrap().onnx_size().unwrap();
+    /// assert!(light < default, "the distilled policy is the smaller");
+    /// ```
     pub fn onnx_size(&self) -> Option<u64> {
         match &self.dir {
             None => Some(DEFAULT_ONNX.len() as u64),
@@ -217,6 +288,13 @@ impl PolicySource {
     }
 
     /// The golden vectors of the export: inputs, the logits they must give, and the actions.
+    ///
+    /// ```
+    /// use transfer::policy_source::PolicySource;
+    ///
+    /// let golden = PolicySource::open(None).unwrap().golden().unwrap();
+    /// assert_eq!(golden.inputs.len(), golden.actions.len());
+    /// ```
     pub fn golden(&self) -> Result<Golden, PolicyLoadError> {
         let bytes = self.read("golden", DEFAULT_GOLDEN.as_bytes())?;
         serde_json::from_slice(&bytes).map_err(|e| PolicyLoadError::Golden {
@@ -227,6 +305,16 @@ impl PolicySource {
 }
 
 /// Inputs with the logits and actions the exported network gave for them at export time.
+///
+/// ```
+/// use transfer::policy_source::{PolicyRuntime, PolicySource};
+///
+/// let source = PolicySource::open(None).unwrap();
+/// let golden = source.golden().unwrap();
+/// let mut network = source.model(PolicyRuntime::Onnx).unwrap();
+/// let first = network.logits(&golden.inputs[0]).unwrap();
+/// assert!((first[0] - golden.logits[0][0]).abs() < 1e-5);
+/// ```
 #[derive(Debug, serde::Deserialize)]
 pub struct Golden {
     /// Observation vectors.
@@ -240,6 +328,14 @@ pub struct Golden {
 impl Golden {
     /// Runs `model` on every input; the largest difference of a logit from the golden one, or
     /// a message naming the first vector whose action differs.
+    ///
+    /// ```
+    /// use transfer::policy_source::{PolicyRuntime, PolicySource};
+    ///
+    /// let source = PolicySource::open(None).unwrap();
+    /// let worst = source.golden().unwrap().check(source.model(PolicyRuntime::Onnx).unwrap().as_mut()).unwrap();
+    /// assert!(worst < 1e-5, "this build runs the network as it was exported");
+    /// ```
     pub fn check(&self, model: &mut dyn PolicyModel) -> Result<f32, String> {
         if self.inputs.is_empty()
             || self.inputs.len() != self.logits.len()

@@ -23,6 +23,14 @@ pub struct SessionId(pub [u8; 16]);
 
 impl SessionId {
     /// The first 4 bytes in hex: how the receiver's log lines name the session.
+    ///
+    /// ```
+    /// use transfer::session_id::SessionId;
+    ///
+    /// let id: SessionId = "0123456789abcdef0123456789abcdef".parse()?;
+    /// assert_eq!(id.short(), "01234567");
+    /// # Ok::<(), String>(())
+    /// ```
     pub fn short(&self) -> String {
         hex(&self.0[..4])
     }

@@ -38,6 +38,35 @@ const RECEIVER_STREAMS: &str = "xfer_receiver_streams";
 const RECEIVER_REFUSED: &str = "xfer_receiver_refused_total";
 
 /// Gives every metric its unit and help text in the installed recorder.
+///
+/// A service that exports the data plane's counters for Prometheus with its own recorder:
+///
+/// ```
+/// use metrics_exporter_prometheus::PrometheusBuilder;
+/// use transfer::auth::{KeySetting, SessionKey};
+/// use transfer::job::{SendJob, SenderSettings, SourceSetting};
+/// use transfer::receiver::{Receiver, ReceiverConfig};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let prometheus = PrometheusBuilder::new().install_recorder()?;
+/// transfer::telemetry::describe();
+///
+/// let root = tempfile::tempdir()?;
+/// let (key_text, key) = SessionKey::generate();
+/// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), key))?;
+/// let addr = receiver.local_addr()?.to_string();
+/// let serving = std::thread::spawn(move || receiver.serve(Some(1)));
+/// let settings = SenderSettings::new(addr, KeySetting::Text(key_text), SourceSetting::Memory(4 << 20));
+/// tokio::runtime::Runtime::new()?.block_on(SendJob::start(settings)?.finish())?;
+/// serving.join().unwrap()?;
+///
+/// let page = prometheus.render(); // what a scrape of /metrics returns
+/// assert!(page.contains("# HELP xfer_sender_bytes_total Bytes the receiver acknowledged."));
+/// assert!(page.contains(r#"xfer_sender_transfers_total{outcome="completed"}"#));
+/// assert!(page.contains(r#"xfer_receiver_sessions_total{outcome="completed"}"#));
+/// # Ok(())
+/// # }
+/// ```
 pub fn describe() {
     describe_counter!(
         SENDER_BYTES,

@@ -14,6 +14,16 @@ use crate::tcp_info::TcpInfo;
 
 /// What one path (a local and a remote address, over every MPTCP subflow between them) did in
 /// one monitoring interval.
+///
+/// ```
+/// use transfer::sender::{MiRecord, PathStats};
+///
+/// /// The path that carried most in an interval of an MPTCP transfer.
+/// fn busiest(mi: &MiRecord) -> Option<&PathStats> {
+///     mi.paths.iter().max_by(|a, b| a.throughput.total_cmp(&b.throughput))
+/// }
+/// # let _ = busiest;
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PathStats {
     /// Local address.

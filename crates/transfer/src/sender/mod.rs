@@ -53,6 +53,17 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_STREAM_FAILURES: u32 = 32;
 
 /// What to send.
+///
+/// ```
+/// use transfer::sender::SendSource;
+///
+/// let trees = SendSource::Paths {
+///     paths: vec!["/data/run42".into(), "/data/calibration.h5".into()],
+///     dest: b"incoming".to_vec(),
+/// };
+/// let probe = SendSource::Memory { size: 10 << 30 };
+/// # let _ = (trees, probe);
+/// ```
 #[derive(Debug, Clone)]
 pub enum SendSource {
     /// Files and directory trees, each landing under its own name in `dest`.
@@ -70,6 +81,41 @@ pub enum SendSource {
 }
 
 /// How to send.
+///
+/// ```
+/// use transfer::quic::Congestion;
+/// use transfer::sender::{
+///     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
+///     DEFAULT_UNSENT_LIMIT,
+/// };
+/// use transfer::transport::Transport;
+///
+/// # let root = tempfile::tempdir()?;
+/// # let (key_text, key) = transfer::auth::SessionKey::generate();
+/// # let receiver = transfer::receiver::Receiver::bind(
+/// #     "127.0.0.1:0",
+/// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
+/// # )?;
+/// # let addr = receiver.local_addr()?.to_string();
+/// # std::thread::spawn(move || receiver.serve(None));
+/// let config = SendConfig {
+///     addr,
+///     key,
+///     streams: 2,
+///     unit_size: DEFAULT_UNIT_SIZE,
+///     verify: false,
+///     direct_io: false,
+///     stream_rate_cap: None,
+///     unsent_limit: DEFAULT_UNSENT_LIMIT,
+///     encrypt: false,
+///     transport: Transport::Tcp,
+///     congestion: Congestion::default(),
+///     stall_timeout: DEFAULT_STALL_TIMEOUT,
+/// };
+/// let transfer = Transfer::start(config, SendSource::Memory { size: 4 << 20 })?;
+/// assert_eq!(transfer.wait()?.bytes, 4 << 20);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct SendConfig {
     /// Receiver address, `HOST:PORT`.
@@ -314,6 +360,24 @@ fn is_timeout(e: &std::io::Error) -> bool {
 }
 
 /// A snapshot of a transfer's progress.
+///
+/// ```
+/// use std::time::Duration;
+/// use transfer::sender::Progress;
+///
+/// /// Seconds left at the rate so far, once there is a rate.
+/// fn eta(p: &Progress) -> Option<f64> {
+///     let rate = p.bytes_acked as f64 / p.elapsed.as_secs_f64();
+///     (rate > 0.0).then(|| (p.bytes_total - p.bytes_acked) as f64 / rate)
+/// }
+/// let p = Progress {
+///     elapsed: Duration::from_secs(10),
+///     bytes_total: 100 << 30,
+///     bytes_acked: 25 << 30,
+///     ..Progress::default()
+/// };
+/// assert_eq!(eta(&p), Some(30.0));
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Progress {
     /// Time since the transfer started.
@@ -338,6 +402,44 @@ pub struct Progress {
 }
 
 /// Statistics of one open stream.
+///
+/// ```
+/// use transfer::quic::Congestion;
+/// use transfer::sender::{
+///     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
+///     DEFAULT_UNSENT_LIMIT,
+/// };
+/// use transfer::transport::Transport;
+///
+/// # let root = tempfile::tempdir()?;
+/// # let (key_text, key) = transfer::auth::SessionKey::generate();
+/// # let receiver = transfer::receiver::Receiver::bind(
+/// #     "127.0.0.1:0",
+/// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
+/// # )?;
+/// # let addr = receiver.local_addr()?.to_string();
+/// # std::thread::spawn(move || receiver.serve(None));
+/// let config = SendConfig {
+///     addr,
+///     key,
+///     streams: 2,
+///     unit_size: DEFAULT_UNIT_SIZE,
+///     verify: false,
+///     direct_io: false,
+///     stream_rate_cap: None,
+///     unsent_limit: DEFAULT_UNSENT_LIMIT,
+///     encrypt: false,
+///     transport: Transport::Tcp,
+///     congestion: Congestion::default(),
+///     stall_timeout: DEFAULT_STALL_TIMEOUT,
+/// };
+/// let transfer = Transfer::start(config, SendSource::Memory { size: 64 << 20 })?;
+/// for sample in transfer.sample_streams() {
+///     println!("stream {}: RTT {} us, {} retransmitted", sample.stream, sample.tcp.rtt_us, sample.tcp.total_retrans);
+/// }
+/// transfer.wait()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamSample {
     /// Stream number within the transfer (1, 2, ...).
@@ -352,6 +454,44 @@ pub struct StreamSample {
 }
 
 /// The result of a finished transfer.
+///
+/// ```
+/// # use transfer::quic::Congestion;
+/// # use transfer::sender::{
+/// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
+/// #     DEFAULT_UNSENT_LIMIT,
+/// # };
+/// # use transfer::transport::Transport;
+/// # let root = tempfile::tempdir()?;
+/// # let (key_text, key) = transfer::auth::SessionKey::generate();
+/// # let receiver = transfer::receiver::Receiver::bind(
+/// #     "127.0.0.1:0",
+/// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
+/// # )?;
+/// # let addr = receiver.local_addr()?.to_string();
+/// # std::thread::spawn(move || receiver.serve(None));
+/// # let config = SendConfig {
+/// #     addr,
+/// #     key,
+/// #     streams: 2,
+/// #     unit_size: DEFAULT_UNIT_SIZE,
+/// #     verify: false,
+/// #     direct_io: false,
+/// #     stream_rate_cap: None,
+/// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
+/// #     encrypt: false,
+/// #     transport: Transport::Tcp,
+/// #     congestion: Congestion::default(),
+/// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
+/// # };
+/// let summary = Transfer::start(config, SendSource::Memory { size: 8 << 20 })?.wait()?;
+/// println!(
+///     "session {}: {} bytes in {:.2} s over {}, {} retransmitted segments",
+///     summary.session, summary.bytes, summary.seconds, summary.transport, summary.retransmits
+/// );
+/// assert_eq!(summary.streams_timeline[0].1, 2);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Summary {
     /// The session's id, as the receiver reports it ([`crate::receiver::SessionReport`]).
@@ -374,6 +514,24 @@ pub struct Summary {
 
 impl Summary {
     /// Mean goodput in Gbit/s.
+    ///
+    /// ```
+    /// use transfer::sender::Summary;
+    /// use transfer::session_id::SessionId;
+    /// use transfer::transport::Transport;
+    ///
+    /// let summary = Summary {
+    ///     session: SessionId([1; 16]),
+    ///     bytes: 10_000_000_000,
+    ///     bytes_skipped: 0,
+    ///     files: 1,
+    ///     seconds: 8.0,
+    ///     streams_timeline: vec![(0.0, 4), (1.0, 9)],
+    ///     retransmits: 0,
+    ///     transport: Transport::Tcp,
+    /// };
+    /// assert_eq!(summary.gbit_per_s(), 10.0);
+    /// ```
     pub fn gbit_per_s(&self) -> f64 {
         if self.seconds > 0.0 {
             self.bytes as f64 * 8.0 / self.seconds / 1e9
@@ -682,7 +840,47 @@ impl Shared {
     }
 }
 
-/// A running transfer.
+/// A running transfer, driven directly: a service that chooses the stream count itself, or
+/// reads the streams' counters, uses it instead of a [`crate::job::SendJob`].
+///
+/// ```
+/// # use transfer::quic::Congestion;
+/// # use transfer::sender::{
+/// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
+/// #     DEFAULT_UNSENT_LIMIT,
+/// # };
+/// # use transfer::transport::Transport;
+/// # let root = tempfile::tempdir()?;
+/// # let (key_text, key) = transfer::auth::SessionKey::generate();
+/// # let receiver = transfer::receiver::Receiver::bind(
+/// #     "127.0.0.1:0",
+/// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
+/// # )?;
+/// # let addr = receiver.local_addr()?.to_string();
+/// # std::thread::spawn(move || receiver.serve(None));
+/// # let config = SendConfig {
+/// #     addr,
+/// #     key,
+/// #     streams: 2,
+/// #     unit_size: DEFAULT_UNIT_SIZE,
+/// #     verify: false,
+/// #     direct_io: false,
+/// #     stream_rate_cap: None,
+/// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
+/// #     encrypt: false,
+/// #     transport: Transport::Tcp,
+/// #     congestion: Congestion::default(),
+/// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
+/// # };
+/// let transfer = Transfer::start(config, SendSource::Memory { size: 256 << 20 })?;
+/// transfer.set_target_streams(4);
+/// while !transfer.wait_timeout(std::time::Duration::from_millis(100)) {
+///     let p = transfer.progress();
+///     println!("{} of {} bytes on {} streams", p.bytes_acked, p.bytes_total, p.streams_active);
+/// }
+/// transfer.wait()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Transfer {
     shared: Arc<Shared>,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
@@ -695,6 +893,43 @@ impl Transfer {
     /// exchanges that batch and its plan, and starts the streams and the scan of the rest.
     /// Returns once data is flowing; errors up to that point are returned here, later ones
     /// (such as a directory deep in a source that cannot be read) by [`Transfer::wait`].
+    ///
+    /// ```
+    /// # use transfer::quic::Congestion;
+    /// # use transfer::sender::{
+    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
+    /// #     DEFAULT_UNSENT_LIMIT,
+    /// # };
+    /// # use transfer::transport::Transport;
+    /// # let root = tempfile::tempdir()?;
+    /// # let (key_text, key) = transfer::auth::SessionKey::generate();
+    /// # let receiver = transfer::receiver::Receiver::bind(
+    /// #     "127.0.0.1:0",
+    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
+    /// # )?;
+    /// # let addr = receiver.local_addr()?.to_string();
+    /// # std::thread::spawn(move || receiver.serve(None));
+    /// # let config = SendConfig {
+    /// #     addr,
+    /// #     key,
+    /// #     streams: 2,
+    /// #     unit_size: DEFAULT_UNIT_SIZE,
+    /// #     verify: false,
+    /// #     direct_io: false,
+    /// #     stream_rate_cap: None,
+    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
+    /// #     encrypt: false,
+    /// #     transport: Transport::Tcp,
+    /// #     congestion: Congestion::default(),
+    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
+    /// # };
+    /// let source = SendSource::Paths { paths: vec!["/nonexistent/data".into()], dest: Vec::new() };
+    /// match Transfer::start(config, source) {
+    ///     Err(transfer::sender::SendError::Source { path, .. }) => assert_eq!(path, "/nonexistent/data"),
+    ///     other => panic!("{:?}", other.err()),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn start(mut config: SendConfig, source: SendSource) -> Result<Transfer, SendError> {
         let start = Instant::now();
         if config.transport != Transport::Tcp && config.stream_rate_cap.is_some() {
@@ -844,6 +1079,44 @@ impl Transfer {
     }
 
     /// Sets the number of streams; it takes effect at once (clamped to 1..=the receiver's limit).
+    ///
+    /// ```
+    /// # use transfer::quic::Congestion;
+    /// # use transfer::sender::{
+    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
+    /// #     DEFAULT_UNSENT_LIMIT,
+    /// # };
+    /// # use transfer::transport::Transport;
+    /// # let root = tempfile::tempdir()?;
+    /// # let (key_text, key) = transfer::auth::SessionKey::generate();
+    /// # let receiver = transfer::receiver::Receiver::bind(
+    /// #     "127.0.0.1:0",
+    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
+    /// # )?;
+    /// # let addr = receiver.local_addr()?.to_string();
+    /// # std::thread::spawn(move || receiver.serve(None));
+    /// # let config = SendConfig {
+    /// #     addr,
+    /// #     key,
+    /// #     streams: 2,
+    /// #     unit_size: DEFAULT_UNIT_SIZE,
+    /// #     verify: false,
+    /// #     direct_io: false,
+    /// #     stream_rate_cap: None,
+    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
+    /// #     encrypt: false,
+    /// #     transport: Transport::Tcp,
+    /// #     congestion: Congestion::default(),
+    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
+    /// # };
+    /// let transfer = Transfer::start(config, SendSource::Memory { size: 64 << 20 })?;
+    /// transfer.set_target_streams(8);
+    /// assert_eq!(transfer.progress().streams_target, 8);
+    /// transfer.set_target_streams(0);
+    /// assert_eq!(transfer.progress().streams_target, 1, "at least one stream");
+    /// transfer.wait()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn set_target_streams(&self, streams: usize) {
         self.shared.set_target(streams);
     }
@@ -854,6 +1127,50 @@ impl Transfer {
     /// never waits for it (see [`MiRecord::decision`] for what happens while it is busy). Each
     /// interval's [`MiRecord`] goes to `log` when given. A transfer takes one controller;
     /// calling this again is an error.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use transfer::optimizer::Fixed;
+    /// use transfer::sender::OptimizerSettings;
+    /// # use transfer::quic::Congestion;
+    /// # use transfer::sender::{
+    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
+    /// #     DEFAULT_UNSENT_LIMIT,
+    /// # };
+    /// # use transfer::transport::Transport;
+    /// # let root = tempfile::tempdir()?;
+    /// # let (key_text, key) = transfer::auth::SessionKey::generate();
+    /// # let receiver = transfer::receiver::Receiver::bind(
+    /// #     "127.0.0.1:0",
+    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
+    /// # )?;
+    /// # let addr = receiver.local_addr()?.to_string();
+    /// # std::thread::spawn(move || receiver.serve(None));
+    /// # let config = SendConfig {
+    /// #     addr,
+    /// #     key,
+    /// #     streams: 2,
+    /// #     unit_size: DEFAULT_UNIT_SIZE,
+    /// #     verify: false,
+    /// #     direct_io: false,
+    /// #     stream_rate_cap: None,
+    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
+    /// #     encrypt: false,
+    /// #     transport: Transport::Tcp,
+    /// #     congestion: Congestion::default(),
+    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
+    /// # };
+    /// let transfer = Transfer::start(config, SendSource::Memory { size: 64 << 20 })?;
+    /// let (log, intervals) = std::sync::mpsc::channel();
+    /// let settings = OptimizerSettings { interval: Duration::from_millis(50), ..Default::default() };
+    /// transfer.optimize(Box::new(Fixed(3)), settings, Some(log))?;
+    /// assert!(transfer.optimize(Box::new(Fixed(5)), settings, None).is_err(), "one controller");
+    /// transfer.wait()?;
+    /// for mi in intervals.try_iter() {
+    ///     println!("{:.0} Mbit/s on {} streams", mi.observation.throughput / 1e6, mi.observation.streams);
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn optimize(
         &self,
         controller: Box<dyn Controller>,
@@ -874,22 +1191,174 @@ impl Transfer {
     /// Sources left out of the manifest (links, special files), with why, that were found
     /// since the last call. The manifest is scanned while data flows, so more may come until
     /// the transfer is over; they are kept until taken.
+    ///
+    /// ```
+    /// # use transfer::quic::Congestion;
+    /// # use transfer::sender::{
+    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
+    /// #     DEFAULT_UNSENT_LIMIT,
+    /// # };
+    /// # use transfer::transport::Transport;
+    /// # let root = tempfile::tempdir()?;
+    /// # let (key_text, key) = transfer::auth::SessionKey::generate();
+    /// # let receiver = transfer::receiver::Receiver::bind(
+    /// #     "127.0.0.1:0",
+    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
+    /// # )?;
+    /// # let addr = receiver.local_addr()?.to_string();
+    /// # std::thread::spawn(move || receiver.serve(None));
+    /// # let config = SendConfig {
+    /// #     addr,
+    /// #     key,
+    /// #     streams: 2,
+    /// #     unit_size: DEFAULT_UNIT_SIZE,
+    /// #     verify: false,
+    /// #     direct_io: false,
+    /// #     stream_rate_cap: None,
+    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
+    /// #     encrypt: false,
+    /// #     transport: Transport::Tcp,
+    /// #     congestion: Congestion::default(),
+    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
+    /// # };
+    /// let src = tempfile::tempdir()?;
+    /// std::fs::write(src.path().join("data"), b"payload")?;
+    /// std::os::unix::fs::symlink("data", src.path().join("link"))?;
+    /// let source = SendSource::Paths { paths: vec![src.path().into()], dest: Vec::new() };
+    /// let transfer = Transfer::start(config, source)?;
+    /// transfer.wait_timeout(std::time::Duration::from_secs(10));
+    /// let skipped = transfer.take_skipped_sources();
+    /// assert!(skipped[0].contains("link"), "{skipped:?}");
+    /// assert!(transfer.take_skipped_sources().is_empty(), "taken once");
+    /// transfer.wait()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn take_skipped_sources(&self) -> Vec<String> {
         std::mem::take(&mut *self.shared.skipped.lock().expect("skipped lock"))
     }
 
     /// The transport the streams use: the one asked for, or TCP where MPTCP could not be had.
+    ///
+    /// ```
+    /// # use transfer::quic::Congestion;
+    /// # use transfer::sender::{
+    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
+    /// #     DEFAULT_UNSENT_LIMIT,
+    /// # };
+    /// # use transfer::transport::Transport;
+    /// # let root = tempfile::tempdir()?;
+    /// # let (key_text, key) = transfer::auth::SessionKey::generate();
+    /// # let receiver = transfer::receiver::Receiver::bind(
+    /// #     "127.0.0.1:0",
+    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
+    /// # )?;
+    /// # let addr = receiver.local_addr()?.to_string();
+    /// # std::thread::spawn(move || receiver.serve(None));
+    /// # let config = SendConfig {
+    /// #     addr,
+    /// #     key,
+    /// #     streams: 2,
+    /// #     unit_size: DEFAULT_UNIT_SIZE,
+    /// #     verify: false,
+    /// #     direct_io: false,
+    /// #     stream_rate_cap: None,
+    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
+    /// #     encrypt: false,
+    /// #     transport: Transport::Tcp,
+    /// #     congestion: Congestion::default(),
+    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
+    /// # };
+    /// let transfer = Transfer::start(config, SendSource::Memory { size: 1 << 20 })?;
+    /// assert_eq!(transfer.transport(), Transport::Tcp);
+    /// transfer.wait()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn transport(&self) -> Transport {
         self.shared.transport
     }
 
     /// Things the user should know that did not stop the transfer (such as why MPTCP was not
     /// used).
+    ///
+    /// ```
+    /// # use transfer::quic::Congestion;
+    /// # use transfer::sender::{
+    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
+    /// #     DEFAULT_UNSENT_LIMIT,
+    /// # };
+    /// # use transfer::transport::Transport;
+    /// # let root = tempfile::tempdir()?;
+    /// # let (key_text, key) = transfer::auth::SessionKey::generate();
+    /// # let receiver = transfer::receiver::Receiver::bind(
+    /// #     "127.0.0.1:0",
+    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
+    /// # )?;
+    /// # let addr = receiver.local_addr()?.to_string();
+    /// # std::thread::spawn(move || receiver.serve(None));
+    /// # let config = SendConfig {
+    /// #     addr,
+    /// #     key,
+    /// #     streams: 2,
+    /// #     unit_size: DEFAULT_UNIT_SIZE,
+    /// #     verify: false,
+    /// #     direct_io: false,
+    /// #     stream_rate_cap: None,
+    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
+    /// #     encrypt: false,
+    /// #     transport: Transport::Tcp,
+    /// #     congestion: Congestion::default(),
+    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
+    /// # };
+    /// let transfer = Transfer::start(config, SendSource::Memory { size: 1 << 20 })?;
+    /// for notice in transfer.notices() {
+    ///     eprintln!("note: {notice}");
+    /// }
+    /// transfer.wait()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn notices(&self) -> &[String] {
         &self.notices
     }
 
     /// A snapshot of progress counters (cheap: reads atomics and two small locks).
+    ///
+    /// ```
+    /// # use transfer::quic::Congestion;
+    /// # use transfer::sender::{
+    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
+    /// #     DEFAULT_UNSENT_LIMIT,
+    /// # };
+    /// # use transfer::transport::Transport;
+    /// # let root = tempfile::tempdir()?;
+    /// # let (key_text, key) = transfer::auth::SessionKey::generate();
+    /// # let receiver = transfer::receiver::Receiver::bind(
+    /// #     "127.0.0.1:0",
+    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
+    /// # )?;
+    /// # let addr = receiver.local_addr()?.to_string();
+    /// # std::thread::spawn(move || receiver.serve(None));
+    /// # let config = SendConfig {
+    /// #     addr,
+    /// #     key,
+    /// #     streams: 2,
+    /// #     unit_size: DEFAULT_UNIT_SIZE,
+    /// #     verify: false,
+    /// #     direct_io: false,
+    /// #     stream_rate_cap: None,
+    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
+    /// #     encrypt: false,
+    /// #     transport: Transport::Tcp,
+    /// #     congestion: Congestion::default(),
+    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
+    /// # };
+    /// let transfer = Transfer::start(config, SendSource::Memory { size: 16 << 20 })?;
+    /// let before = transfer.progress();
+    /// assert_eq!(before.bytes_total, 16 << 20);
+    /// transfer.wait_timeout(std::time::Duration::from_secs(10));
+    /// assert_eq!(transfer.progress().bytes_acked, 16 << 20);
+    /// transfer.wait()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn progress(&self) -> Progress {
         let s = &self.shared;
         Progress {
@@ -913,26 +1382,204 @@ impl Transfer {
 
     /// Reads the counters of every open stream now (`TCP_INFO`, or QUIC's path statistics).
     /// Never waits for the data path.
+    ///
+    /// ```
+    /// # use transfer::quic::Congestion;
+    /// # use transfer::sender::{
+    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
+    /// #     DEFAULT_UNSENT_LIMIT,
+    /// # };
+    /// # use transfer::transport::Transport;
+    /// # let root = tempfile::tempdir()?;
+    /// # let (key_text, key) = transfer::auth::SessionKey::generate();
+    /// # let receiver = transfer::receiver::Receiver::bind(
+    /// #     "127.0.0.1:0",
+    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
+    /// # )?;
+    /// # let addr = receiver.local_addr()?.to_string();
+    /// # std::thread::spawn(move || receiver.serve(None));
+    /// # let config = SendConfig {
+    /// #     addr,
+    /// #     key,
+    /// #     streams: 2,
+    /// #     unit_size: DEFAULT_UNIT_SIZE,
+    /// #     verify: false,
+    /// #     direct_io: false,
+    /// #     stream_rate_cap: None,
+    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
+    /// #     encrypt: false,
+    /// #     transport: Transport::Tcp,
+    /// #     congestion: Congestion::default(),
+    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
+    /// # };
+    /// let transfer = Transfer::start(config, SendSource::Memory { size: 64 << 20 })?;
+    /// let acked: u64 = transfer.sample_streams().iter().map(|s| s.tcp.bytes_acked).sum();
+    /// println!("{acked} bytes acknowledged by TCP so far");
+    /// transfer.wait()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn sample_streams(&self) -> Vec<StreamSample> {
         self.shared.sample_streams()
     }
 
     /// The session's id, which the receiver's events and logs use too.
+    ///
+    /// ```
+    /// # use transfer::quic::Congestion;
+    /// # use transfer::sender::{
+    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
+    /// #     DEFAULT_UNSENT_LIMIT,
+    /// # };
+    /// # use transfer::transport::Transport;
+    /// # let root = tempfile::tempdir()?;
+    /// # let (key_text, key) = transfer::auth::SessionKey::generate();
+    /// # let receiver = transfer::receiver::Receiver::bind(
+    /// #     "127.0.0.1:0",
+    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
+    /// # )?;
+    /// # let addr = receiver.local_addr()?.to_string();
+    /// # std::thread::spawn(move || receiver.serve(None));
+    /// # let config = SendConfig {
+    /// #     addr,
+    /// #     key,
+    /// #     streams: 2,
+    /// #     unit_size: DEFAULT_UNIT_SIZE,
+    /// #     verify: false,
+    /// #     direct_io: false,
+    /// #     stream_rate_cap: None,
+    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
+    /// #     encrypt: false,
+    /// #     transport: Transport::Tcp,
+    /// #     congestion: Congestion::default(),
+    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
+    /// # };
+    /// let transfer = Transfer::start(config, SendSource::Memory { size: 1 << 20 })?;
+    /// let session = transfer.session();
+    /// assert_eq!(transfer.wait()?.session, session);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn session(&self) -> SessionId {
         SessionId(self.shared.session)
     }
 
     /// A handle that cancels this transfer from any thread ([`SendError::Cancelled`]).
+    ///
+    /// ```
+    /// # use transfer::quic::Congestion;
+    /// # use transfer::sender::{
+    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
+    /// #     DEFAULT_UNSENT_LIMIT,
+    /// # };
+    /// # use transfer::transport::Transport;
+    /// # let root = tempfile::tempdir()?;
+    /// # let (key_text, key) = transfer::auth::SessionKey::generate();
+    /// # let receiver = transfer::receiver::Receiver::bind(
+    /// #     "127.0.0.1:0",
+    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
+    /// # )?;
+    /// # let addr = receiver.local_addr()?.to_string();
+    /// # std::thread::spawn(move || receiver.serve(None));
+    /// # let config = SendConfig {
+    /// #     addr,
+    /// #     key,
+    /// #     streams: 2,
+    /// #     unit_size: DEFAULT_UNIT_SIZE,
+    /// #     verify: false,
+    /// #     direct_io: false,
+    /// #     stream_rate_cap: None,
+    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
+    /// #     encrypt: false,
+    /// #     transport: Transport::Tcp,
+    /// #     congestion: Congestion::default(),
+    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
+    /// # };
+    /// let transfer = Transfer::start(config, SendSource::Memory { size: 1 << 40 })?;
+    /// let canceller = transfer.canceller();
+    /// std::thread::spawn(move || canceller.cancel());
+    /// assert_eq!(transfer.wait().unwrap_err(), transfer::sender::SendError::Cancelled);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn canceller(&self) -> Canceller {
         Canceller(Arc::downgrade(&self.shared))
     }
 
     /// Waits up to `timeout` for the transfer to end; `true` when it has.
+    ///
+    /// ```
+    /// # use transfer::quic::Congestion;
+    /// # use transfer::sender::{
+    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
+    /// #     DEFAULT_UNSENT_LIMIT,
+    /// # };
+    /// # use transfer::transport::Transport;
+    /// # let root = tempfile::tempdir()?;
+    /// # let (key_text, key) = transfer::auth::SessionKey::generate();
+    /// # let receiver = transfer::receiver::Receiver::bind(
+    /// #     "127.0.0.1:0",
+    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
+    /// # )?;
+    /// # let addr = receiver.local_addr()?.to_string();
+    /// # std::thread::spawn(move || receiver.serve(None));
+    /// # let config = SendConfig {
+    /// #     addr,
+    /// #     key,
+    /// #     streams: 2,
+    /// #     unit_size: DEFAULT_UNIT_SIZE,
+    /// #     verify: false,
+    /// #     direct_io: false,
+    /// #     stream_rate_cap: None,
+    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
+    /// #     encrypt: false,
+    /// #     transport: Transport::Tcp,
+    /// #     congestion: Congestion::default(),
+    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
+    /// # };
+    /// let transfer = Transfer::start(config, SendSource::Memory { size: 4 << 20 })?;
+    /// while !transfer.wait_timeout(std::time::Duration::from_millis(200)) {
+    ///     println!("{} bytes", transfer.progress().bytes_acked);
+    /// }
+    /// transfer.wait()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
         self.shared.wait_over_until(Instant::now() + timeout)
     }
 
     /// Waits for the end of the transfer and returns its summary or its error.
+    ///
+    /// ```
+    /// # use transfer::quic::Congestion;
+    /// # use transfer::sender::{
+    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
+    /// #     DEFAULT_UNSENT_LIMIT,
+    /// # };
+    /// # use transfer::transport::Transport;
+    /// # let root = tempfile::tempdir()?;
+    /// # let (key_text, key) = transfer::auth::SessionKey::generate();
+    /// # let receiver = transfer::receiver::Receiver::bind(
+    /// #     "127.0.0.1:0",
+    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
+    /// # )?;
+    /// # let addr = receiver.local_addr()?.to_string();
+    /// # std::thread::spawn(move || receiver.serve(None));
+    /// # let config = SendConfig {
+    /// #     addr,
+    /// #     key,
+    /// #     streams: 2,
+    /// #     unit_size: DEFAULT_UNIT_SIZE,
+    /// #     verify: false,
+    /// #     direct_io: false,
+    /// #     stream_rate_cap: None,
+    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
+    /// #     encrypt: false,
+    /// #     transport: Transport::Tcp,
+    /// #     congestion: Congestion::default(),
+    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
+    /// # };
+    /// let summary = Transfer::start(config, SendSource::Memory { size: 4 << 20 })?.wait()?;
+    /// assert_eq!(summary.bytes, 4 << 20);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn wait(self) -> Result<Summary, SendError> {
         let outcome = self.outcome();
         telemetry::sender_transfer_ended(&outcome);
@@ -971,11 +1618,83 @@ impl Transfer {
 /// and [`Transfer::wait`] returns [`SendError::Cancelled`]. The receiver keeps what it has
 /// verified, so starting the same transfer again sends only the rest. Cancelling a transfer
 /// that has ended does nothing; the handle does not keep the transfer's resources alive.
+///
+/// ```
+/// # use transfer::quic::Congestion;
+/// # use transfer::sender::{
+/// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
+/// #     DEFAULT_UNSENT_LIMIT,
+/// # };
+/// # use transfer::transport::Transport;
+/// # let root = tempfile::tempdir()?;
+/// # let (key_text, key) = transfer::auth::SessionKey::generate();
+/// # let receiver = transfer::receiver::Receiver::bind(
+/// #     "127.0.0.1:0",
+/// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
+/// # )?;
+/// # let addr = receiver.local_addr()?.to_string();
+/// # std::thread::spawn(move || receiver.serve(None));
+/// # let config = SendConfig {
+/// #     addr,
+/// #     key,
+/// #     streams: 2,
+/// #     unit_size: DEFAULT_UNIT_SIZE,
+/// #     verify: false,
+/// #     direct_io: false,
+/// #     stream_rate_cap: None,
+/// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
+/// #     encrypt: false,
+/// #     transport: Transport::Tcp,
+/// #     congestion: Congestion::default(),
+/// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
+/// # };
+/// let transfer = Transfer::start(config, SendSource::Memory { size: 1 << 40 })?;
+/// let canceller = transfer.canceller();
+/// canceller.cancel();
+/// assert_eq!(transfer.wait().unwrap_err(), transfer::sender::SendError::Cancelled);
+/// canceller.cancel(); // over: nothing to do
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Canceller(std::sync::Weak<Shared>);
 
 impl Canceller {
     /// Cancels the transfer unless it has ended.
+    ///
+    /// ```
+    /// # use transfer::quic::Congestion;
+    /// # use transfer::sender::{
+    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
+    /// #     DEFAULT_UNSENT_LIMIT,
+    /// # };
+    /// # use transfer::transport::Transport;
+    /// # let root = tempfile::tempdir()?;
+    /// # let (key_text, key) = transfer::auth::SessionKey::generate();
+    /// # let receiver = transfer::receiver::Receiver::bind(
+    /// #     "127.0.0.1:0",
+    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
+    /// # )?;
+    /// # let addr = receiver.local_addr()?.to_string();
+    /// # std::thread::spawn(move || receiver.serve(None));
+    /// # let config = SendConfig {
+    /// #     addr,
+    /// #     key,
+    /// #     streams: 2,
+    /// #     unit_size: DEFAULT_UNIT_SIZE,
+    /// #     verify: false,
+    /// #     direct_io: false,
+    /// #     stream_rate_cap: None,
+    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
+    /// #     encrypt: false,
+    /// #     transport: Transport::Tcp,
+    /// #     congestion: Congestion::default(),
+    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
+    /// # };
+    /// let transfer = Transfer::start(config, SendSource::Memory { size: 1 << 40 })?;
+    /// transfer.canceller().cancel();
+    /// assert!(transfer.wait().is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn cancel(&self) {
         if let Some(shared) = self.0.upgrade() {
             shared.fail(SendError::Cancelled);

@@ -18,6 +18,20 @@ use super::Shared;
 use crate::telemetry;
 
 /// How the live optimiser measures and judges the transfer.
+///
+/// ```
+/// use std::time::Duration;
+/// use transfer::optimizer::UtilityParams;
+/// use transfer::sender::OptimizerSettings;
+///
+/// // Half-second intervals, and a utility gentler to other users: each stream costs 5 %.
+/// let settings = OptimizerSettings {
+///     interval: Duration::from_millis(500),
+///     utility: UtilityParams { k: 1.05, ..UtilityParams::default() },
+///     ..OptimizerSettings::default()
+/// };
+/// assert_eq!(settings.history, 8);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OptimizerSettings {
     /// Length of a monitoring interval.
@@ -42,6 +56,16 @@ impl Default for OptimizerSettings {
 }
 
 /// One monitoring interval of a live transfer, as written to the MI log.
+///
+/// ```
+/// use transfer::sender::MiRecord;
+///
+/// /// How a service charts an interval: Gbit/s, streams, and the decision's latency in µs.
+/// fn point(mi: &MiRecord) -> (f64, usize, Option<f64>) {
+///     (mi.observation.throughput / 1e9, mi.observation.streams, mi.decision_latency.map(|s| s * 1e6))
+/// }
+/// # let _ = point;
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MiRecord {
     /// The signals of the interval.
