@@ -29,6 +29,14 @@ use crate::settle::RampClock;
 use crate::signals::Observation;
 
 /// Tuning of [`Auto`].
+///
+/// ```
+/// use optimizer::AutoParams;
+///
+/// // A tuner that probes sooner and remembers measurements longer.
+/// let params = AutoParams { first_wait: 2, memory: 64, ..AutoParams::default() };
+/// # let _ = params;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AutoParams {
     /// Most streams it asks for.
@@ -132,6 +140,26 @@ fn relative(utility: f64, reference: f64, unit: f64) -> f64 {
 }
 
 /// The `auto` controller: a learned policy guarded and fine-tuned by a probing tuner.
+///
+/// ```
+/// use optimizer::sim::{run, RunConfig, Scenario};
+/// use optimizer::{Auto, AutoParams};
+/// # use optimizer::policy::{OnnxModel, PolicyController, PolicyMetadata};
+/// # let dir = std::path::Path::new("../../models/default");
+/// # let metadata = PolicyMetadata::from_json(&std::fs::read_to_string(dir.join("metadata.json")).unwrap()).unwrap();
+/// # let network = OnnxModel::from_bytes(&std::fs::read(dir.join("policy.onnx")).unwrap(), metadata.layout.size).unwrap();
+/// # let ppo = PolicyController::new(Box::new(network), &metadata, 64, metadata.utility).unwrap();
+///
+/// let mut auto = Auto::new(Box::new(ppo), AutoParams::default());
+/// let scenario = Scenario::shipped("paper-fig2").unwrap();
+/// let (trace, summary) = run(&scenario, &mut auto, &RunConfig { duration: 40.0, ..RunConfig::default() });
+/// assert!(summary.time_to_95.is_some());
+/// // Which part chose each count, and why control changed hands.
+/// for row in trace.iter().filter(|r| r.acting.as_ref().is_some_and(|a| a.switch.is_some())) {
+///     let acting = row.acting.as_ref().unwrap();
+///     println!("{:>4} s: {} takes over: {}", row.observation.time, acting.controller, acting.switch.as_ref().unwrap());
+/// }
+/// ```
 pub struct Auto {
     params: AutoParams,
     policy: Box<dyn Controller>,
@@ -158,6 +186,14 @@ pub struct Auto {
 
 impl Auto {
     /// Guards `policy` (normally the PPO policy).
+    ///
+    /// ```
+    /// use optimizer::{Auto, AutoParams, Controller, Fixed};
+    ///
+    /// // Any controller can be the guarded one.
+    /// let auto = Auto::new(Box::new(Fixed(5)), AutoParams { max_streams: 32, ..AutoParams::default() });
+    /// assert_eq!(auto.name(), "auto");
+    /// ```
     pub fn new(policy: Box<dyn Controller>, params: AutoParams) -> Self {
         Auto {
             policy,

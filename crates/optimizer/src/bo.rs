@@ -32,6 +32,14 @@ use crate::signals::Observation;
 use crate::utility::UtilityParams;
 
 /// Tuning of [`BayesianOptimizer`].
+///
+/// ```
+/// use optimizer::{BayesianOptimizer, BoParams};
+///
+/// // A longer memory for a steady path, and a fixed seed for reproducible runs.
+/// let bo = BayesianOptimizer::new(BoParams { window: 40, seed: 7, ..BoParams::default() });
+/// # let _ = bo;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BoParams {
     /// Most streams it asks for.
@@ -73,6 +81,16 @@ impl Default for BoParams {
 }
 
 /// The Bayesian-optimisation controller (`--optimizer bo`).
+///
+/// ```
+/// use optimizer::sim::{run, RunConfig, Scenario};
+/// use optimizer::{BayesianOptimizer, BoParams, Settling};
+///
+/// let mut bo = Settling::new(BayesianOptimizer::new(BoParams::default()));
+/// let scenario = Scenario::shipped("paper-fig2").unwrap();
+/// let (_, summary) = run(&scenario, &mut bo, &RunConfig { duration: 60.0, ..RunConfig::default() });
+/// assert!(summary.time_to_95.is_some());
+/// ```
 #[derive(Debug, Clone)]
 pub struct BayesianOptimizer {
     params: BoParams,
@@ -91,6 +109,12 @@ struct Prediction {
 
 impl BayesianOptimizer {
     /// A controller that starts with `params.random_starts` random counts.
+    ///
+    /// ```
+    /// use optimizer::{BayesianOptimizer, BoParams, Controller};
+    ///
+    /// assert_eq!(BayesianOptimizer::new(BoParams::default()).name(), "bo");
+    /// ```
     pub fn new(params: BoParams) -> Self {
         BayesianOptimizer {
             params,

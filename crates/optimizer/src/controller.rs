@@ -15,13 +15,37 @@ use crate::utility::UtilityParams;
 /// the next interval out. Implementations are deterministic given their inputs (and seed).
 pub trait Controller: Send {
     /// The name the MI log shows, e.g. `gd` or `fixed:8`.
+    ///
+    /// ```
+    /// use optimizer::{Controller, ControllerSpec, UtilityParams};
+    ///
+    /// let bo = ControllerSpec::Bo.build(32, UtilityParams::default(), 7);
+    /// assert_eq!(bo.name(), "bo");
+    /// ```
     fn name(&self) -> String;
 
     /// The stream count for the next interval, at least 1.
+    ///
+    /// ```
+    /// use optimizer::{Controller, Fixed};
+/// # use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
+/// # let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
+/// # let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4 };
+/// # let observation = tracker.observe(&stats);
+    ///
+    /// assert_eq!(Fixed(8).decide(&observation), 8);
+    /// assert_eq!(Fixed(0).decide(&observation), 1, "never fewer than one stream");
+    /// ```
     fn decide(&mut self, observation: &Observation) -> usize;
 
     /// For a controller made of others (`auto`): which of them made the last decision, and
     /// why control passed to it if it just did. `None` for a controller that is one.
+    ///
+    /// ```
+    /// use optimizer::{Controller, GdParams, GradientDescent};
+    ///
+    /// assert_eq!(GradientDescent::new(GdParams::default()).acting(), None);
+    /// ```
     fn acting(&self) -> Option<Acting> {
         None
     }
@@ -29,6 +53,16 @@ pub trait Controller: Send {
 
 /// Which part of a composite controller made a decision ([`Controller::acting`]); in logs,
 /// the fields `acting` and `switch`.
+///
+/// ```
+/// use optimizer::Acting;
+///
+/// let handed = Acting { controller: "tuner", switch: Some("the policy holds 17".into()) };
+/// assert_eq!(
+///     serde_json::to_string(&handed).unwrap(),
+///     r#"{"acting":"tuner","switch":"the policy holds 17"}"#
+/// );
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Acting {
     /// The part that chose the count, e.g. `ppo` or `tuner`.
@@ -40,6 +74,18 @@ pub struct Acting {
 }
 
 /// Always the same count: the baseline every transfer tool has.
+///
+/// ```
+/// use optimizer::sim::{run, RunConfig, Scenario};
+/// use optimizer::Fixed;
+///
+/// // Paper 001's Fig. 2 path: 20 streams fill it.
+/// let scenario = Scenario::shipped("paper-fig2").unwrap();
+/// let config = RunConfig { duration: 30.0, ..RunConfig::default() };
+/// let (_, twenty) = run(&scenario, &mut Fixed(20), &config);
+/// let (_, two) = run(&scenario, &mut Fixed(2), &config);
+/// assert!(twenty.mean_utility_fraction > 0.9 && two.mean_utility_fraction < 0.5);
+/// ```
 #[derive(Debug, Clone)]
 pub struct Fixed(pub usize);
 
@@ -54,6 +100,14 @@ impl Controller for Fixed {
 }
 
 /// A controller named on a command line: `fixed:N`, `gd` or `bo`.
+///
+/// ```
+/// use optimizer::ControllerSpec;
+///
+/// let spec: ControllerSpec = "fixed:8".parse().unwrap();
+/// assert_eq!(spec, ControllerSpec::Fixed(8));
+/// assert_eq!(spec.to_string(), "fixed:8");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ControllerSpec {
     /// [`Fixed`] at this count.
@@ -65,6 +119,13 @@ pub enum ControllerSpec {
 }
 
 /// Why a controller name was not understood.
+///
+/// ```
+/// use optimizer::ControllerSpec;
+///
+/// let e = "gradient".parse::<ControllerSpec>().unwrap_err();
+/// assert_eq!(e.to_string(), r#"unknown optimizer "gradient": expected gd, bo or fixed:N (N >= 1)"#);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown optimizer {0:?}: expected gd, bo or fixed:N (N >= 1)")]
 pub struct SpecError(String);
@@ -99,6 +160,16 @@ impl ControllerSpec {
     /// Builds the controller; it never asks for more than `max_streams`, and `seed` seeds its
     /// random choices (`bo`'s first counts). The controllers that judge counts by their
     /// utility judge a raised count only once its streams ramped up ([`Settling`]).
+    ///
+    /// ```
+    /// use optimizer::sim::{run, RunConfig, Scenario};
+    /// use optimizer::{ControllerSpec, UtilityParams};
+    ///
+    /// let mut gd = ControllerSpec::Gd.build(64, UtilityParams::default(), 1);
+    /// let scenario = Scenario::shipped("paper-fig2").unwrap();
+    /// let (_, summary) = run(&scenario, gd.as_mut(), &RunConfig { duration: 60.0, ..RunConfig::default() });
+    /// assert!(summary.time_to_95.is_some(), "gd finds a count within 95 % of the best");
+    /// ```
     pub fn build(
         self,
         max_streams: usize,

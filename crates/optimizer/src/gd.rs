@@ -7,6 +7,14 @@ use crate::controller::Controller;
 use crate::signals::Observation;
 
 /// Tuning of [`GradientDescent`].
+///
+/// ```
+/// use optimizer::{GdParams, GradientDescent};
+///
+/// // Smaller steps on a path whose best count is known to be small.
+/// let gd = GradientDescent::new(GdParams { max_streams: 16, max_step: 2, ..GdParams::default() });
+/// # let _ = gd;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GdParams {
     /// Most streams it asks for.
@@ -41,6 +49,17 @@ impl Default for GdParams {
 }
 
 /// The gradient-ascent controller (`--optimizer gd`).
+///
+/// ```
+/// use optimizer::sim::{run, RunConfig, Scenario};
+/// use optimizer::{GdParams, GradientDescent, Settling};
+///
+/// let mut gd = Settling::new(GradientDescent::new(GdParams::default()));
+/// let scenario = Scenario::shipped("paper-fig2").unwrap();
+/// let (trace, summary) = run(&scenario, &mut gd, &RunConfig { duration: 60.0, ..RunConfig::default() });
+/// println!("reached 95 % after {:?} s; last count {}", summary.time_to_95, summary.final_streams);
+/// assert!(trace.iter().rev().take(10).all(|row| row.utility_fraction > 0.8));
+/// ```
 #[derive(Debug, Clone)]
 pub struct GradientDescent {
     params: GdParams,
@@ -61,6 +80,12 @@ pub struct GradientDescent {
 
 impl GradientDescent {
     /// A controller that starts by probing upwards one stream at a time.
+    ///
+    /// ```
+    /// use optimizer::{Controller, GdParams, GradientDescent};
+    ///
+    /// assert_eq!(GradientDescent::new(GdParams::default()).name(), "gd");
+    /// ```
     pub fn new(params: GdParams) -> Self {
         GradientDescent {
             params,

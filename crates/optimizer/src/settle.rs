@@ -19,6 +19,22 @@ pub const RAMP_RTTS: f64 = 10.0;
 
 /// Follows the stream count of a transfer interval by interval and tells how much of each
 /// interval its newest streams spent ramping up.
+///
+/// ```
+/// use optimizer::sim::{Scenario, Simulator};
+/// use optimizer::{RampClock, RewardParams, SignalTracker, UtilityParams};
+///
+/// // A 200 ms path: ten round trips of ramp-up take two 1-second intervals.
+/// let mut path = Scenario::shipped("paper-fig2").unwrap();
+/// path.base_rtt_ms = 200.0;
+/// let mut sim = Simulator::new(path, 1);
+/// let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
+/// let mut clock = RampClock::default();
+/// let raised = clock.observe(&tracker.observe(&sim.step(8, 1.0)));
+/// assert!(raised.mostly_ramp_up());
+/// let later = (0..3).map(|_| clock.observe(&tracker.observe(&sim.step(8, 1.0)))).last().unwrap();
+/// assert!(!later.mostly_ramp_up());
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct RampClock {
     /// The count of the last interval and the time it ended.
@@ -29,6 +45,13 @@ pub struct RampClock {
 }
 
 /// How an interval relates to the last rise of the stream count ([`RampClock::observe`]).
+///
+/// ```
+/// use optimizer::IntervalRamp;
+///
+/// let ramp = IntervalRamp { interval: 1.0, ramp_left: 0.3 };
+/// assert!(!ramp.mostly_ramp_up(), "under half the interval was ramp-up: it measures its count");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct IntervalRamp {
     /// Length of the interval in seconds.
@@ -41,6 +64,13 @@ pub struct IntervalRamp {
 impl IntervalRamp {
     /// Whether more than half of the interval was ramp-up, so that it does not measure its
     /// count settled.
+    ///
+    /// ```
+    /// use optimizer::IntervalRamp;
+    ///
+    /// assert!(IntervalRamp { interval: 1.0, ramp_left: 0.7 }.mostly_ramp_up());
+    /// assert!(!IntervalRamp { interval: 1.0, ramp_left: -2.0 }.mostly_ramp_up());
+    /// ```
     pub fn mostly_ramp_up(&self) -> bool {
         self.ramp_left > 0.5 * self.interval
     }
@@ -48,6 +78,17 @@ impl IntervalRamp {
 
 impl RampClock {
     /// Adds the interval that just ended and returns how much of it was ramp-up.
+    ///
+    /// ```
+    /// use optimizer::sim::{Scenario, Simulator};
+    /// use optimizer::{RampClock, RewardParams, SignalTracker, UtilityParams};
+    ///
+    /// let mut sim = Simulator::new(Scenario::shipped("paper-fig2").unwrap(), 1);
+    /// let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
+    /// let mut clock = RampClock::default();
+    /// let first = clock.observe(&tracker.observe(&sim.step(4, 1.0)));
+    /// assert_eq!(first.interval, 1.0);
+    /// ```
     pub fn observe(&mut self, observation: &Observation) -> IntervalRamp {
         let o = observation;
         let interval = (o.time - self.last.map_or(0.0, |(_, t)| t)).max(0.0);
@@ -64,6 +105,19 @@ impl RampClock {
 }
 
 /// Wraps a controller so that a raised count is judged only once its new streams ramped up.
+///
+/// ```
+/// use optimizer::sim::{run, RunConfig, Scenario};
+/// use optimizer::{GdParams, GradientDescent, Settling};
+///
+/// // On a long path, gd judged on ramp-up intervals sees only the cost of new streams.
+/// let mut path = Scenario::shipped("paper-fig2").unwrap();
+/// path.base_rtt_ms = 150.0;
+/// let config = RunConfig { duration: 90.0, ..RunConfig::default() };
+/// let (_, settled) = run(&path, &mut Settling::new(GradientDescent::new(GdParams::default())), &config);
+/// let (_, hasty) = run(&path, &mut GradientDescent::new(GdParams::default()), &config);
+/// println!("mean utility: settled {:.2}, hasty {:.2}", settled.mean_utility_fraction, hasty.mean_utility_fraction);
+/// ```
 #[derive(Debug, Clone)]
 pub struct Settling<C> {
     inner: C,
@@ -74,6 +128,13 @@ pub struct Settling<C> {
 
 impl<C: Controller> Settling<C> {
     /// Wraps `inner`.
+    ///
+    /// ```
+    /// use optimizer::{BayesianOptimizer, BoParams, Controller, Settling};
+    ///
+    /// let bo = Settling::new(BayesianOptimizer::new(BoParams::default()));
+    /// assert_eq!(bo.name(), "bo", "it keeps its inner controller's name");
+    /// ```
     pub fn new(inner: C) -> Self {
         Settling {
             inner,

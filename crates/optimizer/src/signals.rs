@@ -8,6 +8,14 @@ use serde::{Deserialize, Serialize};
 use crate::utility::{RewardParams, UtilityParams};
 
 /// What the sender measured over one monitoring interval, summed over its streams.
+///
+/// ```
+/// use optimizer::MiStats;
+///
+/// // One second in which 4 streams had 125 MB acknowledged and retransmitted 9 of 90,000 segments.
+/// let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4 };
+/// assert_eq!(stats.bytes_acked as f64 * 8.0 / stats.duration, 1e9);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct MiStats {
     /// Seconds since the transfer started, at the end of the interval.
@@ -28,6 +36,17 @@ pub struct MiStats {
 }
 
 /// The signals of one interval, as controllers and learned policies see them.
+///
+/// ```
+/// use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
+///
+/// let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
+/// let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4 };
+/// let o = tracker.observe(&stats);
+/// assert_eq!(o.throughput, 1e9);
+/// assert!((o.loss - 1e-4).abs() < 1e-12);
+/// assert_eq!(o.rtt_ratio, 1.0, "the lowest RTT so far");
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Observation {
     /// Seconds since the transfer started, at the end of the interval.
@@ -60,6 +79,14 @@ pub struct Observation {
 impl Observation {
     /// The utility over the best throughput seen in this transfer (scale-free; at most about
     /// 1, negative when losses cost more than the throughput brings); 0 without throughput.
+    ///
+    /// ```
+    /// use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
+    ///
+    /// let mut tracker = SignalTracker::new(UtilityParams { k: 1.0, b: 0.0 }, RewardParams::default(), 8);
+    /// let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 1000, data_segs_out: 1, retrans_segs: 0, rtt: Some(0.01), streams: 1 };
+    /// assert_eq!(tracker.observe(&stats).utility_ratio(), 1.0, "no cost: the utility is the best throughput");
+    /// ```
     pub fn utility_ratio(&self) -> f64 {
         let best = self.best_throughput();
         if best > 0.0 {
@@ -70,6 +97,16 @@ impl Observation {
     }
 
     /// The best throughput seen in this transfer, in bit/s; 0 before any.
+    ///
+    /// ```
+    /// use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
+    ///
+    /// let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
+    /// let second = |end, bytes_acked| MiStats { end, duration: 1.0, bytes_acked, data_segs_out: 1, retrans_segs: 0, rtt: Some(0.01), streams: 2 };
+    /// tracker.observe(&second(1.0, 2000));
+    /// let o = tracker.observe(&second(2.0, 1000));
+    /// assert_eq!(o.best_throughput(), 16_000.0);
+    /// ```
     pub fn best_throughput(&self) -> f64 {
         if self.throughput > 0.0 && self.throughput_ratio > 0.0 {
             self.throughput / self.throughput_ratio
@@ -81,6 +118,17 @@ impl Observation {
 
 /// Turns each interval's [`MiStats`] into an [`Observation`], remembering what the signals are
 /// relative to (minimum RTT, best throughput, previous RTT and utility, recent actions).
+///
+/// ```
+/// use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
+///
+/// let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
+/// let interval = |end, streams, rtt| MiStats { end, duration: 1.0, bytes_acked: 1 << 20, data_segs_out: 800, retrans_segs: 0, rtt: Some(rtt), streams };
+/// tracker.observe(&interval(1.0, 2, 0.050));
+/// let o = tracker.observe(&interval(2.0, 7, 0.060));
+/// assert_eq!(o.actions.last(), Some(&5), "the count rose by 5");
+/// assert!((o.rtt_ratio - 1.2).abs() < 1e-9, "the queue grew");
+/// ```
 #[derive(Debug, Clone)]
 pub struct SignalTracker {
     utility: UtilityParams,
@@ -97,6 +145,13 @@ pub struct SignalTracker {
 
 impl SignalTracker {
     /// A tracker for one transfer; `history` is how many past actions observations carry.
+    ///
+    /// ```
+    /// use optimizer::{RewardParams, SignalTracker, UtilityParams};
+    ///
+    /// let tracker = SignalTracker::new(UtilityParams { k: 1.05, b: 30.0 }, RewardParams::default(), 4);
+    /// # let _ = tracker;
+    /// ```
     pub fn new(utility: UtilityParams, reward: RewardParams, history: usize) -> Self {
         SignalTracker {
             utility,
@@ -113,11 +168,27 @@ impl SignalTracker {
     }
 
     /// The utility parameters in use.
+    ///
+    /// ```
+    /// use optimizer::{RewardParams, SignalTracker, UtilityParams};
+    ///
+    /// let tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
+    /// assert_eq!(tracker.utility_params().k, 1.02);
+    /// ```
     pub fn utility_params(&self) -> UtilityParams {
         self.utility
     }
 
     /// The observation of the interval that `stats` describes.
+    ///
+    /// ```
+    /// use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
+    ///
+    /// let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
+    /// let idle = MiStats { end: 1.0, duration: 1.0, ..MiStats::default() };
+    /// let o = tracker.observe(&idle);
+    /// assert_eq!((o.mi, o.throughput, o.loss), (0, 0.0, 0.0), "the first interval: nothing sent, so no loss either");
+    /// ```
     pub fn observe(&mut self, stats: &MiStats) -> Observation {
         let duration = if stats.duration > 0.0 {
             stats.duration

@@ -4,6 +4,15 @@
 use serde::{Deserialize, Serialize};
 
 /// Parameters of `U = T / K^n - T * L * B`.
+///
+/// ```
+/// use optimizer::UtilityParams;
+///
+/// // A site that wants to be gentle to other users charges more per stream and per loss.
+/// let gentle = UtilityParams { k: 1.05, b: 30.0 };
+/// let default = UtilityParams::default();
+/// assert!(gentle.utility(1e9, 0.001, 16) < default.utility(1e9, 0.001, 16));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct UtilityParams {
     /// Cost of each extra stream: the throughput term is divided by `k^n` (slightly above 1).
@@ -22,6 +31,17 @@ impl Default for UtilityParams {
 impl UtilityParams {
     /// The utility of throughput `t` (any unit; the utility has the same unit) with loss rate
     /// `loss` (0..1) over `n` streams.
+    ///
+    /// ```
+    /// use optimizer::UtilityParams;
+    ///
+    /// let u = UtilityParams { k: 1.02, b: 10.0 };
+    /// // 10 Gbit/s on 8 streams without loss, and on 16 streams with 0.1 % loss:
+    /// let eight = u.utility(10e9, 0.0, 8);
+    /// let sixteen = u.utility(10e9, 0.001, 16);
+    /// assert!((eight - 10e9 / 1.02f64.powi(8)).abs() < 1.0);
+    /// assert!(sixteen < eight, "the same throughput on more streams and with loss is worth less");
+    /// ```
     pub fn utility(&self, t: f64, loss: f64, n: usize) -> f64 {
         t / self.k.powi(n as i32) - t * loss * self.b
     }
@@ -31,6 +51,14 @@ impl UtilityParams {
 /// more than `eps`, 0 otherwise. Here `eps` is relative to the previous utility's magnitude,
 /// so the same parameters serve a 100 Mbit/s and a 100 Gbit/s link (the paper's eps is
 /// absolute, in its own throughput unit).
+///
+/// ```
+/// use optimizer::RewardParams;
+///
+/// let reward = RewardParams { x: 1.0, y: -2.0, eps: 0.05 };
+/// assert_eq!(reward.reward(100.0, 104.0), 0.0, "within 5 %: no change");
+/// assert_eq!(reward.reward(100.0, 90.0), -2.0);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct RewardParams {
     /// Reward for an improvement (positive).
@@ -53,6 +81,14 @@ impl Default for RewardParams {
 
 impl RewardParams {
     /// The reward for moving from utility `previous` to `current`.
+    ///
+    /// ```
+    /// use optimizer::RewardParams;
+    ///
+    /// let reward = RewardParams::default();
+    /// assert_eq!(reward.reward(1e9, 1.1e9), 1.0);
+    /// assert_eq!(reward.reward(1e6, 1.1e6), 1.0, "the same on a link a thousand times slower");
+    /// ```
     pub fn reward(&self, previous: f64, current: f64) -> f64 {
         let threshold = self.eps * previous.abs();
         let change = current - previous;

@@ -53,6 +53,14 @@ fn loss_for_window(window: f64, rtt: f64) -> f64 {
 }
 
 /// What the path does for `n` streams at one moment, without measurement noise.
+///
+/// ```
+/// # use optimizer::sim::{Scenario, Simulator};
+/// # let sim = Simulator::new(Scenario::shipped("paper-fig2").unwrap(), 1);
+/// let few = sim.steady_state(2, 0.0);
+/// let many = sim.steady_state(60, 0.0);
+/// assert!(many.throughput > few.throughput && many.rtt >= few.rtt);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PathState {
     /// Goodput of the transfer, bit/s.
@@ -64,6 +72,17 @@ pub struct PathState {
 }
 
 /// The simulated path of a scenario.
+///
+/// ```
+/// use optimizer::sim::{Scenario, Simulator};
+/// use optimizer::UtilityParams;
+///
+/// let mut sim = Simulator::new(Scenario::shipped("paper-fig2").unwrap(), 1);
+/// let (best, _) = sim.best(&UtilityParams::default(), 64, 0.0);
+/// assert!((18..=22).contains(&best), "paper 001, Fig. 2: about 20 streams");
+/// let measured = sim.step(best, 1.0);
+/// println!("{} bytes acknowledged in the first second", measured.bytes_acked);
+/// ```
 #[derive(Debug, Clone)]
 pub struct Simulator {
     scenario: Scenario,
@@ -74,6 +93,14 @@ pub struct Simulator {
 
 impl Simulator {
     /// A simulator at time 0 with no streams open, its noise drawn from `seed`.
+    ///
+    /// ```
+    /// use optimizer::sim::{Scenario, Simulator};
+    ///
+    /// let scenario = Scenario::shipped("cloudlab-1g").unwrap();
+    /// let (mut a, mut b) = (Simulator::new(scenario.clone(), 7), Simulator::new(scenario, 7));
+    /// assert_eq!(a.step(4, 1.0), b.step(4, 1.0), "the same seed, the same measurements");
+    /// ```
     pub fn new(scenario: Scenario, seed: u64) -> Self {
         Simulator {
             scenario,
@@ -84,21 +111,54 @@ impl Simulator {
     }
 
     /// The scenario being simulated.
+    ///
+    /// ```
+    /// # use optimizer::sim::{Scenario, Simulator};
+    /// # let sim = Simulator::new(Scenario::shipped("paper-fig2").unwrap(), 1);
+    /// assert_eq!(sim.scenario().name, "paper-fig2");
+    /// ```
     pub fn scenario(&self) -> &Scenario {
         &self.scenario
     }
 
     /// Seconds simulated so far.
+    ///
+    /// ```
+    /// use optimizer::sim::{Scenario, Simulator};
+    ///
+    /// let mut sim = Simulator::new(Scenario::shipped("paper-fig2").unwrap(), 1);
+    /// sim.step(4, 0.5);
+    /// assert_eq!(sim.time(), 0.5);
+    /// ```
     pub fn time(&self) -> f64 {
         self.time
     }
 
     /// Whether another interval of `mi` seconds fits into a run of `duration` seconds.
+    ///
+    /// ```
+    /// use optimizer::sim::{Scenario, Simulator};
+    ///
+    /// let mut sim = Simulator::new(Scenario::shipped("paper-fig2").unwrap(), 1);
+    /// let mut intervals = 0;
+    /// while sim.has_room(1.0, 10.0) {
+    ///     sim.step(4, 1.0);
+    ///     intervals += 1;
+    /// }
+    /// assert_eq!(intervals, 10);
+    /// ```
     pub fn has_room(&self, mi: f64, duration: f64) -> bool {
         self.time + mi <= duration + 1e-9
     }
 
     /// The path with `n` of the transfer's streams at time `t`, noise-free and in steady state.
+    ///
+    /// ```
+    /// # use optimizer::sim::{Scenario, Simulator};
+    /// # let sim = Simulator::new(Scenario::shipped("paper-fig2").unwrap(), 1);
+    /// let state = sim.steady_state(20, 0.0);
+    /// assert!(state.loss < 0.01 && state.throughput > 0.0);
+    /// ```
     pub fn steady_state(&self, n: usize, t: f64) -> PathState {
         let s = &self.scenario;
         let capacity = s.capacity_mbps * 1e6;
@@ -170,6 +230,14 @@ impl Simulator {
 
     /// Runs one monitoring interval of `duration` seconds with `n` streams and returns what the
     /// sender would measure.
+    ///
+    /// ```
+    /// use optimizer::sim::{Scenario, Simulator};
+    ///
+    /// let mut sim = Simulator::new(Scenario::shipped("paper-fig2").unwrap(), 1);
+    /// let stats = sim.step(10, 1.0);
+    /// assert_eq!((stats.streams, stats.end), (10, 1.0));
+    /// ```
     pub fn step(&mut self, n: usize, duration: f64) -> MiStats {
         let s = self.scenario.clone();
         let state = self.steady_state(n, self.time);
@@ -213,6 +281,16 @@ impl Simulator {
 
     /// The count in `1..=max_streams` with the best noise-free utility at time `t`, and that
     /// utility.
+    ///
+    /// ```
+    /// use optimizer::sim::{Scenario, Simulator};
+    /// use optimizer::UtilityParams;
+    ///
+    /// let sim = Simulator::new(Scenario::shipped("paper-fig2").unwrap(), 1);
+    /// let (n, _) = sim.best(&UtilityParams::default(), 64, 0.0);
+    /// let (gentle, _) = sim.best(&UtilityParams { k: 1.05, b: 30.0 }, 64, 0.0);
+    /// assert!(gentle <= n, "a dearer stream: no more of them");
+    /// ```
     pub fn best(&self, utility: &UtilityParams, max_streams: usize, t: f64) -> (usize, f64) {
         (1..=max_streams.max(1))
             .map(|n| (n, self.true_utility(utility, n, t)))
@@ -223,6 +301,13 @@ impl Simulator {
     }
 
     /// The noise-free steady-state utility of `n` streams at time `t`.
+    ///
+    /// ```
+    /// # use optimizer::sim::{Scenario, Simulator};
+    /// # let sim = Simulator::new(Scenario::shipped("paper-fig2").unwrap(), 1);
+    /// let u = optimizer::UtilityParams::default();
+    /// assert!(sim.true_utility(&u, 20, 0.0) > sim.true_utility(&u, 2, 0.0));
+    /// ```
     pub fn true_utility(&self, utility: &UtilityParams, n: usize, t: f64) -> f64 {
         let state = self.steady_state(n, t);
         utility.utility(state.throughput, state.loss, n)
@@ -252,6 +337,14 @@ fn fair_share(capacity: f64, groups: &[(usize, f64)]) -> f64 {
 }
 
 /// Settings of a simulated run.
+///
+/// ```
+/// use optimizer::sim::RunConfig;
+///
+/// // Half-second intervals for two minutes, from 4 streams, with another noise seed.
+/// let config = RunConfig { duration: 120.0, mi: 0.5, initial_streams: 4, seed: 9, ..RunConfig::default() };
+/// # let _ = config;
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct RunConfig {
     /// Seconds to simulate.
@@ -285,6 +378,16 @@ impl Default for RunConfig {
 }
 
 /// One interval of a simulated run.
+///
+/// ```
+/// use optimizer::sim::{run, RunConfig, Scenario};
+/// use optimizer::Fixed;
+///
+/// let (trace, _) = run(&Scenario::shipped("paper-fig2").unwrap(), &mut Fixed(10), &RunConfig { duration: 5.0, ..RunConfig::default() });
+/// for row in &trace {
+///     println!("{:>3} s: {} streams ({:.0} % of the best utility; best {})", row.observation.time, row.observation.streams, 100.0 * row.utility_fraction, row.best_streams);
+/// }
+/// ```
 #[derive(Debug, Clone, Serialize)]
 pub struct TraceRow {
     /// What the controller saw.
@@ -302,6 +405,15 @@ pub struct TraceRow {
 }
 
 /// Summary of a simulated run.
+///
+/// ```
+/// use optimizer::sim::{run, RunConfig, Scenario};
+/// use optimizer::Fixed;
+///
+/// let (_, summary) = run(&Scenario::shipped("paper-fig2").unwrap(), &mut Fixed(20), &RunConfig { duration: 20.0, ..RunConfig::default() });
+/// println!("{}", serde_json::to_string(&summary).unwrap());
+/// assert_eq!(summary.controller, "fixed:20");
+/// ```
 #[derive(Debug, Clone, Serialize)]
 pub struct RunSummary {
     /// Scenario name.
@@ -325,6 +437,18 @@ pub struct RunSummary {
 }
 
 /// Runs `controller` on `scenario` and returns the per-interval trace and the summary.
+///
+/// ```
+/// use optimizer::sim::{run, RunConfig, Scenario};
+/// use optimizer::{ControllerSpec, UtilityParams};
+///
+/// let scenario = Scenario::shipped("background-arrives").unwrap();
+/// for spec in [ControllerSpec::Gd, ControllerSpec::Bo] {
+///     let mut controller = spec.build(64, UtilityParams::default(), 1);
+///     let (_, s) = run(&scenario, controller.as_mut(), &RunConfig { duration: 60.0, ..RunConfig::default() });
+///     println!("{spec}: 95 % after {:?} s, mean {:.2} of the best", s.time_to_95, s.mean_utility_fraction);
+/// }
+/// ```
 pub fn run(
     scenario: &Scenario,
     controller: &mut dyn Controller,

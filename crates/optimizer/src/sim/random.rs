@@ -20,6 +20,13 @@ use super::scenario::{BackgroundStep, Scenario};
 pub const HELD_OUT_SEEDS: u64 = 1 << 40;
 
 /// A kind of path, each stressing one thing a controller must handle.
+///
+/// ```
+/// use optimizer::sim::Family;
+///
+/// assert_eq!("shallow".parse::<Family>().unwrap(), Family::Shallow);
+/// assert_eq!(Family::ALL.len(), 6);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Family {
     /// Every parameter drawn independently over its whole range (what training uses).
@@ -91,6 +98,14 @@ fn log_uniform(rng: &mut ChaCha8Rng, low: f64, high: f64) -> f64 {
 }
 
 /// The scenario of `family` and `seed`, with background changes within `horizon_s` seconds.
+///
+/// ```
+/// use optimizer::sim::{random_scenario, Family};
+///
+/// let lossy = random_scenario(Family::Lossy, 1000, 200.0);
+/// assert!(lossy.random_loss >= 1e-5);
+/// assert_eq!(lossy, random_scenario(Family::Lossy, 1000, 200.0), "the same seed, the same path");
+/// ```
 pub fn random_scenario(family: Family, seed: u64, horizon_s: f64) -> Scenario {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (family as u64).wrapping_mul(0x9e37_79b9));
     let r = &mut rng;

@@ -4,6 +4,20 @@ use serde::{Deserialize, Serialize};
 
 /// A network path for the simulator. Rates in Mbit/s, times in milliseconds unless named
 /// otherwise.
+///
+/// ```
+/// use optimizer::sim::Scenario;
+///
+/// let transatlantic = Scenario::from_toml(r#"
+///     name = "transatlantic"
+///     capacity_mbps = 10000
+///     base_rtt_ms = 90
+///     buffer_kib = 65536
+///     random_loss = 1e-5
+///     background = [{ at_s = 0, flows = 2 }, { at_s = 60, flows = 8 }]
+/// "#).unwrap();
+/// assert_eq!(transatlantic.mss, 1448.0, "left out: the default");
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Scenario {
@@ -46,6 +60,14 @@ pub struct Scenario {
 }
 
 /// From `at_s` seconds on, `flows` background flows share the bottleneck.
+///
+/// ```
+/// use optimizer::sim::{BackgroundStep, Scenario};
+///
+/// let mut path = Scenario::shipped("paper-fig2").unwrap();
+/// path.background = vec![BackgroundStep { at_s: 30.0, flows: 10 }];
+/// assert_eq!((path.background_at(29.0), path.background_at(30.0)), (0, 10));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackgroundStep {
@@ -69,6 +91,14 @@ fn default_noise() -> f64 {
 }
 
 /// Why a scenario could not be loaded.
+///
+/// ```
+/// use optimizer::sim::{Scenario, ScenarioError};
+///
+/// let e = Scenario::from_toml("name = \"x\"\ncapacity_mbps = -1\nbase_rtt_ms = 10\nbuffer_kib = 64").unwrap_err();
+/// assert!(matches!(e, ScenarioError::Invalid(ref why) if why.contains("capacity_mbps")), "{e}");
+/// assert!(matches!(Scenario::shipped("mars"), Err(ScenarioError::Unknown(..))));
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
     /// Not valid TOML, or not a scenario.
@@ -112,6 +142,13 @@ pub const SHIPPED: &[(&str, &str)] = &[
 
 impl Scenario {
     /// Parses and checks a scenario.
+    ///
+    /// ```
+    /// use optimizer::sim::Scenario;
+    ///
+    /// let text = std::fs::read_to_string("scenarios/lossy-long-haul.toml").unwrap();
+    /// assert_eq!(Scenario::from_toml(&text).unwrap(), Scenario::shipped("lossy-long-haul").unwrap());
+    /// ```
     pub fn from_toml(text: &str) -> Result<Scenario, ScenarioError> {
         let scenario: Scenario = toml::from_str(text)?;
         scenario.check()?;
@@ -119,6 +156,14 @@ impl Scenario {
     }
 
     /// A shipped scenario by name.
+    ///
+    /// ```
+    /// use optimizer::sim::{Scenario, SHIPPED};
+    ///
+    /// for (name, _) in SHIPPED {
+    ///     println!("{name}: {}", Scenario::shipped(name).unwrap().description);
+    /// }
+    /// ```
     pub fn shipped(name: &str) -> Result<Scenario, ScenarioError> {
         let (_, text) = SHIPPED.iter().find(|(n, _)| *n == name).ok_or_else(|| {
             let names: Vec<_> = SHIPPED.iter().map(|(n, _)| *n).collect();
@@ -172,6 +217,13 @@ impl Scenario {
     }
 
     /// Background flows at `t` seconds.
+    ///
+    /// ```
+    /// use optimizer::sim::Scenario;
+    ///
+    /// let path = Scenario::shipped("background-arrives").unwrap();
+    /// assert_eq!((path.background_at(0.0), path.background_at(150.0), path.background_at(250.0)), (0, 20, 0));
+    /// ```
     pub fn background_at(&self, t: f64) -> u32 {
         self.background
             .iter()
