@@ -13,6 +13,38 @@ use crate::utility::UtilityParams;
 
 /// Chooses the stream count: the observation of the interval that just ended in, the count for
 /// the next interval out. Implementations are deterministic given their inputs (and seed).
+///
+/// A controller of one's own, tried on the simulator before it meets a real transfer
+/// (`transfer::job::SendJob::start_with` runs it on one):
+///
+/// ```
+/// use optimizer::sim::{run, RunConfig, Scenario};
+/// use optimizer::{Controller, Observation};
+///
+/// /// Doubles the count while the throughput grows by a tenth, then holds.
+/// struct Doubling {
+///     last: f64,
+///     holding: bool,
+/// }
+///
+/// impl Controller for Doubling {
+///     fn name(&self) -> String {
+///         "doubling".into()
+///     }
+///     fn decide(&mut self, o: &Observation) -> usize {
+///         if !self.holding && o.throughput > 1.1 * self.last {
+///             self.last = o.throughput;
+///             return (2 * o.streams).min(64);
+///         }
+///         self.holding = true;
+///         o.streams
+///     }
+/// }
+///
+/// let mut doubling = Doubling { last: 0.0, holding: false };
+/// let (_, summary) = run(&Scenario::shipped("paper-fig2").unwrap(), &mut doubling, &RunConfig { duration: 30.0, ..RunConfig::default() });
+/// println!("doubling: {} streams at the end, {:.2} of the best utility", summary.final_streams, summary.mean_utility_fraction);
+/// ```
 pub trait Controller: Send {
     /// The name the MI log shows, e.g. `gd` or `fixed:8`.
     ///
@@ -28,10 +60,10 @@ pub trait Controller: Send {
     ///
     /// ```
     /// use optimizer::{Controller, Fixed};
-/// # use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
-/// # let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
-/// # let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4 };
-/// # let observation = tracker.observe(&stats);
+    /// # use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
+    /// # let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
+    /// # let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4 };
+    /// # let observation = tracker.observe(&stats);
     ///
     /// assert_eq!(Fixed(8).decide(&observation), 8);
     /// assert_eq!(Fixed(0).decide(&observation), 1, "never fewer than one stream");

@@ -27,6 +27,15 @@ use crate::sim::{random_scenario, Family, Scenario, Simulator, HELD_OUT_SEEDS};
 use crate::utility::{RewardParams, UtilityParams};
 
 /// A request of the protocol.
+///
+/// ```
+/// use optimizer::env::Request;
+///
+/// let step: Request = serde_json::from_str(r#"{"op": "step", "action": 1}"#).unwrap();
+/// assert_eq!(step, Request::Step { action: 1 });
+/// let reset: Request = serde_json::from_str(r#"{"op": "reset"}"#).unwrap();
+/// assert_eq!(reset, Request::Reset { seed: None });
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
@@ -49,6 +58,12 @@ pub enum Request {
 }
 
 /// How a step is rewarded.
+///
+/// ```
+/// use optimizer::env::RewardKind;
+///
+/// assert_eq!(serde_json::to_string(&RewardKind::Change).unwrap(), r#""change""#);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RewardKind {
@@ -63,6 +78,28 @@ pub enum RewardKind {
 }
 
 /// What `describe` answers.
+///
+/// ```
+/// # use optimizer::env::{EnvConfig, InitialStreams, RewardKind, ScenarioSource, SimEnv};
+/// # use optimizer::policy::ObservationLayout;
+/// # use optimizer::sim::Scenario;
+/// # let config = EnvConfig {
+/// #     layout: ObservationLayout::default(),
+/// #     duration: 30.0,
+/// #     mi: 1.0,
+/// #     max_streams: 64,
+/// #     initial_streams: InitialStreams::fixed(1),
+/// #     utility: Default::default(),
+/// #     reward_params: Default::default(),
+/// #     reward: RewardKind::Utility,
+/// # };
+/// # let mut env = SimEnv::new(ScenarioSource::Fixed(Scenario::shipped("paper-fig2").unwrap()), config, 1);
+/// use optimizer::env::{Reply, Request};
+///
+/// let Reply::Description(d) = env.handle(Request::Describe) else { panic!() };
+/// assert_eq!(d.layout.actions, [5, 1, 0, -1, -5]);
+/// assert_eq!(d.source, "simulator");
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Description {
     /// The observation vector's layout and the action set.
@@ -82,6 +119,28 @@ pub struct Description {
 }
 
 /// What `reset` and `step` answer.
+///
+/// ```
+/// # use optimizer::env::{EnvConfig, InitialStreams, RewardKind, ScenarioSource, SimEnv};
+/// # use optimizer::policy::ObservationLayout;
+/// # use optimizer::sim::Scenario;
+/// # let config = EnvConfig {
+/// #     layout: ObservationLayout::default(),
+/// #     duration: 30.0,
+/// #     mi: 1.0,
+/// #     max_streams: 64,
+/// #     initial_streams: InitialStreams::fixed(1),
+/// #     utility: Default::default(),
+/// #     reward_params: Default::default(),
+/// #     reward: RewardKind::Utility,
+/// # };
+/// # let mut env = SimEnv::new(ScenarioSource::Fixed(Scenario::shipped("paper-fig2").unwrap()), config, 1);
+/// use optimizer::env::{Reply, Request};
+///
+/// let Reply::Step(first) = env.handle(Request::Reset { seed: Some(3) }) else { panic!() };
+/// assert_eq!((first.reward, first.done), (0.0, false));
+/// assert_eq!(first.observation.len(), ObservationLayout::default().size);
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepReply {
     /// The policy input after this interval ([`FeatureHistory`]).
@@ -97,6 +156,29 @@ pub struct StepReply {
 }
 
 /// Details of a step that are not part of the policy input.
+///
+/// ```
+/// # use optimizer::env::{EnvConfig, InitialStreams, RewardKind, ScenarioSource, SimEnv};
+/// # use optimizer::policy::ObservationLayout;
+/// # use optimizer::sim::Scenario;
+/// # let config = EnvConfig {
+/// #     layout: ObservationLayout::default(),
+/// #     duration: 30.0,
+/// #     mi: 1.0,
+/// #     max_streams: 64,
+/// #     initial_streams: InitialStreams::fixed(1),
+/// #     utility: Default::default(),
+/// #     reward_params: Default::default(),
+/// #     reward: RewardKind::Utility,
+/// # };
+/// # let mut env = SimEnv::new(ScenarioSource::Fixed(Scenario::shipped("paper-fig2").unwrap()), config, 1);
+/// use optimizer::env::{Reply, Request};
+///
+/// env.handle(Request::Reset { seed: Some(3) });
+/// let Reply::Step(step) = env.handle(Request::Step { action: 0 }) else { panic!() };
+/// assert_eq!(step.info.signals.streams, 6, "one stream, then +5");
+/// assert_eq!(step.info.scenario.as_deref(), Some("paper-fig2"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepInfo {
     /// The interval's signals, utility and paper reward.
@@ -113,6 +195,12 @@ pub struct StepInfo {
 }
 
 /// A reply to a request.
+///
+/// ```
+/// use optimizer::env::Reply;
+///
+/// assert_eq!(serde_json::to_string(&Reply::Closed { closed: true }).unwrap(), r#"{"closed":true}"#);
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Reply {
@@ -134,6 +222,13 @@ pub enum Reply {
 
 impl Reply {
     /// The error reply for `message`.
+    ///
+    /// ```
+    /// use optimizer::env::Reply;
+    ///
+    /// let reply = Reply::error("step before reset");
+    /// assert_eq!(serde_json::to_string(&reply).unwrap(), r#"{"error":"step before reset"}"#);
+    /// ```
     pub fn error(message: impl Into<String>) -> Reply {
         Reply::Error {
             error: message.into(),
@@ -142,6 +237,16 @@ impl Reply {
 }
 
 /// Where a simulated environment's scenarios come from.
+///
+/// ```
+/// use optimizer::env::ScenarioSource;
+/// use optimizer::sim::{Family, Scenario};
+///
+/// let one_path = ScenarioSource::Fixed(Scenario::shipped("lossy-long-haul").unwrap());
+/// let training = ScenarioSource::Random(None);
+/// let shallow_only = ScenarioSource::Random(Some(Family::Shallow));
+/// # let _ = (one_path, training, shallow_only);
+/// ```
 #[derive(Debug, Clone)]
 pub enum ScenarioSource {
     /// Always this scenario; each episode draws new measurement noise.
@@ -152,6 +257,14 @@ pub enum ScenarioSource {
 }
 
 /// How many streams an episode starts with.
+///
+/// ```
+/// use optimizer::env::InitialStreams;
+///
+/// let mixed: InitialStreams = "random:0.3".parse().unwrap();
+/// assert_eq!(mixed.random_share, 0.3);
+/// assert!("random:2".parse::<InitialStreams>().is_err());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct InitialStreams {
     /// The count episodes start at.
@@ -163,6 +276,12 @@ pub struct InitialStreams {
 
 impl InitialStreams {
     /// Always `count`.
+    ///
+    /// ```
+    /// use optimizer::env::InitialStreams;
+    ///
+    /// assert_eq!(InitialStreams::fixed(4).for_episode(99, 64), 4);
+    /// ```
     pub fn fixed(count: usize) -> Self {
         InitialStreams {
             count,
@@ -171,6 +290,16 @@ impl InitialStreams {
     }
 
     /// The first count of the episode of `seed`, within `1..=max_streams`.
+    ///
+    /// ```
+    /// use optimizer::env::InitialStreams;
+    ///
+    /// let random = InitialStreams { count: 1, random_share: 1.0 };
+    /// let first = random.for_episode(7, 64);
+    /// assert!((1..=64).contains(&first));
+    /// assert_eq!(random.for_episode(7, 64), first, "the same episode, the same start");
+    /// assert_eq!(InitialStreams::fixed(100).for_episode(7, 64), 64);
+    /// ```
     pub fn for_episode(&self, seed: u64, max_streams: usize) -> usize {
         let max = max_streams.max(1);
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_57a7);
@@ -210,6 +339,24 @@ impl std::str::FromStr for InitialStreams {
 }
 
 /// Settings of a simulated environment.
+///
+/// ```
+/// use optimizer::env::{EnvConfig, InitialStreams, RewardKind};
+/// use optimizer::policy::ObservationLayout;
+///
+/// // Paper 001's setting: its change reward, episodes of 100 one-second intervals.
+/// let config = EnvConfig {
+///     layout: ObservationLayout::default(),
+///     duration: 100.0,
+///     mi: 1.0,
+///     max_streams: 64,
+///     initial_streams: InitialStreams::fixed(1),
+///     utility: Default::default(),
+///     reward_params: Default::default(),
+///     reward: RewardKind::Change,
+/// };
+/// # let _ = config;
+/// ```
 #[derive(Debug, Clone)]
 pub struct EnvConfig {
     /// The observation layout.
@@ -239,6 +386,37 @@ struct Episode {
 }
 
 /// The environment protocol served over the simulator.
+///
+/// An agent's whole episode, here one that adds a stream each interval:
+///
+/// ```
+/// # use optimizer::env::{EnvConfig, InitialStreams, RewardKind, ScenarioSource, SimEnv};
+/// # use optimizer::policy::ObservationLayout;
+/// # use optimizer::sim::Scenario;
+/// # let config = EnvConfig {
+/// #     layout: ObservationLayout::default(),
+/// #     duration: 30.0,
+/// #     mi: 1.0,
+/// #     max_streams: 64,
+/// #     initial_streams: InitialStreams::fixed(1),
+/// #     utility: Default::default(),
+/// #     reward_params: Default::default(),
+/// #     reward: RewardKind::Utility,
+/// # };
+/// # let mut env = SimEnv::new(ScenarioSource::Fixed(Scenario::shipped("paper-fig2").unwrap()), config, 1);
+/// use optimizer::env::{Reply, Request};
+///
+/// env.handle(Request::Reset { seed: Some(1) });
+/// let mut total = 0.0;
+/// loop {
+///     let Reply::Step(step) = env.handle(Request::Step { action: 1 }) else { panic!() };
+///     total += step.reward;
+///     if step.done {
+///         break;
+///     }
+/// }
+/// println!("episode reward {total:.1}");
+/// ```
 pub struct SimEnv {
     source: ScenarioSource,
     config: EnvConfig,
@@ -249,6 +427,25 @@ pub struct SimEnv {
 impl SimEnv {
     /// An environment whose episodes come from `source`; `seed` draws the seeds of episodes
     /// reset without one (below [`HELD_OUT_SEEDS`], so they are training paths).
+    ///
+    /// ```
+    /// use optimizer::env::{EnvConfig, InitialStreams, RewardKind, ScenarioSource, SimEnv};
+    /// use optimizer::policy::ObservationLayout;
+    ///
+    /// let config = EnvConfig {
+    ///     layout: ObservationLayout::default(),
+    ///     duration: 200.0,
+    ///     mi: 1.0,
+    ///     max_streams: 64,
+    ///     initial_streams: "random:0.5".parse().unwrap(),
+    ///     utility: Default::default(),
+    ///     reward_params: Default::default(),
+    ///     reward: RewardKind::Utility,
+    /// };
+    /// // Training: a random path of any family each episode.
+    /// let env = SimEnv::new(ScenarioSource::Random(None), config, 42);
+    /// # let _ = (env, InitialStreams::fixed(1));
+    /// ```
     pub fn new(source: ScenarioSource, config: EnvConfig, seed: u64) -> Self {
         SimEnv {
             source,
@@ -259,6 +456,27 @@ impl SimEnv {
     }
 
     /// Answers one request.
+    ///
+    /// ```
+    /// # use optimizer::env::{EnvConfig, InitialStreams, RewardKind, ScenarioSource, SimEnv};
+    /// # use optimizer::policy::ObservationLayout;
+    /// # use optimizer::sim::Scenario;
+    /// # let config = EnvConfig {
+    /// #     layout: ObservationLayout::default(),
+    /// #     duration: 30.0,
+    /// #     mi: 1.0,
+    /// #     max_streams: 64,
+    /// #     initial_streams: InitialStreams::fixed(1),
+    /// #     utility: Default::default(),
+    /// #     reward_params: Default::default(),
+    /// #     reward: RewardKind::Utility,
+    /// # };
+    /// # let mut env = SimEnv::new(ScenarioSource::Fixed(Scenario::shipped("paper-fig2").unwrap()), config, 1);
+    /// use optimizer::env::{Reply, Request};
+    ///
+    /// assert!(matches!(env.handle(Request::Step { action: 0 }), Reply::Error { .. }), "no episode yet");
+    /// assert_eq!(env.handle(Request::Close), Reply::Closed { closed: true });
+    /// ```
     pub fn handle(&mut self, request: Request) -> Reply {
         match request {
             Request::Describe => Reply::Description(Description {

@@ -61,6 +61,13 @@ pub const ACTIONS: [i64; 5] = [5, 1, 0, -1, -5];
 const ACTION_SCALE: f64 = 5.0;
 
 /// How a policy's input is laid out. The defaults are those the shipped model was trained on.
+///
+/// ```
+/// use optimizer::policy::{ObservationLayout, SIGNALS};
+///
+/// let layout = ObservationLayout::default();
+/// assert_eq!(layout.size, layout.history * SIGNALS.len() + layout.action_history);
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ObservationLayout {
@@ -93,6 +100,14 @@ impl Default for ObservationLayout {
 
 impl ObservationLayout {
     /// This binary's layout with `history` signal vectors and `action_history` past actions.
+    ///
+    /// ```
+    /// use optimizer::policy::ObservationLayout;
+    ///
+    /// // A smaller input for a lighter policy: 4 intervals, 2 past actions.
+    /// let small = ObservationLayout::new(4, 2);
+    /// assert!(small.check_supported().is_ok());
+    /// ```
     pub fn new(history: usize, action_history: usize) -> Self {
         ObservationLayout {
             version: LAYOUT_VERSION.into(),
@@ -108,6 +123,15 @@ impl ObservationLayout {
 
     /// The stream count that action `index` makes from `streams`, within `1..=max_streams`;
     /// an error naming the valid indices when there is no such action.
+    ///
+    /// ```
+    /// use optimizer::policy::ObservationLayout;
+    ///
+    /// let layout = ObservationLayout::default();
+    /// assert_eq!(layout.apply_action(0, 10, 64), Ok(15), "+5");
+    /// assert_eq!(layout.apply_action(4, 3, 64), Ok(1), "-5, but never below one stream");
+    /// assert!(layout.apply_action(5, 3, 64).is_err());
+    /// ```
     pub fn apply_action(
         &self,
         index: usize,
@@ -125,6 +149,14 @@ impl ObservationLayout {
     }
 
     /// Whether this binary computes inputs in `self`'s layout; the reason when it does not.
+    ///
+    /// ```
+    /// use optimizer::policy::ObservationLayout;
+    ///
+    /// let mut layout = ObservationLayout::default();
+    /// layout.actions = vec![10, 0, -10];
+    /// assert!(layout.check_supported().unwrap_err().contains("actions"));
+    /// ```
     pub fn check_supported(&self) -> Result<(), String> {
         let ours = ObservationLayout {
             stream_scale: self.stream_scale,
@@ -169,6 +201,16 @@ impl ObservationLayout {
 }
 
 /// The transformed signals that one interval gives by itself: the first six of [`SIGNALS`].
+///
+/// ```
+/// # use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
+/// # let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
+/// # let observation = tracker.observe(&MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4 });
+/// use optimizer::policy::signal_vector;
+///
+/// let own = signal_vector(&observation, 64.0);
+/// assert!(own.iter().all(|x| x.is_finite() && x.abs() <= 3.0), "scale-free, bounded");
+/// ```
 pub fn signal_vector(observation: &Observation, stream_scale: f64) -> [f64; OWN_SIGNALS] {
     let o = observation;
     [
@@ -182,6 +224,20 @@ pub fn signal_vector(observation: &Observation, stream_scale: f64) -> [f64; OWN_
 }
 
 /// Remembers the recent intervals of one transfer and builds the policy input from them.
+///
+/// ```
+/// use optimizer::policy::{FeatureHistory, ObservationLayout};
+/// use optimizer::sim::{Scenario, Simulator};
+/// use optimizer::{RewardParams, SignalTracker, UtilityParams};
+///
+/// let mut sim = Simulator::new(Scenario::shipped("paper-fig2").unwrap(), 1);
+/// let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
+/// let mut history = FeatureHistory::new(ObservationLayout::default());
+/// for n in [1, 6, 11] {
+///     let input = history.push(&tracker.observe(&sim.step(n, 1.0)));
+///     assert_eq!(input.len(), history.layout().size);
+/// }
+/// ```
 #[derive(Debug, Clone)]
 pub struct FeatureHistory {
     layout: ObservationLayout,
@@ -194,6 +250,13 @@ pub struct FeatureHistory {
 
 impl FeatureHistory {
     /// An empty history for inputs in `layout`.
+    ///
+    /// ```
+    /// use optimizer::policy::{FeatureHistory, ObservationLayout};
+    ///
+    /// let history = FeatureHistory::new(ObservationLayout::new(4, 4));
+    /// assert_eq!(history.layout().history, 4);
+    /// ```
     pub fn new(layout: ObservationLayout) -> Self {
         FeatureHistory {
             signals: VecDeque::with_capacity(layout.history + 1),
@@ -206,6 +269,13 @@ impl FeatureHistory {
     }
 
     /// The layout inputs are built in.
+    ///
+    /// ```
+    /// use optimizer::policy::{FeatureHistory, ObservationLayout};
+    ///
+    /// let layout = ObservationLayout::default();
+    /// assert_eq!(FeatureHistory::new(layout.clone()).layout(), &layout);
+    /// ```
     pub fn layout(&self) -> &ObservationLayout {
         &self.layout
     }
@@ -213,6 +283,18 @@ impl FeatureHistory {
     /// Adds the interval that just ended and returns the input: the signal vectors oldest
     /// first, then the changes of the stream count oldest first (this interval's last); slots
     /// from before the first interval are zeros.
+    ///
+    /// ```
+    /// # use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
+    /// # let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
+    /// # let observation = tracker.observe(&MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4 });
+    /// use optimizer::policy::{FeatureHistory, ObservationLayout, SIGNALS};
+    ///
+    /// let layout = ObservationLayout::new(3, 3);
+    /// let mut history = FeatureHistory::new(layout);
+    /// let input = history.push(&observation);
+    /// assert!(input[..2 * SIGNALS.len()].iter().all(|&x| x == 0.0), "two intervals not seen yet");
+    /// ```
     pub fn push(&mut self, observation: &Observation) -> Vec<f32> {
         let o = observation;
         let change = self

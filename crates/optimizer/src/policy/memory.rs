@@ -22,6 +22,15 @@ pub const SAMPLES: u32 = 8;
 pub const MEMORY_SIGNALS: usize = 6;
 
 /// A stream count and the utility remembered for it.
+///
+/// ```
+/// use optimizer::policy::{Measured, UtilityMemory};
+///
+/// let mut memory = UtilityMemory::new(32);
+/// memory.record(20, 0.9, 1, true);
+/// let best: Option<Measured> = memory.best();
+/// assert_eq!(best, Some((20, 0.9)));
+/// ```
 pub type Measured = (usize, f64);
 
 /// One remembered count.
@@ -37,6 +46,17 @@ struct Entry {
 }
 
 /// The utility measured at each recently used stream count.
+///
+/// ```
+/// use optimizer::policy::UtilityMemory;
+///
+/// let mut memory = UtilityMemory::new(32);
+/// for (mi, (streams, utility)) in [(1, 0.2), (6, 0.6), (11, 0.9), (16, 0.8)].into_iter().enumerate() {
+///     memory.record(streams, utility, mi as u64, true);
+/// }
+/// assert_eq!(memory.best(), Some((11, 0.9)));
+/// assert_eq!(memory.neighbours(11), (Some((6, 0.6)), Some((16, 0.8))));
+/// ```
 #[derive(Debug, Clone)]
 pub struct UtilityMemory {
     intervals: u64,
@@ -45,6 +65,12 @@ pub struct UtilityMemory {
 
 impl UtilityMemory {
     /// An empty memory that forgets a value `intervals` intervals after it was measured.
+    ///
+    /// ```
+    /// use optimizer::policy::UtilityMemory;
+    ///
+    /// assert_eq!(UtilityMemory::new(32).best(), None);
+    /// ```
     pub fn new(intervals: usize) -> Self {
         UtilityMemory {
             intervals: intervals as u64,
@@ -53,6 +79,17 @@ impl UtilityMemory {
     }
 
     /// Forgets the values that are too old at interval `mi`.
+    ///
+    /// ```
+    /// use optimizer::policy::UtilityMemory;
+    ///
+    /// let mut memory = UtilityMemory::new(10);
+    /// memory.record(8, 0.7, 5, true);
+    /// memory.forget(14);
+    /// assert!(memory.best().is_some());
+    /// memory.forget(15);
+    /// assert!(memory.best().is_none(), "measured 10 intervals ago");
+    /// ```
     pub fn forget(&mut self, mi: u64) {
         let span = self.intervals;
         self.by_count.retain(|_, e| mi < e.at.saturating_add(span));
@@ -61,6 +98,17 @@ impl UtilityMemory {
     /// Records that interval `mi` measured `utility` at `streams`, `settled` unless new streams
     /// were ramping up for most of it: averaged with the value of the interval before if that
     /// measured the same count settled too, else replacing what was there.
+    ///
+    /// ```
+    /// use optimizer::policy::UtilityMemory;
+    ///
+    /// let mut memory = UtilityMemory::new(32);
+    /// memory.record(8, 1.0, 1, true);
+    /// memory.record(8, 0.8, 2, true);
+    /// assert_eq!(memory.settled_at(8), Some(0.9), "the mean of a count held in a row");
+    /// memory.record(8, 0.5, 9, true);
+    /// assert_eq!(memory.settled_at(8), Some(0.5), "measured again later: replaced");
+    /// ```
     pub fn record(&mut self, streams: usize, utility: f64, mi: u64, settled: bool) {
         if !utility.is_finite() {
             return;
@@ -83,11 +131,30 @@ impl UtilityMemory {
 
     /// The count with the highest remembered utility and that utility (the fewer streams on a
     /// tie); `None` while nothing is remembered.
+    ///
+    /// ```
+    /// use optimizer::policy::UtilityMemory;
+    ///
+    /// let mut memory = UtilityMemory::new(32);
+    /// memory.record(12, 0.9, 1, true);
+    /// memory.record(10, 0.9, 2, true);
+    /// assert_eq!(memory.best(), Some((10, 0.9)), "the fewer streams on a tie");
+    /// ```
     pub fn best(&self) -> Option<Measured> {
         self.best_of(|_| true)
     }
 
     /// Like [`best`](Self::best), among the counts whose value was measured settled.
+    ///
+    /// ```
+    /// use optimizer::policy::UtilityMemory;
+    ///
+    /// let mut memory = UtilityMemory::new(32);
+    /// memory.record(10, 0.8, 1, true);
+    /// memory.record(20, 0.95, 2, false); // its new streams were still ramping up
+    /// assert_eq!(memory.best(), Some((20, 0.95)));
+    /// assert_eq!(memory.best_settled(), Some((10, 0.8)));
+    /// ```
     pub fn best_settled(&self) -> Option<Measured> {
         self.best_of(|e| e.settled)
     }
@@ -105,6 +172,14 @@ impl UtilityMemory {
 
     /// The remembered utility at `streams`, if the run it comes from measured that count
     /// settled (not only its new streams ramping up).
+    ///
+    /// ```
+    /// use optimizer::policy::UtilityMemory;
+    ///
+    /// let mut memory = UtilityMemory::new(32);
+    /// memory.record(20, 0.95, 1, false);
+    /// assert_eq!(memory.settled_at(20), None);
+    /// ```
     pub fn settled_at(&self, streams: usize) -> Option<f64> {
         self.by_count
             .get(&streams)
@@ -113,6 +188,16 @@ impl UtilityMemory {
     }
 
     /// The nearest remembered counts below and above `streams`, with their utilities.
+    ///
+    /// ```
+    /// use optimizer::policy::UtilityMemory;
+    ///
+    /// let mut memory = UtilityMemory::new(32);
+    /// memory.record(17, 0.9, 1, true);
+    /// memory.record(22, 0.7, 2, true);
+    /// assert_eq!(memory.neighbours(19), (Some((17, 0.9)), Some((22, 0.7))));
+    /// assert_eq!(memory.neighbours(30), (Some((22, 0.7)), None));
+    /// ```
     pub fn neighbours(&self, streams: usize) -> (Option<Measured>, Option<Measured>) {
         let below = self.by_count.range(..streams).next_back();
         let above = self.by_count.range(streams + 1..).next();
@@ -132,6 +217,17 @@ impl UtilityMemory {
     ///   more streams did better; 0 while this count or that neighbour is not remembered;
     /// - `gap_below`, `gap_above`: tanh(distance in streams to that neighbour / 10), 0 when
     ///   there is none.
+    ///
+    /// ```
+    /// use optimizer::policy::UtilityMemory;
+    ///
+    /// let mut memory = UtilityMemory::new(32);
+    /// memory.record(20, 1.0, 1, true);
+    /// memory.record(40, 0.5, 2, true);
+    /// let [regret, best_offset, ..] = memory.signals(40, 0.5, 0.01);
+    /// assert_eq!(regret, 0.5, "half the best remembered utility is lost");
+    /// assert!(best_offset < 0.0, "the best was at fewer streams");
+    /// ```
     pub fn signals(&self, streams: usize, utility: f64, scale: f64) -> [f64; MEMORY_SIGNALS] {
         let mut out = [0.0; MEMORY_SIGNALS];
         let Some((best_count, best)) = self.best() else {

@@ -11,6 +11,15 @@ use crate::utility::UtilityParams;
 pub const MODEL_FORMAT: &str = "xfer-policy-1";
 
 /// What an exported policy says about itself.
+///
+/// ```
+/// use optimizer::policy::PolicyMetadata;
+///
+/// let text = std::fs::read_to_string("../../models/gentle/metadata.json").unwrap();
+/// let gentle = PolicyMetadata::from_json(&text).unwrap();
+/// assert_eq!((gentle.utility.k, gentle.utility.b), (1.05, 30.0));
+/// assert_eq!(gentle.file("onnx"), Some("policy.onnx"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PolicyMetadata {
     /// [`MODEL_FORMAT`].
@@ -30,6 +39,12 @@ pub struct PolicyMetadata {
 
 impl PolicyMetadata {
     /// Parses `metadata.json`.
+    ///
+    /// ```
+    /// use optimizer::policy::{PolicyError, PolicyMetadata};
+    ///
+    /// assert!(matches!(PolicyMetadata::from_json("{}"), Err(PolicyError::Metadata(_))));
+    /// ```
     pub fn from_json(text: &str) -> Result<Self, PolicyError> {
         let metadata: PolicyMetadata =
             serde_json::from_str(text).map_err(|e| PolicyError::Metadata(e.to_string()))?;
@@ -44,6 +59,13 @@ impl PolicyMetadata {
 
     /// Metadata for a model with `layout` trained for the default utility (tests, and models
     /// built in code).
+    ///
+    /// ```
+    /// use optimizer::policy::{ObservationLayout, PolicyMetadata};
+    ///
+    /// let metadata = PolicyMetadata::for_layout(ObservationLayout::new(4, 4));
+    /// assert!(metadata.check(Default::default()).is_ok());
+    /// ```
     pub fn for_layout(layout: ObservationLayout) -> Self {
         PolicyMetadata {
             format: MODEL_FORMAT.into(),
@@ -55,11 +77,26 @@ impl PolicyMetadata {
     }
 
     /// The file of the export named `kind` (`onnx`, `torchscript`, `golden`), if listed.
+    ///
+    /// ```
+    /// use optimizer::policy::{ObservationLayout, PolicyMetadata};
+    ///
+    /// assert_eq!(PolicyMetadata::for_layout(ObservationLayout::default()).file("onnx"), None);
+    /// ```
     pub fn file(&self, kind: &str) -> Option<&str> {
         self.files.get(kind).and_then(|v| v.as_str())
     }
 
     /// Whether this binary can run the model for a transfer judged by `utility`.
+    ///
+    /// ```
+    /// use optimizer::policy::{ObservationLayout, PolicyMetadata};
+    /// use optimizer::UtilityParams;
+    ///
+    /// let metadata = PolicyMetadata::for_layout(ObservationLayout::default());
+    /// let other_goal = UtilityParams { k: 1.05, b: 30.0 };
+    /// assert!(metadata.check(other_goal).unwrap_err().to_string().contains("trained"));
+    /// ```
     pub fn check(&self, utility: UtilityParams) -> Result<(), PolicyError> {
         self.layout
             .check_supported()

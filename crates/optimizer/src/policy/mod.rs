@@ -28,6 +28,12 @@ use crate::signals::Observation;
 use crate::utility::UtilityParams;
 
 /// Why a policy could not be loaded or run.
+///
+/// ```
+/// use optimizer::policy::{OnnxModel, PolicyError};
+///
+/// assert!(matches!(OnnxModel::from_bytes(b"not a network", 40), Err(PolicyError::Model(_))));
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
     /// The metadata file is not valid JSON or lacks a field.
@@ -43,8 +49,40 @@ pub enum PolicyError {
 }
 
 /// A policy network: an input vector in, one logit per action out.
+///
+/// A network of one's own behind [`PolicyController`], here a rule that prefers +1 until the
+/// loss signal shows:
+///
+/// ```
+/// use optimizer::policy::{ObservationLayout, PolicyController, PolicyError, PolicyMetadata, PolicyModel};
+///
+/// struct Careful;
+///
+/// impl PolicyModel for Careful {
+///     fn logits(&mut self, input: &[f32]) -> Result<Vec<f32>, PolicyError> {
+///         let _ = input;
+///         Ok(vec![0.0, 1.0, 0.5, 0.0, 0.0]) // +5, +1, 0, -1, -5
+///     }
+/// }
+///
+/// let metadata = PolicyMetadata::for_layout(ObservationLayout::default());
+/// let controller = PolicyController::new(Box::new(Careful), &metadata, 64, Default::default()).unwrap();
+/// # let _ = controller;
+/// ```
 pub trait PolicyModel: Send {
     /// The logits for `input` (of the model's input size).
+    ///
+    /// ```
+    /// # use optimizer::policy::{OnnxModel, PolicyMetadata};
+    /// # let dir = std::path::Path::new("../../models/default");
+    /// # let metadata = PolicyMetadata::from_json(&std::fs::read_to_string(dir.join("metadata.json")).unwrap()).unwrap();
+    /// use optimizer::policy::PolicyModel;
+    ///
+    /// let mut network = OnnxModel::from_bytes(&std::fs::read(dir.join("policy.onnx")).unwrap(), metadata.layout.size).unwrap();
+    /// let logits = network.logits(&vec![0.0; metadata.layout.size]).unwrap();
+    /// assert_eq!(logits.len(), 5);
+    /// assert!(network.logits(&[0.0; 3]).is_err(), "the wrong input size");
+    /// ```
     fn logits(&mut self, input: &[f32]) -> Result<Vec<f32>, PolicyError>;
 }
 
@@ -61,6 +99,12 @@ fn check_input_size(input: &[f32], size: usize) -> Result<(), PolicyError> {
 }
 
 /// The index of the largest logit (the first of equals): the policy's deterministic action.
+///
+/// ```
+/// use optimizer::policy::greedy_action;
+///
+/// assert_eq!(greedy_action(&[0.1, 2.0, 2.0, -1.0]), 1);
+/// ```
 pub fn greedy_action(logits: &[f32]) -> usize {
     logits
         .iter()
@@ -77,6 +121,23 @@ pub fn greedy_action(logits: &[f32]) -> usize {
 
 /// Runs a policy network as a [`Controller`]: each interval's observation joins the history,
 /// the network scores the actions, and the best one changes the count, within `1..=max`.
+///
+/// The shipped policy on paper 001's Fig. 2 path:
+///
+/// ```
+/// # use optimizer::policy::{OnnxModel, PolicyMetadata};
+/// # let dir = std::path::Path::new("../../models/default");
+/// # let metadata = PolicyMetadata::from_json(&std::fs::read_to_string(dir.join("metadata.json")).unwrap()).unwrap();
+/// use optimizer::policy::PolicyController;
+/// use optimizer::sim::{run, RunConfig, Scenario};
+///
+/// let network = OnnxModel::from_bytes(&std::fs::read(dir.join("policy.onnx")).unwrap(), metadata.layout.size).unwrap();
+/// let mut ppo = PolicyController::new(Box::new(network), &metadata, 64, metadata.utility).unwrap();
+/// let config = RunConfig { duration: 30.0, utility: metadata.utility, ..RunConfig::default() };
+/// let (_, summary) = run(&Scenario::shipped("paper-fig2").unwrap(), &mut ppo, &config);
+/// assert!(summary.time_to_95.is_some_and(|t| t <= 10.0), "{summary:?}");
+/// assert_eq!(ppo.failures(), 0);
+/// ```
 pub struct PolicyController {
     model: Box<dyn PolicyModel>,
     features: FeatureHistory,
@@ -90,6 +151,19 @@ impl PolicyController {
     /// binary does not compute, whose action set differs, or that was trained for another
     /// utility (its choices would optimise the wrong goal), and checks the network once on a
     /// zero input.
+    ///
+    /// ```
+    /// # use optimizer::policy::{OnnxModel, PolicyMetadata};
+    /// # let dir = std::path::Path::new("../../models/default");
+    /// # let metadata = PolicyMetadata::from_json(&std::fs::read_to_string(dir.join("metadata.json")).unwrap()).unwrap();
+    /// use optimizer::policy::PolicyController;
+    /// use optimizer::UtilityParams;
+    ///
+    /// let network = || OnnxModel::from_bytes(&std::fs::read(dir.join("policy.onnx")).unwrap(), metadata.layout.size).unwrap();
+    /// assert!(PolicyController::new(Box::new(network()), &metadata, 64, metadata.utility).is_ok());
+    /// let other_goal = UtilityParams { k: 1.3, b: 1.0 };
+    /// assert!(PolicyController::new(Box::new(network()), &metadata, 64, other_goal).is_err());
+    /// ```
     pub fn new(
         mut model: Box<dyn PolicyModel>,
         metadata: &PolicyMetadata,
@@ -115,6 +189,25 @@ impl PolicyController {
     }
 
     /// Intervals on which the network failed and the count was held.
+    ///
+    /// ```
+    /// use optimizer::policy::{ObservationLayout, PolicyController, PolicyError, PolicyMetadata, PolicyModel};
+    /// use optimizer::sim::{run, RunConfig, Scenario};
+    ///
+    /// /// A network that works once (the check at creation) and then fails.
+    /// struct Flaky(bool);
+    /// impl PolicyModel for Flaky {
+    ///     fn logits(&mut self, _: &[f32]) -> Result<Vec<f32>, PolicyError> {
+    ///         std::mem::replace(&mut self.0, false).then(|| vec![0.0; 5]).ok_or(PolicyError::Model("out of memory".into()))
+    ///     }
+    /// }
+    /// let metadata = PolicyMetadata::for_layout(ObservationLayout::default());
+    /// let mut ppo = PolicyController::new(Box::new(Flaky(true)), &metadata, 64, Default::default()).unwrap();
+    /// let config = RunConfig { duration: 5.0, initial_streams: 4, ..RunConfig::default() };
+    /// let (trace, _) = run(&Scenario::shipped("paper-fig2").unwrap(), &mut ppo, &config);
+    /// assert_eq!(ppo.failures(), 5);
+    /// assert!(trace.iter().all(|row| row.decision == 4), "the count is held");
+    /// ```
     pub fn failures(&self) -> u64 {
         self.failures
     }

@@ -5,6 +5,16 @@ use tract_onnx::prelude::*;
 use super::{check_input_size, PolicyError, PolicyModel};
 
 /// An ONNX policy network, optimised for a batch of one input vector.
+///
+/// ```
+/// use optimizer::policy::{OnnxModel, PolicyModel};
+///
+/// let bytes = std::fs::read("../../models/light/policy.onnx").unwrap();
+/// let mut light = OnnxModel::from_bytes(&bytes, 112).unwrap();
+/// # let size = optimizer::policy::PolicyMetadata::from_json(&std::fs::read_to_string("../../models/light/metadata.json").unwrap()).unwrap().layout.size;
+/// # assert_eq!(size, 112);
+/// assert_eq!(light.logits(&[0.0; 112]).unwrap().len(), 5);
+/// ```
 pub struct OnnxModel {
     state: TypedSimpleState,
     input_size: usize,
@@ -13,6 +23,15 @@ pub struct OnnxModel {
 impl OnnxModel {
     /// Loads the network from the bytes of an `.onnx` file, for input vectors of
     /// `input_size` values (the model's input must be `[batch, input_size]` floats).
+    ///
+    /// ```
+    /// use optimizer::policy::{OnnxModel, PolicyMetadata};
+    ///
+    /// let dir = std::path::Path::new("../../models/default");
+    /// let metadata = PolicyMetadata::from_json(&std::fs::read_to_string(dir.join("metadata.json")).unwrap()).unwrap();
+    /// let network = OnnxModel::from_bytes(&std::fs::read(dir.join("policy.onnx")).unwrap(), metadata.layout.size);
+    /// assert!(network.is_ok());
+    /// ```
     pub fn from_bytes(bytes: &[u8], input_size: usize) -> Result<Self, PolicyError> {
         let model = || -> TractResult<TypedSimpleState> {
             let plan: std::sync::Arc<TypedSimplePlan> = tract_onnx::onnx()
