@@ -24,6 +24,12 @@ use crate::wire::{
 pub const MIN_KEY_LEN: usize = 16;
 
 /// Errors of key handling and of the handshake.
+///
+/// ```
+/// use transfer::auth::{AuthError, SessionKey};
+///
+/// assert!(matches!(SessionKey::from_text("short"), Err(AuthError::InvalidKey(_))));
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
     /// The key text is unusable.
@@ -63,6 +69,14 @@ pub enum AuthError {
 }
 
 /// A session key: the MAC key derived from the secret text a receiver prints or reads from a file.
+///
+/// ```
+/// use transfer::auth::SessionKey;
+///
+/// let (text, key) = SessionKey::generate();
+/// println!("give the senders this key: {text}");
+/// assert_eq!(format!("{key:?}"), "SessionKey(..)", "never printed");
+/// ```
 #[derive(Clone)]
 pub struct SessionKey {
     mac_key: [u8; 32],
@@ -76,6 +90,14 @@ impl std::fmt::Debug for SessionKey {
 
 impl SessionKey {
     /// Makes a fresh random key; returns its printable text (32 hex digits, 128 bits) and the key.
+    ///
+    /// ```
+    /// use transfer::auth::SessionKey;
+    ///
+    /// let (text, _) = SessionKey::generate();
+    /// assert_eq!(text.len(), 32);
+    /// assert_ne!(text, SessionKey::generate().0);
+    /// ```
     pub fn generate() -> (String, SessionKey) {
         let text: String = random_bytes::<16>()
             .iter()
@@ -86,6 +108,13 @@ impl SessionKey {
     }
 
     /// Derives the key from its text (surrounding white space ignored).
+    ///
+    /// ```
+    /// use transfer::auth::SessionKey;
+    ///
+    /// assert!(SessionKey::from_text("  a-site-key-0123456789\n").is_ok());
+    /// assert!(SessionKey::from_text("too-short").is_err());
+    /// ```
     pub fn from_text(text: &str) -> Result<SessionKey, AuthError> {
         let text = text.trim();
         if text.len() < MIN_KEY_LEN {
@@ -101,6 +130,19 @@ impl SessionKey {
 
     /// Reads the key text from a file, which only its owner may read (as ssh insists for its
     /// private keys): a file that group or others can read is refused.
+    ///
+    /// ```
+    /// use std::os::unix::fs::PermissionsExt;
+    /// use transfer::auth::{AuthError, SessionKey};
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let file = dir.path().join("key");
+    /// std::fs::write(&file, "a-site-key-0123456789\n").unwrap();
+    /// std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    /// assert!(matches!(SessionKey::from_file(&file), Err(AuthError::KeyFileExposed { mode: 0o644, .. })));
+    /// std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    /// assert!(SessionKey::from_file(&file).is_ok());
+    /// ```
     pub fn from_file(path: &Path) -> Result<SessionKey, AuthError> {
         use std::io::Read;
         use std::os::unix::fs::PermissionsExt;
@@ -124,6 +166,34 @@ impl SessionKey {
 
     /// The key of one session: what its data streams prove. Derived from this (the receiver's)
     /// key, the nonces of the control connection's handshake and the session id.
+    ///
+    /// ```
+    /// # use std::os::unix::net::UnixStream;
+    /// # use transfer::auth::{handshake_as_client, handshake_as_server, ChannelBinding, SessionKey};
+    /// # use transfer::wire::{FrameReader, Role};
+    /// # let key = SessionKey::from_text("the-receivers-key-0123456789").unwrap();
+    /// # let (client_end, server_end) = UnixStream::pair().unwrap();
+    /// # let server_key = key.clone();
+    /// # let server = std::thread::spawn(move || {
+    /// #     let mut reader = FrameReader::new(server_end.try_clone().unwrap(), 0);
+    /// #     let mut writer = server_end;
+    /// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_| Ok(server_key.clone()));
+    /// #     if proven.is_ok() {
+    /// #         let welcome = transfer::wire::Message::Welcome { session: [9; 16], limits: transfer::wire::SessionLimits { max_streams: 8, max_chunk: 1 << 20 } };
+    /// #         transfer::wire::write_message(&mut writer, &welcome).unwrap();
+    /// #     }
+    /// #     proven
+    /// # });
+    /// # let mut reader = FrameReader::new(client_end.try_clone().unwrap(), 0);
+    /// # let mut writer = client_end;
+    /// use transfer::auth::Nonces;
+    ///
+    /// let welcomed = handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, &key, Role::Control).unwrap();
+    /// let (_, nonces): (Role, Nonces) = server.join().unwrap().unwrap();
+    /// // The receiver derives the same key for the session's data streams to prove.
+    /// let streams_key = key.for_session(&nonces, &welcomed.session);
+    /// # let _ = streams_key;
+    /// ```
     pub fn for_session(&self, nonces: &Nonces, session: &[u8; 16]) -> SessionKey {
         let mut material = Vec::with_capacity(32 + 64 + 16);
         material.extend_from_slice(&self.mac_key);
@@ -160,6 +230,12 @@ impl SessionKey {
 /// of an encrypted connection, so that a proof made on one TLS connection verifies on no other
 /// (a man in the middle ending TLS on both sides cannot relay it); [`ChannelBinding::PLAIN`]
 /// on plain TCP.
+///
+/// ```
+/// use transfer::auth::ChannelBinding;
+///
+/// assert_eq!(ChannelBinding::PLAIN, ChannelBinding([0; 32]));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChannelBinding(pub [u8; 32]);
 
@@ -169,6 +245,30 @@ impl ChannelBinding {
 }
 
 /// The two fresh nonces of one handshake.
+///
+/// ```
+/// # use std::os::unix::net::UnixStream;
+/// # use transfer::auth::{handshake_as_client, handshake_as_server, ChannelBinding, SessionKey};
+/// # use transfer::wire::{FrameReader, Role};
+/// # let key = SessionKey::from_text("the-receivers-key-0123456789").unwrap();
+/// # let (client_end, server_end) = UnixStream::pair().unwrap();
+/// # let server_key = key.clone();
+/// # let server = std::thread::spawn(move || {
+/// #     let mut reader = FrameReader::new(server_end.try_clone().unwrap(), 0);
+/// #     let mut writer = server_end;
+/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_| Ok(server_key.clone()));
+/// #     if proven.is_ok() {
+/// #         let welcome = transfer::wire::Message::Welcome { session: [9; 16], limits: transfer::wire::SessionLimits { max_streams: 8, max_chunk: 1 << 20 } };
+/// #         transfer::wire::write_message(&mut writer, &welcome).unwrap();
+/// #     }
+/// #     proven
+/// # });
+/// # let mut reader = FrameReader::new(client_end.try_clone().unwrap(), 0);
+/// # let mut writer = client_end;
+/// handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, &key, Role::Control).unwrap();
+/// let (_, nonces) = server.join().unwrap().unwrap();
+/// assert_ne!(nonces.client, nonces.server);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Nonces {
     /// The client's, from `Hello`.
@@ -178,6 +278,30 @@ pub struct Nonces {
 }
 
 /// What a client learns from `Welcome`.
+///
+/// ```
+/// # use std::os::unix::net::UnixStream;
+/// # use transfer::auth::{handshake_as_client, handshake_as_server, ChannelBinding, SessionKey};
+/// # use transfer::wire::{FrameReader, Role};
+/// # let key = SessionKey::from_text("the-receivers-key-0123456789").unwrap();
+/// # let (client_end, server_end) = UnixStream::pair().unwrap();
+/// # let server_key = key.clone();
+/// # let server = std::thread::spawn(move || {
+/// #     let mut reader = FrameReader::new(server_end.try_clone().unwrap(), 0);
+/// #     let mut writer = server_end;
+/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_| Ok(server_key.clone()));
+/// #     if proven.is_ok() {
+/// #         let welcome = transfer::wire::Message::Welcome { session: [9; 16], limits: transfer::wire::SessionLimits { max_streams: 8, max_chunk: 1 << 20 } };
+/// #         transfer::wire::write_message(&mut writer, &welcome).unwrap();
+/// #     }
+/// #     proven
+/// # });
+/// # let mut reader = FrameReader::new(client_end.try_clone().unwrap(), 0);
+/// # let mut writer = client_end;
+/// let welcomed = handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, &key, Role::Control).unwrap();
+/// assert_eq!((welcomed.session, welcomed.limits.max_streams), ([9; 16], 8));
+/// # server.join().unwrap().unwrap();
+/// ```
 #[derive(Debug, Clone)]
 pub struct Welcomed {
     /// The session id.
@@ -197,6 +321,11 @@ const KEY_MISMATCH: &str = "wrong key: the client's key differs from the receive
 pub const HANDSHAKE_MESSAGE_LIMIT: usize = 4096;
 
 /// Fills an array from the operating system's random source.
+///
+/// ```
+/// let nonce: [u8; 32] = transfer::auth::random_bytes();
+/// assert_ne!(nonce, [0; 32]);
+/// ```
 pub fn random_bytes<const N: usize>() -> [u8; N] {
     let mut out = [0u8; N];
     getrandom::fill(&mut out).expect("the operating system's random source failed");
@@ -205,6 +334,32 @@ pub fn random_bytes<const N: usize>() -> [u8; N] {
 
 /// The client side of the handshake over a reader and a writer of the same connection, whose
 /// `channel` binding the proofs cover.
+///
+/// A client and a receiver on the two ends of a socket pair:
+///
+/// ```
+/// # use std::os::unix::net::UnixStream;
+/// # use transfer::auth::{handshake_as_client, handshake_as_server, ChannelBinding, SessionKey};
+/// # use transfer::wire::{FrameReader, Role};
+/// # let key = SessionKey::from_text("the-receivers-key-0123456789").unwrap();
+/// # let (client_end, server_end) = UnixStream::pair().unwrap();
+/// # let server_key = key.clone();
+/// # let server = std::thread::spawn(move || {
+/// #     let mut reader = FrameReader::new(server_end.try_clone().unwrap(), 0);
+/// #     let mut writer = server_end;
+/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_| Ok(server_key.clone()));
+/// #     if proven.is_ok() {
+/// #         let welcome = transfer::wire::Message::Welcome { session: [9; 16], limits: transfer::wire::SessionLimits { max_streams: 8, max_chunk: 1 << 20 } };
+/// #         transfer::wire::write_message(&mut writer, &welcome).unwrap();
+/// #     }
+/// #     proven
+/// # });
+/// # let mut reader = FrameReader::new(client_end.try_clone().unwrap(), 0);
+/// # let mut writer = client_end;
+/// let welcomed = handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, &key, Role::Control).unwrap();
+/// assert_eq!(welcomed.session, [9; 16]);
+/// assert_eq!(server.join().unwrap().unwrap().0, Role::Control);
+/// ```
 pub fn handshake_as_client<R: Read, W: Write>(
     reader: &mut FrameReader<R>,
     writer: &mut W,
@@ -287,6 +442,32 @@ pub fn handshake_as_client<R: Read, W: Write>(
 ///
 /// Messages are read with [`HANDSHAKE_MESSAGE_LIMIT`] in force. On a wrong proof it sends
 /// `Refused` and fails, so the caller drops the connection before reading anything else.
+///
+/// A client with another key is refused, and learns nothing it could replay:
+///
+/// ```
+/// # use std::os::unix::net::UnixStream;
+/// # use transfer::auth::{handshake_as_client, handshake_as_server, ChannelBinding, SessionKey};
+/// # use transfer::wire::{FrameReader, Role};
+/// # let key = SessionKey::from_text("the-receivers-key-0123456789").unwrap();
+/// # let (client_end, server_end) = UnixStream::pair().unwrap();
+/// # let server_key = key.clone();
+/// # let server = std::thread::spawn(move || {
+/// #     let mut reader = FrameReader::new(server_end.try_clone().unwrap(), 0);
+/// #     let mut writer = server_end;
+/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_| Ok(server_key.clone()));
+/// #     if proven.is_ok() {
+/// #         let welcome = transfer::wire::Message::Welcome { session: [9; 16], limits: transfer::wire::SessionLimits { max_streams: 8, max_chunk: 1 << 20 } };
+/// #         transfer::wire::write_message(&mut writer, &welcome).unwrap();
+/// #     }
+/// #     proven
+/// # });
+/// # let mut reader = FrameReader::new(client_end.try_clone().unwrap(), 0);
+/// # let mut writer = client_end;
+/// let wrong = SessionKey::from_text("somebody-elses-key-0123456789").unwrap();
+/// assert!(handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, &wrong, Role::Control).is_err());
+/// assert!(server.join().unwrap().is_err());
+/// ```
 pub fn handshake_as_server<R: Read, W: Write>(
     reader: &mut FrameReader<R>,
     writer: &mut W,
@@ -365,6 +546,12 @@ pub fn handshake_as_server<R: Read, W: Write>(
 }
 
 /// Short name of a message for error texts (never its contents).
+///
+/// ```
+/// use transfer::wire::Message;
+///
+/// assert_eq!(transfer::auth::name(&Message::Refused { reason: "a secret path".into() }), "Refused");
+/// ```
 pub fn name(msg: &Message) -> &'static str {
     match msg {
         Message::Hello { .. } => "Hello",
@@ -392,6 +579,18 @@ pub fn name(msg: &Message) -> &'static str {
 
 /// Where a session key comes from, in configuration files: `{ file = "PATH" }` (readable by
 /// its owner only, see [`SessionKey::from_file`]) or `{ text = "KEY" }`.
+///
+/// ```
+/// use transfer::auth::KeySetting;
+///
+/// #[derive(serde::Deserialize)]
+/// struct Site {
+///     key: KeySetting,
+/// }
+/// let site: Site = toml::from_str(r#"key = { file = "/etc/xfer/key" }"#).unwrap();
+/// assert_eq!(site.key, KeySetting::File("/etc/xfer/key".into()));
+/// assert_eq!(format!("{:?}", KeySetting::Text("secret-0123456789".into())), "Text(<hidden>)");
+/// ```
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum KeySetting {
@@ -412,6 +611,14 @@ impl std::fmt::Debug for KeySetting {
 
 impl KeySetting {
     /// The key.
+    ///
+    /// ```
+    /// use transfer::auth::KeySetting;
+    ///
+    /// assert!(KeySetting::Text("a-site-key-0123456789".into()).key().is_ok());
+    /// let missing = KeySetting::File("/nonexistent/key".into()).key().unwrap_err();
+    /// assert!(missing.to_string().contains("/nonexistent/key"));
+    /// ```
     pub fn key(&self) -> Result<SessionKey, AuthError> {
         match self {
             KeySetting::File(path) => SessionKey::from_file(path),

@@ -73,6 +73,16 @@ struct KernelFullInfo {
 }
 
 /// One subflow of an MPTCP connection at one instant.
+///
+/// ```
+/// use transfer::mptcp_info::Subflow;
+///
+/// /// The subflows of a connection by the path they take.
+/// fn by_path(subflows: &[Subflow]) -> Vec<(std::net::IpAddr, std::net::IpAddr)> {
+///     subflows.iter().map(|s| (s.local.ip(), s.remote.ip())).collect()
+/// }
+/// # let _ = by_path;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Subflow {
     /// The subflow's id within its connection (never reused while the connection lives).
@@ -96,6 +106,15 @@ pub(crate) fn fell_back(socket: &impl AsRawFd) -> bool {
 
 /// The subflows of an MPTCP connection; an error when the socket is not MPTCP (or fell back
 /// to TCP) or the kernel predates `MPTCP_FULL_INFO`.
+///
+/// ```
+/// use std::net::{TcpListener, TcpStream};
+///
+/// let listener = TcpListener::bind("127.0.0.1:0")?;
+/// let tcp = TcpStream::connect(listener.local_addr()?)?;
+/// assert!(transfer::mptcp_info::subflows(&tcp).is_err(), "a TCP socket has no subflows");
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn subflows(socket: &impl AsRawFd) -> std::io::Result<Vec<Subflow>> {
     let empty_addr = || {
         // SAFETY: all-zero bytes are a valid `sockaddr_storage` (family AF_UNSPEC).

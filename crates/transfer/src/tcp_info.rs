@@ -63,6 +63,14 @@ pub(crate) struct KernelTcpInfo {
 
 /// One stream's TCP counters at one instant (cumulative counters are totals since the
 /// connection opened; the optimiser differences them per monitoring interval).
+///
+/// ```
+/// use transfer::tcp_info::TcpInfo;
+///
+/// let (before, after) = (TcpInfo { data_segs_out: 1000, total_retrans: 2, ..TcpInfo::default() }, TcpInfo { data_segs_out: 3000, total_retrans: 12, ..TcpInfo::default() });
+/// let loss = f64::from(after.total_retrans - before.total_retrans) / f64::from(after.data_segs_out - before.data_segs_out);
+/// assert_eq!(loss, 0.005);
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct TcpInfo {
     /// Smoothed RTT in microseconds.
@@ -86,6 +94,18 @@ pub struct TcpInfo {
 }
 
 /// Reads `TCP_INFO` of a connected TCP socket (of an MPTCP socket: of its first subflow).
+///
+/// ```
+/// use std::io::Write;
+/// use std::net::{TcpListener, TcpStream};
+///
+/// let listener = TcpListener::bind("127.0.0.1:0")?;
+/// let mut stream = TcpStream::connect(listener.local_addr()?)?;
+/// stream.write_all(&[0; 4096])?;
+/// let info = transfer::tcp_info::sample(&stream)?;
+/// assert!(info.snd_mss > 0);
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn sample(socket: &impl AsRawFd) -> std::io::Result<TcpInfo> {
     let mut raw = KernelTcpInfo::default();
     // SAFETY: every bit pattern is a valid `KernelTcpInfo` (integers only).

@@ -19,6 +19,18 @@ use serde::{Deserialize, Serialize};
 use socket2::{Domain, Protocol, Socket, Type};
 
 /// Which protocol carries a transfer's connections.
+///
+/// ```
+/// use transfer::transport::Transport;
+///
+/// #[derive(serde::Deserialize)]
+/// struct Settings {
+///     transport: Transport,
+/// }
+/// let s: Settings = toml::from_str(r#"transport = "quic""#).unwrap();
+/// assert_eq!(s.transport, Transport::Quic);
+/// assert_eq!(Transport::default(), Transport::Tcp);
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Transport {
@@ -33,6 +45,13 @@ pub enum Transport {
 
 impl Transport {
     /// The name used on the command line and in reports.
+    ///
+    /// ```
+    /// use transfer::transport::Transport;
+    ///
+    /// assert_eq!(Transport::Mptcp.name(), "mptcp");
+    /// assert_eq!(Transport::Mptcp.to_string(), "mptcp");
+    /// ```
     pub fn name(self) -> &'static str {
         match self {
             Transport::Tcp => "tcp",
@@ -104,6 +123,18 @@ fn mptcp_unavailable(e: &io::Error) -> bool {
 
 /// A connection to `addr` over `transport`, opened within `timeout`; the transport it really
 /// uses and, when that is not `transport`, why (see the module documentation).
+///
+/// ```
+/// use std::time::Duration;
+/// use transfer::transport::{connect, listen, Transport};
+///
+/// let (listener, _, _) = listen(Transport::Tcp, "127.0.0.1:0")?;
+/// let addr = listener.local_addr()?;
+/// let (stream, used, why) = connect(Transport::Tcp, &addr, Duration::from_secs(1))?;
+/// assert_eq!((used, why), (Transport::Tcp, None));
+/// # drop(stream);
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn connect(
     transport: Transport,
     addr: &SocketAddr,
@@ -126,6 +157,18 @@ pub fn connect(
 /// A listener on the first address `addr` resolves to that can be bound, taking connections
 /// over `transport` (an MPTCP listener also takes plain TCP clients); the transport it really
 /// uses and, when that is not `transport`, why.
+///
+/// ```
+/// use transfer::transport::{listen, Transport};
+///
+/// // Where the kernel has no MPTCP, a TCP listener and the reason.
+/// let (listener, used, why) = listen(Transport::Mptcp, "127.0.0.1:0")?;
+/// if used == Transport::Tcp {
+///     eprintln!("{}", why.unwrap());
+/// }
+/// # drop(listener);
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn listen(
     transport: Transport,
     addr: &str,

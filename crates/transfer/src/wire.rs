@@ -48,6 +48,16 @@ const FRAME_PREFIX_LEN: usize = 5;
 pub(crate) const CHECK_LEN: usize = 8;
 
 /// Errors of reading or writing frames.
+///
+/// ```
+/// use transfer::wire::{write_message, FrameReader, Message, WireError};
+///
+/// let mut bytes = Vec::new();
+/// write_message(&mut bytes, &Message::Finish).unwrap();
+/// bytes[6] ^= 1; // one bit flipped in flight
+/// let damaged = FrameReader::new(&bytes[..], 0).read_message();
+/// assert!(matches!(damaged, Err(WireError::Corrupted(_))));
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
     /// The underlying socket failed or closed mid-frame.
@@ -74,6 +84,14 @@ pub enum WireError {
 }
 
 /// Header of a data chunk: which file, where in it, and the chunk's xxh3-64 checksum.
+///
+/// ```
+/// use transfer::wire::{chunk_checksum, ChunkHeader};
+///
+/// let data = vec![7u8; 4 << 20];
+/// let header = ChunkHeader { file: 3, offset: 8 << 20, checksum: chunk_checksum(&data) };
+/// # let _ = header;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkHeader {
     /// Index of the file in the session's manifest.
@@ -108,6 +126,13 @@ impl ChunkHeader {
 }
 
 /// What a connection is for, declared in its `Hello`.
+///
+/// ```
+/// use transfer::wire::Role;
+///
+/// let stream = Role::Data { session: [9; 16] };
+/// assert_ne!(stream, Role::Control);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
     /// The control connection that opens a session.
@@ -120,6 +145,14 @@ pub enum Role {
 }
 
 /// Limits the receiver imposes on a session, announced in `Welcome`.
+///
+/// ```
+/// use transfer::wire::SessionLimits;
+///
+/// let limits = SessionLimits { max_streams: 64, max_chunk: 16 << 20 };
+/// let unit: u32 = 64 << 20; // a sender's unit size is capped by the receiver's chunk limit
+/// assert_eq!(unit.min(limits.max_chunk), 16 << 20);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionLimits {
     /// Most data streams open at once.
@@ -130,6 +163,12 @@ pub struct SessionLimits {
 
 /// A receiver's limit that refused a session, announced in [`Message::Limited`]: a sender
 /// (or the service running it) can tell it from other refusals and try again later.
+///
+/// ```
+/// use transfer::wire::Limit;
+///
+/// assert_eq!(Limit::Sessions { max: 32 }.to_string(), "the receiver serves 32 sessions at once already");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum Limit {
     /// The receiver serves its most sessions at once already.
@@ -144,6 +183,20 @@ pub enum Limit {
 }
 
 /// What the receiver already holds of one manifest file, answered in `Plan`.
+///
+/// ```
+/// use transfer::wire::FileStatus;
+///
+/// /// Bytes still to send of a file of `size` bytes.
+/// fn to_send(status: &FileStatus, size: u64) -> u64 {
+///     match status {
+///         FileStatus::Missing => size,
+///         FileStatus::Partial(held) => size - held.iter().map(|(_, len)| len).sum::<u64>(),
+///         FileStatus::Complete => 0,
+///     }
+/// }
+/// assert_eq!(to_send(&FileStatus::Partial(vec![(0, 4 << 20), (8 << 20, 4 << 20)]), 16 << 20), 8 << 20);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FileStatus {
     /// Nothing usable: send the whole file.
@@ -155,6 +208,15 @@ pub enum FileStatus {
 }
 
 /// Control and acknowledgement messages.
+///
+/// ```
+/// use transfer::wire::{write_message, FrameReader, Message};
+///
+/// let sent = Message::Ack { file: 1, offset: 4 << 20, len: 4 << 20 };
+/// let mut bytes = Vec::new();
+/// write_message(&mut bytes, &sent).unwrap();
+/// assert_eq!(FrameReader::new(&bytes[..], 0).read_message().unwrap(), sent);
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Message {
     /// First message of every connection (client to receiver).
@@ -273,6 +335,23 @@ pub enum Message {
 }
 
 /// A frame as read: a control message, or a chunk whose bytes sit in the reader's buffer.
+///
+/// ```
+/// # use transfer::wire::{chunk_checksum, write_chunk, write_message, ChunkHeader, FrameReader, Message};
+/// # let data = b"the bytes of a chunk".to_vec();
+/// # let header = ChunkHeader { file: 0, offset: 0, checksum: chunk_checksum(&data) };
+/// # let mut bytes = Vec::new();
+/// # write_message(&mut bytes, &Message::Working).unwrap();
+/// # write_chunk(&mut bytes, &header, &data).unwrap();
+/// # let mut reader = FrameReader::new(&bytes[..], 1 << 20);
+/// use transfer::wire::Frame;
+///
+/// assert!(matches!(reader.read_frame().unwrap(), Frame::Message(Message::Working)));
+/// match reader.read_frame().unwrap() {
+///     Frame::Chunk(head, bytes) => assert_eq!((head.file, bytes), (0, &data[..])),
+///     Frame::Message(m) => panic!("{m:?}"),
+/// }
+/// ```
 #[derive(Debug)]
 pub enum Frame<'a> {
     /// A control or acknowledgement message.
@@ -284,6 +363,21 @@ pub enum Frame<'a> {
 /// A frame's start as read: a whole control message, or a chunk's header and the length of
 /// the payload that follows it (read next with [`FrameReader::read_payload`] or
 /// [`FrameReader::read_payload_into`]).
+///
+/// ```
+/// # use transfer::wire::{chunk_checksum, write_chunk, write_message, ChunkHeader, FrameReader, Message};
+/// # let data = b"the bytes of a chunk".to_vec();
+/// # let header = ChunkHeader { file: 0, offset: 0, checksum: chunk_checksum(&data) };
+/// # let mut bytes = Vec::new();
+/// # write_message(&mut bytes, &Message::Working).unwrap();
+/// # write_chunk(&mut bytes, &header, &data).unwrap();
+/// # let mut reader = FrameReader::new(&bytes[..], 1 << 20);
+/// use transfer::wire::Head;
+///
+/// assert!(matches!(reader.read_head().unwrap(), Head::Message(Message::Working)));
+/// let Head::Chunk(head, len) = reader.read_head().unwrap() else { panic!() };
+/// assert_eq!((head, len), (header, data.len()));
+/// ```
 #[derive(Debug)]
 pub enum Head {
     /// A control or acknowledgement message.
@@ -293,6 +387,20 @@ pub enum Head {
 }
 
 /// Reads frames from a byte stream, reusing one buffer for chunk payloads.
+///
+/// ```
+/// # use transfer::wire::{chunk_checksum, write_chunk, write_message, ChunkHeader, FrameReader, Message};
+/// # let data = b"the bytes of a chunk".to_vec();
+/// # let header = ChunkHeader { file: 0, offset: 0, checksum: chunk_checksum(&data) };
+/// # let mut bytes = Vec::new();
+/// # write_message(&mut bytes, &Message::Working).unwrap();
+/// # write_chunk(&mut bytes, &header, &data).unwrap();
+/// # let mut reader = FrameReader::new(&bytes[..], 1 << 20);
+/// reader.read_message().unwrap();
+/// let transfer::wire::Head::Chunk(head, _) = reader.read_head().unwrap() else { panic!() };
+/// let payload = reader.read_payload().unwrap();
+/// assert_eq!(chunk_checksum(payload), head.checksum, "what the receiver checks before writing");
+/// ```
 pub struct FrameReader<R> {
     inner: R,
     buf: Vec<u8>,
@@ -305,6 +413,18 @@ pub struct FrameReader<R> {
 impl<R: Read> FrameReader<R> {
     /// Wraps `inner`; chunks longer than `max_chunk` bytes and messages longer than
     /// [`MAX_MESSAGE_LEN`] are refused as oversized.
+    ///
+    /// ```
+    /// # use transfer::wire::{chunk_checksum, write_chunk, write_message, ChunkHeader, FrameReader, Message};
+    /// # let data = b"the bytes of a chunk".to_vec();
+    /// # let header = ChunkHeader { file: 0, offset: 0, checksum: chunk_checksum(&data) };
+    /// # let mut bytes = Vec::new();
+    /// # write_message(&mut bytes, &Message::Working).unwrap();
+    /// # write_chunk(&mut bytes, &header, &data).unwrap();
+    /// # let mut reader = FrameReader::new(&bytes[..], 8);
+    /// reader.read_message().unwrap();
+    /// assert!(matches!(reader.read_head(), Err(transfer::wire::WireError::Oversized { limit: 8, .. })));
+    /// ```
     pub fn new(inner: R, max_chunk: usize) -> Self {
         FrameReader {
             inner,
@@ -316,16 +436,43 @@ impl<R: Read> FrameReader<R> {
     }
 
     /// Refuses messages longer than `limit` bytes (at most [`MAX_MESSAGE_LEN`]) from now on.
+    ///
+    /// ```
+    /// use transfer::wire::{write_message, FrameReader, Message, WireError};
+    ///
+    /// let mut bytes = Vec::new();
+    /// write_message(&mut bytes, &Message::Error { message: "x".repeat(100) }).unwrap();
+    /// let mut reader = FrameReader::new(&bytes[..], 0);
+    /// reader.set_message_limit(64);
+    /// assert!(matches!(reader.read_message(), Err(WireError::Oversized { .. })));
+    /// ```
     pub fn set_message_limit(&mut self, limit: usize) {
         self.max_message = limit.min(MAX_MESSAGE_LEN);
     }
 
     /// Gives back the wrapped reader.
+    ///
+    /// ```
+    /// use transfer::wire::FrameReader;
+    ///
+    /// let mut reader = FrameReader::new(std::io::Cursor::new(vec![0u8; 3]), 0);
+    /// assert_eq!(reader.get_mut().position(), 0);
+    /// ```
     pub fn get_mut(&mut self) -> &mut R {
         &mut self.inner
     }
 
     /// Reads the next frame. A clean end of stream before a frame starts is `UnexpectedEof`.
+    ///
+    /// ```
+    /// use transfer::wire::{FrameReader, WireError};
+    ///
+    /// let mut reader = FrameReader::new(&[][..], 0);
+    /// match reader.read_frame() {
+    ///     Err(WireError::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof),
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// ```
     pub fn read_frame(&mut self) -> Result<Frame<'_>, WireError> {
         match self.read_head()? {
             Head::Message(m) => Ok(Frame::Message(m)),
@@ -335,6 +482,21 @@ impl<R: Read> FrameReader<R> {
 
     /// Reads the next frame up to a chunk's payload, which must be read before the next head.
     /// A clean end of stream before a frame starts is `UnexpectedEof`.
+    ///
+    /// ```
+    /// # use transfer::wire::{chunk_checksum, write_chunk, write_message, ChunkHeader, FrameReader, Message};
+    /// # let data = b"the bytes of a chunk".to_vec();
+    /// # let header = ChunkHeader { file: 0, offset: 0, checksum: chunk_checksum(&data) };
+    /// # let mut bytes = Vec::new();
+    /// # write_message(&mut bytes, &Message::Working).unwrap();
+    /// # write_chunk(&mut bytes, &header, &data).unwrap();
+    /// # let mut reader = FrameReader::new(std::io::BufReader::new(&bytes[..]), 1 << 20);
+    /// reader.read_head().unwrap();
+    /// let transfer::wire::Head::Chunk(_, len) = reader.read_head().unwrap() else { panic!() };
+    /// let mut place = vec![0; len]; // e.g. a window of the file the chunk belongs in
+    /// reader.read_payload_into(&mut place).unwrap();
+    /// assert_eq!(place, data);
+    /// ```
     pub fn read_head(&mut self) -> Result<Head, WireError> {
         assert_eq!(self.payload_due, 0, "a chunk's payload was not read");
         let mut prefix = [0u8; FRAME_PREFIX_LEN];
@@ -389,6 +551,19 @@ impl<R: Read> FrameReader<R> {
     }
 
     /// Reads the payload of the chunk whose head was just read into the reader's own buffer.
+    ///
+    /// ```
+    /// # use transfer::wire::{chunk_checksum, write_chunk, write_message, ChunkHeader, FrameReader, Message};
+    /// # let data = b"the bytes of a chunk".to_vec();
+    /// # let header = ChunkHeader { file: 0, offset: 0, checksum: chunk_checksum(&data) };
+    /// # let mut bytes = Vec::new();
+    /// # write_message(&mut bytes, &Message::Working).unwrap();
+    /// # write_chunk(&mut bytes, &header, &data).unwrap();
+    /// # let mut reader = FrameReader::new(&bytes[..], 1 << 20);
+    /// reader.read_head().unwrap();
+    /// reader.read_head().unwrap();
+    /// assert_eq!(reader.read_payload().unwrap(), &data[..]);
+    /// ```
     pub fn read_payload(&mut self) -> Result<&[u8], WireError> {
         self.buf.resize(std::mem::take(&mut self.payload_due), 0);
         read_exact(&mut self.inner, &mut self.buf)?;
@@ -396,6 +571,18 @@ impl<R: Read> FrameReader<R> {
     }
 
     /// Reads the next frame and requires it to be a message.
+    ///
+    /// ```
+    /// # use transfer::wire::{chunk_checksum, write_chunk, write_message, ChunkHeader, FrameReader, Message};
+    /// # let data = b"the bytes of a chunk".to_vec();
+    /// # let header = ChunkHeader { file: 0, offset: 0, checksum: chunk_checksum(&data) };
+    /// # let mut bytes = Vec::new();
+    /// # write_message(&mut bytes, &Message::Working).unwrap();
+    /// # write_chunk(&mut bytes, &header, &data).unwrap();
+    /// # let mut reader = FrameReader::new(&bytes[..], 1 << 20);
+    /// assert_eq!(reader.read_message().unwrap(), Message::Working);
+    /// assert!(reader.read_message().is_err(), "a chunk where a message was due");
+    /// ```
     pub fn read_message(&mut self) -> Result<Message, WireError> {
         match self.read_frame()? {
             Frame::Message(m) => Ok(m),
@@ -409,6 +596,20 @@ impl<R: Read> FrameReader<R> {
 impl<R: Read> FrameReader<io::BufReader<R>> {
     /// Whether the whole next frame has arrived in the buffer already, so that reading it will
     /// not wait for the peer (its length is checked when it is read).
+    ///
+    /// ```
+    /// use std::io::BufReader;
+    /// use transfer::wire::{write_message, FrameReader, Message};
+    ///
+    /// let mut bytes = Vec::new();
+    /// write_message(&mut bytes, &Message::Working).unwrap();
+    /// write_message(&mut bytes, &Message::Done).unwrap();
+    /// let mut reader = FrameReader::new(BufReader::new(&bytes[..]), 0);
+    /// reader.read_message().unwrap();
+    /// assert!(reader.next_frame_buffered(), "Done arrived with Working");
+    /// reader.read_message().unwrap();
+    /// assert!(!reader.next_frame_buffered());
+    /// ```
     pub fn next_frame_buffered(&self) -> bool {
         let buffered = self.inner.buffer();
         self.payload_due == 0
@@ -421,6 +622,21 @@ impl<R: Read> FrameReader<io::BufReader<R>> {
 
     /// Reads the payload of the chunk whose head was just read into `dest`, which must be as
     /// long: what the buffer holds is copied, the rest is read straight into `dest`.
+    ///
+    /// ```
+    /// # use transfer::wire::{chunk_checksum, write_chunk, write_message, ChunkHeader, FrameReader, Message};
+    /// # let data = b"the bytes of a chunk".to_vec();
+    /// # let header = ChunkHeader { file: 0, offset: 0, checksum: chunk_checksum(&data) };
+    /// # let mut bytes = Vec::new();
+    /// # write_message(&mut bytes, &Message::Working).unwrap();
+    /// # write_chunk(&mut bytes, &header, &data).unwrap();
+    /// # let mut reader = FrameReader::new(std::io::BufReader::new(&bytes[..]), 1 << 20);
+    /// reader.read_head().unwrap();
+    /// reader.read_head().unwrap();
+    /// let mut dest = vec![0; data.len()];
+    /// reader.read_payload_into(&mut dest).unwrap();
+    /// assert_eq!(dest, data);
+    /// ```
     pub fn read_payload_into(&mut self, dest: &mut [u8]) -> Result<(), WireError> {
         assert_eq!(dest.len(), self.payload_due, "payload length");
         self.payload_due = 0;
@@ -464,6 +680,14 @@ fn verify_check(parts: &[&[u8]], check: &[u8], what: &'static str) -> Result<(),
 }
 
 /// Writes one message frame.
+///
+/// ```
+/// use transfer::wire::{write_message, Message};
+///
+/// let mut bytes = Vec::new();
+/// write_message(&mut bytes, &Message::EndOfStream).unwrap();
+/// assert_eq!(u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize, bytes.len() - 4);
+/// ```
 pub fn write_message<W: Write>(w: &mut W, msg: &Message) -> Result<(), WireError> {
     let mut body = Vec::with_capacity(64);
     body.extend_from_slice(&[0u8; FRAME_PREFIX_LEN]);
@@ -485,6 +709,16 @@ pub fn write_message<W: Write>(w: &mut W, msg: &Message) -> Result<(), WireError
 }
 
 /// Writes one chunk frame with a single vectored write (header and payload are not copied together).
+///
+/// ```
+/// use transfer::wire::{chunk_checksum, write_chunk, ChunkHeader};
+///
+/// let data = vec![1u8; 1 << 16];
+/// let header = ChunkHeader { file: 0, offset: 0, checksum: chunk_checksum(&data) };
+/// let mut bytes = Vec::new();
+/// write_chunk(&mut bytes, &header, &data).unwrap();
+/// assert_eq!(bytes.len(), data.len() + 4 + 1 + ChunkHeader::LEN + 8);
+/// ```
 pub fn write_chunk<W: Write>(
     w: &mut W,
     header: &ChunkHeader,
@@ -518,6 +752,12 @@ pub fn write_chunk<W: Write>(
 }
 
 /// xxh3-64 checksum of a chunk, the per-unit integrity check.
+///
+/// ```
+/// use transfer::wire::chunk_checksum;
+///
+/// assert_ne!(chunk_checksum(b"abc"), chunk_checksum(b"abd"));
+/// ```
 pub fn chunk_checksum(data: &[u8]) -> u64 {
     twox_hash::XxHash3_64::oneshot(data)
 }
