@@ -24,6 +24,15 @@ const RECORD_LEN: usize = 24;
 const NAME_MAX: usize = 255;
 
 /// The source version a journal belongs to.
+///
+/// ```
+/// use transfer::journal::SourceIdentity;
+/// use transfer::manifest::Timestamp;
+///
+/// let metadata = std::fs::metadata("Cargo.toml").unwrap();
+/// let identity = SourceIdentity { size: metadata.len(), mtime: Timestamp::mtime_of(&metadata) };
+/// # let _ = identity;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SourceIdentity {
     /// Source file size.
@@ -33,6 +42,15 @@ pub struct SourceIdentity {
 }
 
 /// Names of the part file and journal kept beside a file's final path while it arrives.
+///
+/// ```
+/// use std::path::Path;
+/// use transfer::journal::PartPaths;
+///
+/// let paths = PartPaths::for_final(Path::new("run42/data.h5"));
+/// assert_eq!(paths.part, Path::new("run42/.data.h5.xfer-part"));
+/// assert_eq!(paths.journal, Path::new("run42/.data.h5.xfer-journal"));
+/// ```
 #[derive(Debug, Clone)]
 pub struct PartPaths {
     /// The data, written in place at each chunk's offset.
@@ -44,6 +62,15 @@ pub struct PartPaths {
 impl PartPaths {
     /// Derives the hidden part and journal names for `final_path` (hashed when the name is too
     /// long to extend).
+    ///
+    /// ```
+    /// use std::path::Path;
+    /// use transfer::journal::PartPaths;
+    ///
+    /// let long = "x".repeat(250);
+    /// let paths = PartPaths::for_final(Path::new(&long));
+    /// assert!(paths.part.to_str().unwrap().starts_with(".xfer-"), "a name that fits");
+    /// ```
     pub fn for_final(final_path: &Path) -> PartPaths {
         let dir = final_path.parent().unwrap_or(Path::new(""));
         let name = final_path
@@ -63,6 +90,28 @@ impl PartPaths {
 }
 
 /// An open journal that records verified chunks.
+///
+/// A chunk written and journaled, then found again after a restart:
+///
+/// ```
+/// # use std::os::unix::fs::FileExt;
+/// # use transfer::journal::{Journal, PartPaths, SourceIdentity};
+/// # use transfer::manifest::Timestamp;
+/// # use transfer::wire::chunk_checksum;
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let paths = PartPaths::for_final(&dir.path().join("run42.h5"));
+/// # let identity = SourceIdentity { size: 8, mtime: Timestamp { secs: 1_700_000_000, nanos: 0 } };
+/// # let open = |path: &std::path::Path| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
+/// # let part = open(&paths.part);
+/// # part.set_len(8).unwrap();
+/// let mut journal = Journal::create(open(&paths.journal), identity).unwrap();
+/// part.write_all_at(b"abcd", 0).unwrap();
+/// journal.record(0, 4, chunk_checksum(b"abcd")).unwrap();
+/// drop(journal); // the receiver is killed here
+///
+/// let (_, verified) = Journal::resume(open(&paths.journal), &part, identity).unwrap();
+/// assert!(verified.contains(&0) && !verified.contains(&4), "only the first chunk is kept");
+/// ```
 #[derive(Debug)]
 pub struct Journal {
     file: File,
@@ -70,6 +119,22 @@ pub struct Journal {
 
 impl Journal {
     /// Starts a journal for `identity` in `file` (opened for writing; anything in it is replaced).
+    ///
+    /// ```
+    /// # use std::os::unix::fs::FileExt;
+    /// # use transfer::journal::{Journal, PartPaths, SourceIdentity};
+    /// # use transfer::manifest::Timestamp;
+    /// # use transfer::wire::chunk_checksum;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let paths = PartPaths::for_final(&dir.path().join("run42.h5"));
+    /// # let identity = SourceIdentity { size: 8, mtime: Timestamp { secs: 1_700_000_000, nanos: 0 } };
+    /// # let open = |path: &std::path::Path| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
+    /// # let part = open(&paths.part);
+    /// # part.set_len(8).unwrap();
+    /// let journal = Journal::create(open(&paths.journal), identity).unwrap();
+    /// assert_eq!(std::fs::metadata(&paths.journal).unwrap().len(), 32, "the header alone");
+    /// # drop(journal);
+    /// ```
     pub fn create(mut file: File, identity: SourceIdentity) -> std::io::Result<Journal> {
         file.set_len(0)?;
         file.seek(SeekFrom::Start(0))?;
@@ -83,6 +148,23 @@ impl Journal {
     }
 
     /// Appends the record of one verified chunk.
+    ///
+    /// ```
+    /// # use std::os::unix::fs::FileExt;
+    /// # use transfer::journal::{Journal, PartPaths, SourceIdentity};
+    /// # use transfer::manifest::Timestamp;
+    /// # use transfer::wire::chunk_checksum;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let paths = PartPaths::for_final(&dir.path().join("run42.h5"));
+    /// # let identity = SourceIdentity { size: 8, mtime: Timestamp { secs: 1_700_000_000, nanos: 0 } };
+    /// # let open = |path: &std::path::Path| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
+    /// # let part = open(&paths.part);
+    /// # part.set_len(8).unwrap();
+    /// let mut journal = Journal::create(open(&paths.journal), identity).unwrap();
+    /// part.write_all_at(b"efgh", 4).unwrap();
+    /// journal.record(4, 4, chunk_checksum(b"efgh")).unwrap();
+    /// assert_eq!(std::fs::metadata(&paths.journal).unwrap().len(), 32 + 24);
+    /// ```
     pub fn record(&mut self, offset: u64, len: u64, checksum: u64) -> std::io::Result<()> {
         let mut rec = [0u8; RECORD_LEN];
         rec[..8].copy_from_slice(&offset.to_le_bytes());
@@ -93,6 +175,24 @@ impl Journal {
 
     /// Appends to the journal in `file`, which [`Journal::create`] or [`Journal::resume`] left
     /// ending in whole records.
+    ///
+    /// ```
+    /// # use std::os::unix::fs::FileExt;
+    /// # use transfer::journal::{Journal, PartPaths, SourceIdentity};
+    /// # use transfer::manifest::Timestamp;
+    /// # use transfer::wire::chunk_checksum;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let paths = PartPaths::for_final(&dir.path().join("run42.h5"));
+    /// # let identity = SourceIdentity { size: 8, mtime: Timestamp { secs: 1_700_000_000, nanos: 0 } };
+    /// # let open = |path: &std::path::Path| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
+    /// # let part = open(&paths.part);
+    /// # part.set_len(8).unwrap();
+    /// Journal::create(open(&paths.journal), identity).unwrap();
+    /// let mut journal = Journal::append_to(open(&paths.journal)).unwrap();
+    /// journal.record(0, 4, chunk_checksum(&[0; 4])).unwrap();
+    /// let (_, verified) = Journal::resume(open(&paths.journal), &part, identity).unwrap();
+    /// assert!(verified.contains(&3), "the part file holds zeros there");
+    /// ```
     pub fn append_to(mut file: File) -> std::io::Result<Journal> {
         file.seek(SeekFrom::End(0))?;
         Ok(Journal { file })
@@ -101,6 +201,22 @@ impl Journal {
     /// Continues the journal in `file` (opened for reading and writing): re-verifies its records
     /// against `part` and returns it positioned for appending, with the ranges that still
     /// verify. `None` when the journal is unreadable or belongs to another version of the source.
+    ///
+    /// ```
+    /// # use std::os::unix::fs::FileExt;
+    /// # use transfer::journal::{Journal, PartPaths, SourceIdentity};
+    /// # use transfer::manifest::Timestamp;
+    /// # use transfer::wire::chunk_checksum;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let paths = PartPaths::for_final(&dir.path().join("run42.h5"));
+    /// # let identity = SourceIdentity { size: 8, mtime: Timestamp { secs: 1_700_000_000, nanos: 0 } };
+    /// # let open = |path: &std::path::Path| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
+    /// # let part = open(&paths.part);
+    /// # part.set_len(8).unwrap();
+    /// Journal::create(open(&paths.journal), identity).unwrap();
+    /// let changed = SourceIdentity { size: 9, ..identity };
+    /// assert!(Journal::resume(open(&paths.journal), &part, changed).is_none(), "the source changed");
+    /// ```
     pub fn resume(
         mut file: File,
         part: &File,

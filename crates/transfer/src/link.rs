@@ -10,6 +10,17 @@ use crate::quic::{QuicConnection, QuicWriter};
 use crate::tls::{self, ServerIdentity, TlsReader, TlsWriter};
 
 /// What carries a connection: a TCP (or MPTCP) socket or a QUIC connection.
+///
+/// ```
+/// use std::net::{TcpListener, TcpStream};
+/// use transfer::link::Connection;
+///
+/// let listener = TcpListener::bind("127.0.0.1:0")?;
+/// let connection = Connection::Tcp(TcpStream::connect(listener.local_addr()?)?);
+/// let handle = connection.try_clone()?; // e.g. kept by a watchdog
+/// handle.shutdown();
+/// # Ok::<(), std::io::Error>(())
+/// ```
 #[derive(Debug)]
 pub enum Connection {
     /// A TCP or MPTCP socket.
@@ -20,6 +31,16 @@ pub enum Connection {
 
 impl Connection {
     /// Another handle to the same connection.
+    ///
+    /// ```
+    /// use std::net::{TcpListener, TcpStream};
+    /// use transfer::link::Connection;
+    ///
+    /// let listener = TcpListener::bind("127.0.0.1:0")?;
+    /// let connection = Connection::Tcp(TcpStream::connect(listener.local_addr()?)?);
+    /// assert!(matches!(connection.try_clone()?, Connection::Tcp(_)));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn try_clone(&self) -> io::Result<Connection> {
         Ok(match self {
             Connection::Tcp(s) => Connection::Tcp(s.try_clone()?),
@@ -28,6 +49,19 @@ impl Connection {
     }
 
     /// Closes both directions at once: blocked reads and writes on either half fail.
+    ///
+    /// ```
+    /// use std::io::Read;
+    /// use std::net::{TcpListener, TcpStream};
+    /// use transfer::link::Connection;
+    ///
+    /// let listener = TcpListener::bind("127.0.0.1:0")?;
+    /// let mut socket = TcpStream::connect(listener.local_addr()?)?;
+    /// let _peer = listener.accept()?;
+    /// Connection::Tcp(socket.try_clone()?).shutdown();
+    /// assert_eq!(socket.read(&mut [0; 8])?, 0, "a read that would wait ends at once");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn shutdown(&self) {
         match self {
             Connection::Tcp(s) => {
@@ -39,6 +73,32 @@ impl Connection {
 }
 
 /// The reading half: plaintext from `R` (the socket, or a reader of it with timeouts).
+///
+/// ```
+/// # use std::io::{Read, Write};
+/// # use std::net::{TcpListener, TcpStream};
+/// # use transfer::tls::ServerIdentity;
+/// # let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+/// # let addr = listener.local_addr().unwrap();
+/// # let identity = ServerIdentity::generate().unwrap();
+/// # let receiver = std::thread::spawn(move || {
+/// #     let (socket, _) = listener.accept().unwrap();
+/// #     let ((mut reader, mut writer, binding), encrypted) = transfer::link::server(&socket, socket.try_clone().unwrap(), &identity).unwrap();
+/// #     let mut hello = [0; 5];
+/// #     reader.read_exact(&mut hello).unwrap();
+/// #     writer.write_all(&hello).unwrap();
+/// #     writer.flush().unwrap();
+/// #     (encrypted, binding)
+/// # });
+/// # let socket = TcpStream::connect(addr).unwrap();
+/// let (mut reader, mut writer, _) = transfer::link::client(&socket, true).unwrap();
+/// writer.write_all(b"hello").unwrap();
+/// let mut echo = [0; 5];
+/// reader.read_exact(&mut echo).unwrap();
+/// assert_eq!(&echo, b"hello");
+/// assert!(matches!(reader, transfer::link::LinkReader::Tls(_)));
+/// # receiver.join().unwrap();
+/// ```
 pub enum LinkReader<R> {
     /// Bytes as they arrive.
     Plain(R),
@@ -48,6 +108,16 @@ pub enum LinkReader<R> {
 
 impl<R> LinkReader<R> {
     /// What the bytes come from.
+    ///
+    /// ```
+    /// use std::net::{TcpListener, TcpStream};
+    ///
+    /// let listener = TcpListener::bind("127.0.0.1:0")?;
+    /// let socket = TcpStream::connect(listener.local_addr()?)?;
+    /// let (mut reader, _, _) = transfer::link::client(&socket, false)?;
+    /// reader.source_mut().set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn source_mut(&mut self) -> &mut R {
         match self {
             LinkReader::Plain(r) => r,
@@ -66,6 +136,18 @@ impl<R: Read> Read for LinkReader<R> {
 }
 
 /// The writing half.
+///
+/// ```
+/// use std::io::Write;
+/// use std::net::{TcpListener, TcpStream};
+///
+/// let listener = TcpListener::bind("127.0.0.1:0")?;
+/// let socket = TcpStream::connect(listener.local_addr()?)?;
+/// let (_, mut writer, _) = transfer::link::client(&socket, false)?;
+/// transfer::wire::write_message(&mut writer, &transfer::wire::Message::Finish).unwrap();
+/// writer.flush()?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub enum LinkWriter {
     /// Straight to the socket.
     Plain(TcpStream),
@@ -102,9 +184,46 @@ impl Write for LinkWriter {
 }
 
 /// Both halves of a connection, and the channel binding its key handshake must prove.
+///
+/// ```
+/// use std::net::{TcpListener, TcpStream};
+/// use transfer::auth::ChannelBinding;
+/// use transfer::link::Halves;
+///
+/// let listener = TcpListener::bind("127.0.0.1:0")?;
+/// let socket = TcpStream::connect(listener.local_addr()?)?;
+/// let (_, _, binding): Halves<TcpStream> = transfer::link::client(&socket, false)?;
+/// assert_eq!(binding, ChannelBinding::PLAIN);
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub type Halves<R> = (LinkReader<R>, LinkWriter, ChannelBinding);
 
 /// The sender's side of a new connection: TLS when `encrypt`.
+///
+/// ```
+/// # use std::io::{Read, Write};
+/// # use std::net::{TcpListener, TcpStream};
+/// # use transfer::tls::ServerIdentity;
+/// # let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+/// # let addr = listener.local_addr().unwrap();
+/// # let identity = ServerIdentity::generate().unwrap();
+/// # let receiver = std::thread::spawn(move || {
+/// #     let (socket, _) = listener.accept().unwrap();
+/// #     let ((mut reader, mut writer, binding), encrypted) = transfer::link::server(&socket, socket.try_clone().unwrap(), &identity).unwrap();
+/// #     let mut hello = [0; 5];
+/// #     reader.read_exact(&mut hello).unwrap();
+/// #     writer.write_all(&hello).unwrap();
+/// #     writer.flush().unwrap();
+/// #     (encrypted, binding)
+/// # });
+/// # let socket = TcpStream::connect(addr).unwrap();
+/// let (mut reader, mut writer, binding) = transfer::link::client(&socket, true).unwrap();
+/// writer.write_all(b"hello").unwrap();
+/// reader.read_exact(&mut [0; 5]).unwrap();
+/// let (encrypted, receivers_binding) = receiver.join().unwrap();
+/// assert!(encrypted);
+/// assert_eq!(binding, receivers_binding, "both ends bind their proofs to this TLS session");
+/// ```
 pub fn client(socket: &TcpStream, encrypt: bool) -> io::Result<Halves<TcpStream>> {
     if encrypt {
         let (reader, writer, binding) = tls::connect(socket, socket.try_clone()?)?;
@@ -120,6 +239,29 @@ pub fn client(socket: &TcpStream, encrypt: bool) -> io::Result<Halves<TcpStream>
 
 /// The receiver's side of an accepted connection, reading through `source`: TLS when the
 /// client opens with a TLS handshake. Also says which it was.
+///
+/// ```
+/// # use std::io::{Read, Write};
+/// # use std::net::{TcpListener, TcpStream};
+/// # use transfer::tls::ServerIdentity;
+/// # let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+/// # let addr = listener.local_addr().unwrap();
+/// # let identity = ServerIdentity::generate().unwrap();
+/// # let receiver = std::thread::spawn(move || {
+/// #     let (socket, _) = listener.accept().unwrap();
+/// #     let ((mut reader, mut writer, binding), encrypted) = transfer::link::server(&socket, socket.try_clone().unwrap(), &identity).unwrap();
+/// #     let mut hello = [0; 5];
+/// #     reader.read_exact(&mut hello).unwrap();
+/// #     writer.write_all(&hello).unwrap();
+/// #     writer.flush().unwrap();
+/// #     (encrypted, binding)
+/// # });
+/// # let socket = TcpStream::connect(addr).unwrap();
+/// let (mut reader, mut writer, _) = transfer::link::client(&socket, false).unwrap();
+/// writer.write_all(b"plain").unwrap();
+/// reader.read_exact(&mut [0; 5]).unwrap();
+/// assert!(!receiver.join().unwrap().0, "one port serves plain and TLS clients");
+/// ```
 pub fn server<R: Read>(
     socket: &TcpStream,
     source: R,

@@ -46,6 +46,12 @@ pub(crate) fn tls_error(e: rustls::Error) -> io::Error {
 }
 
 /// The receiver's TLS identity: a fresh self-signed certificate and its key.
+///
+/// ```
+/// let identity = transfer::tls::ServerIdentity::generate()?; // one per receiver start
+/// # let _ = identity;
+/// # Ok::<(), std::io::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct ServerIdentity {
     config: Arc<ServerConfig>,
@@ -190,6 +196,18 @@ pub(crate) fn client_config(check: Arc<ReceiverCertificate>) -> io::Result<Clien
 
 /// True when the peer on `socket` opens with a TLS handshake. Waits for its first two bytes at
 /// most the socket's read timeout (a peer that sends one byte and stalls times out too).
+///
+/// ```
+/// use std::io::Write;
+/// use std::net::{TcpListener, TcpStream};
+///
+/// let listener = TcpListener::bind("127.0.0.1:0")?;
+/// let mut client = TcpStream::connect(listener.local_addr()?)?;
+/// let (socket, _) = listener.accept()?;
+/// client.write_all(&[0x16, 0x03])?; // how a TLS ClientHello record starts
+/// assert!(transfer::tls::peer_starts_tls(&socket)?);
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn peer_starts_tls(socket: &TcpStream) -> io::Result<bool> {
     let limit = socket
         .read_timeout()?
@@ -215,6 +233,31 @@ pub fn peer_starts_tls(socket: &TcpStream) -> io::Result<bool> {
 }
 
 /// Runs the TLS handshake as the sender over `socket` and splits the connection.
+///
+/// ```
+/// use std::io::{Read, Write};
+/// use std::net::{TcpListener, TcpStream};
+/// use transfer::tls::{accept, connect, ServerIdentity};
+///
+/// let listener = TcpListener::bind("127.0.0.1:0")?;
+/// let identity = ServerIdentity::generate()?;
+/// let client = TcpStream::connect(listener.local_addr()?)?;
+/// let receiver = std::thread::spawn(move || {
+///     let (socket, _) = listener.accept().unwrap();
+///     let (mut reader, _, binding) = accept(&identity, &socket, socket.try_clone().unwrap()).unwrap();
+///     let mut text = String::new();
+///     reader.read_to_string(&mut text).unwrap();
+///     (text, binding)
+/// });
+/// let (_, mut writer, binding) = connect(&client, client.try_clone()?)?;
+/// writer.write_all(b"encrypted")?;
+/// writer.flush()?;
+/// drop(writer);
+/// client.shutdown(std::net::Shutdown::Write)?;
+/// let (text, receivers) = receiver.join().unwrap();
+/// assert_eq!((text.as_str(), receivers), ("encrypted", binding));
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn connect<R: Read>(
     socket: &TcpStream,
     ciphertext: R,
@@ -227,6 +270,20 @@ pub fn connect<R: Read>(
 
 /// Runs the TLS handshake as the receiver: ciphertext comes from `ciphertext` (the
 /// connection's reader, with its timeouts), replies go to `socket`.
+///
+/// ```
+/// use std::net::{TcpListener, TcpStream};
+/// use transfer::tls::{accept, ServerIdentity};
+///
+/// let listener = TcpListener::bind("127.0.0.1:0")?;
+/// let identity = ServerIdentity::generate()?;
+/// let mut plain = TcpStream::connect(listener.local_addr()?)?;
+/// std::io::Write::write_all(&mut plain, b"not TLS at all")?;
+/// drop(plain);
+/// let (socket, _) = listener.accept()?;
+/// assert!(accept(&identity, &socket, socket.try_clone()?).is_err());
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn accept<R: Read>(
     identity: &ServerIdentity,
     socket: &TcpStream,
@@ -308,7 +365,17 @@ impl<R: Read> Ciphertext<R> {
     }
 }
 
-/// The reading half of a TLS connection: plaintext out, ciphertext in from its source.
+/// The reading half of a TLS connection: plaintext out, ciphertext in from its source
+/// ([`connect`] has an example).
+///
+/// ```
+/// fn plaintext(reader: &mut transfer::tls::TlsReader<std::net::TcpStream>) -> std::io::Result<Vec<u8>> {
+///     let mut out = Vec::new();
+///     std::io::Read::read_to_end(reader, &mut out)?;
+///     Ok(out)
+/// }
+/// # let _ = plaintext;
+/// ```
 pub struct TlsReader<R> {
     ciphertext: Ciphertext<R>,
     shared: Arc<Mutex<Connection>>,
@@ -316,6 +383,13 @@ pub struct TlsReader<R> {
 
 impl<R> TlsReader<R> {
     /// Where the ciphertext comes from.
+    ///
+    /// ```
+    /// fn patient(reader: &mut transfer::tls::TlsReader<std::net::TcpStream>) -> std::io::Result<()> {
+    ///     reader.source_mut().set_read_timeout(Some(std::time::Duration::from_secs(60)))
+    /// }
+    /// # let _ = patient;
+    /// ```
     pub fn source_mut(&mut self) -> &mut R {
         &mut self.ciphertext.source
     }
@@ -349,7 +423,16 @@ fn lock(shared: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
     shared.lock().expect("TLS connection lock")
 }
 
-/// The writing half of a TLS connection.
+/// The writing half of a TLS connection ([`connect`] has an example).
+///
+/// ```
+/// fn send(writer: &mut transfer::tls::TlsWriter, message: &transfer::wire::Message) -> Result<(), transfer::wire::WireError> {
+///     transfer::wire::write_message(writer, message)?;
+///     std::io::Write::flush(writer)?;
+///     Ok(())
+/// }
+/// # let _ = send;
+/// ```
 pub struct TlsWriter {
     socket: TcpStream,
     shared: Arc<Mutex<Connection>>,
