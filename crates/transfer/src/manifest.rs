@@ -13,6 +13,14 @@ use serde::{Deserialize, Serialize};
 pub const MAX_PATH_LEN: usize = 4096;
 
 /// A file or directory timestamp: seconds and nanoseconds since the Unix epoch.
+///
+/// ```
+/// use std::time::{Duration, UNIX_EPOCH};
+/// use transfer::manifest::Timestamp;
+///
+/// let t = Timestamp { secs: 1_700_000_000, nanos: 5 };
+/// assert_eq!(t.to_system_time(), UNIX_EPOCH + Duration::new(1_700_000_000, 5));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Timestamp {
     /// Whole seconds (negative before 1970).
@@ -23,6 +31,13 @@ pub struct Timestamp {
 
 impl Timestamp {
     /// The modification time recorded in `meta`.
+    ///
+    /// ```
+    /// use transfer::manifest::Timestamp;
+    ///
+    /// let metadata = std::fs::metadata("Cargo.toml").unwrap();
+    /// assert_eq!(Timestamp::mtime_of(&metadata).to_system_time(), metadata.modified().unwrap());
+    /// ```
     pub fn mtime_of(meta: &std::fs::Metadata) -> Timestamp {
         Timestamp {
             secs: meta.mtime(),
@@ -31,6 +46,13 @@ impl Timestamp {
     }
 
     /// As a `SystemTime`, for setting it on a file.
+    ///
+    /// ```
+    /// use transfer::manifest::Timestamp;
+    ///
+    /// let before_1970 = Timestamp { secs: -1, nanos: 0 };
+    /// assert!(before_1970.to_system_time() < std::time::UNIX_EPOCH);
+    /// ```
     pub fn to_system_time(self) -> std::time::SystemTime {
         let nanos = std::time::Duration::new(self.secs.unsigned_abs(), self.nanos.min(999_999_999));
         if self.secs >= 0 {
@@ -43,6 +65,19 @@ impl Timestamp {
 }
 
 /// A directory to create (relative path, permission bits, mtime set after its contents arrive).
+///
+/// ```
+/// # let src = tempfile::tempdir().unwrap();
+/// # let tree = src.path().join("run42");
+/// # std::fs::create_dir_all(tree.join("raw")).unwrap();
+/// # std::fs::write(tree.join("raw/a.bin"), [1; 100]).unwrap();
+/// # std::fs::write(tree.join("notes.txt"), "calibrated").unwrap();
+/// use transfer::manifest::Scanner;
+///
+/// let batch = Scanner::new(&[tree]).unwrap().next_batch(100).unwrap().batch;
+/// let dirs: Vec<_> = batch.dirs.iter().map(|d| String::from_utf8_lossy(&d.path).into_owned()).collect();
+/// assert_eq!(dirs, ["run42", "run42/raw"]);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirEntry {
     /// Path relative to the destination, `/`-separated raw bytes.
@@ -54,6 +89,19 @@ pub struct DirEntry {
 }
 
 /// A regular file to send.
+///
+/// ```
+/// # let src = tempfile::tempdir().unwrap();
+/// # let tree = src.path().join("run42");
+/// # std::fs::create_dir_all(tree.join("raw")).unwrap();
+/// # std::fs::write(tree.join("raw/a.bin"), [1; 100]).unwrap();
+/// # std::fs::write(tree.join("notes.txt"), "calibrated").unwrap();
+/// use transfer::manifest::Scanner;
+///
+/// let batch = Scanner::new(&[tree]).unwrap().next_batch(100).unwrap().batch;
+/// let files: Vec<_> = batch.files.iter().map(|f| (String::from_utf8_lossy(&f.path).into_owned(), f.size)).collect();
+/// assert_eq!(files, [("run42/notes.txt".to_string(), 10), ("run42/raw/a.bin".to_string(), 100)]);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileEntry {
     /// Path relative to the destination, `/`-separated raw bytes.
@@ -67,6 +115,15 @@ pub struct FileEntry {
 }
 
 /// Where the receiver puts what arrives.
+///
+/// ```
+/// use transfer::manifest::SinkKind;
+/// use transfer::wire::Message;
+///
+/// // A memory-to-memory benchmark's session starts so.
+/// let start = Message::Start { dest: Vec::new(), sink: SinkKind::Discard };
+/// # let _ = start;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SinkKind {
     /// Files under the receiver's root.
@@ -78,6 +135,28 @@ pub enum SinkKind {
 /// One part of the manifest, which the sender streams in batches while data already flows.
 /// Files are numbered across batches in the order they are announced: a chunk names its file
 /// by that number.
+///
+/// ```
+/// # let src = tempfile::tempdir().unwrap();
+/// # let tree = src.path().join("run42");
+/// # std::fs::create_dir_all(tree.join("raw")).unwrap();
+/// # std::fs::write(tree.join("raw/a.bin"), [1; 100]).unwrap();
+/// # std::fs::write(tree.join("notes.txt"), "calibrated").unwrap();
+/// use transfer::manifest::Scanner;
+///
+/// let mut scanner = Scanner::new(&[tree]).unwrap();
+/// let mut batches = Vec::new();
+/// loop {
+///     let batch = scanner.next_batch(2).unwrap().batch; // at most two entries a batch
+///     let last = batch.last;
+///     batches.push(batch);
+///     if last {
+///         break;
+///     }
+/// }
+/// assert!(batches.len() >= 2);
+/// assert_eq!(batches.iter().map(|b| b.dirs.len() + b.files.len()).sum::<usize>(), 4);
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ManifestBatch {
     /// Directories, parents before children (a parent may be in an earlier batch).
@@ -91,6 +170,13 @@ pub struct ManifestBatch {
 impl ManifestBatch {
     /// The whole manifest of `size` bytes of generated data for a discarding sink (memory to
     /// memory).
+    ///
+    /// ```
+    /// use transfer::manifest::ManifestBatch;
+    ///
+    /// let batch = ManifestBatch::memory(10 << 30);
+    /// assert_eq!((batch.files.len(), batch.total_bytes(), batch.last), (1, 10 << 30, true));
+    /// ```
     pub fn memory(size: u64) -> ManifestBatch {
         ManifestBatch {
             dirs: Vec::new(),
@@ -105,6 +191,14 @@ impl ManifestBatch {
     }
 
     /// Total bytes of its files (saturating: a peer's batch may claim any sizes).
+    ///
+    /// ```
+    /// use transfer::manifest::ManifestBatch;
+    ///
+    /// let mut hostile = ManifestBatch::memory(u64::MAX);
+    /// hostile.files.push(hostile.files[0].clone());
+    /// assert_eq!(hostile.total_bytes(), u64::MAX);
+    /// ```
     pub fn total_bytes(&self) -> u64 {
         self.files
             .iter()
@@ -113,6 +207,18 @@ impl ManifestBatch {
 }
 
 /// Errors of scanning the sender's sources.
+///
+/// ```
+/// use transfer::manifest::{ScanError, Scanner};
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// for name in ["a", "b"] {
+///     std::fs::create_dir_all(dir.path().join(name).join("data")).unwrap();
+/// }
+/// let twice = [dir.path().join("a/data"), dir.path().join("b/data")];
+/// assert!(matches!(Scanner::new(&twice), Err(ScanError::DuplicateName(name)) if name == "data"));
+/// assert!(matches!(Scanner::new(&["/nonexistent".into()]), Err(ScanError::Unreadable { .. })));
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum ScanError {
     /// A source could not be read.
@@ -132,6 +238,20 @@ pub enum ScanError {
 }
 
 /// A batch of the manifest plus where each of its files is on the sender's disk.
+///
+/// ```
+/// # let src = tempfile::tempdir().unwrap();
+/// # let tree = src.path().join("run42");
+/// # std::fs::create_dir_all(tree.join("raw")).unwrap();
+/// # std::fs::write(tree.join("raw/a.bin"), [1; 100]).unwrap();
+/// # std::fs::write(tree.join("notes.txt"), "calibrated").unwrap();
+/// std::os::unix::fs::symlink("notes.txt", tree.join("link")).unwrap();
+/// use transfer::manifest::Scanner;
+///
+/// let scanned = Scanner::new(&[tree.clone()]).unwrap().next_batch(100).unwrap();
+/// assert_eq!(scanned.local_paths[0], tree.join("notes.txt"));
+/// assert!(scanned.skipped[0].contains("link"));
+/// ```
 #[derive(Debug, Default)]
 pub struct ScannedBatch {
     /// What will be announced to the receiver.
@@ -146,6 +266,26 @@ pub struct ScannedBatch {
 /// tree of millions of entries is never held whole. Each source lands under its own name;
 /// directories are walked recursively in name order (holding one listing per level); only
 /// regular files are sent, and links and special files are skipped and reported.
+///
+/// ```
+/// # let src = tempfile::tempdir().unwrap();
+/// # let tree = src.path().join("run42");
+/// # std::fs::create_dir_all(tree.join("raw")).unwrap();
+/// # std::fs::write(tree.join("raw/a.bin"), [1; 100]).unwrap();
+/// # std::fs::write(tree.join("notes.txt"), "calibrated").unwrap();
+/// use transfer::manifest::Scanner;
+///
+/// let mut scanner = Scanner::new(&[tree]).unwrap();
+/// let mut files = 0;
+/// loop {
+///     let scanned = scanner.next_batch(1024).unwrap();
+///     files += scanned.batch.files.len();
+///     if scanned.batch.last {
+///         break;
+///     }
+/// }
+/// assert_eq!(files, 2);
+/// ```
 pub struct Scanner {
     /// Top-level sources not started yet: path, name at the destination, metadata.
     sources: std::vec::IntoIter<(PathBuf, OsString, std::fs::Metadata)>,
@@ -156,6 +296,12 @@ pub struct Scanner {
 impl Scanner {
     /// Checks the top-level sources (each exists, has a name, and no two share one; files can be
     /// opened), so that a wrong command line fails before anything is sent.
+    ///
+    /// ```
+    /// use transfer::manifest::{ScanError, Scanner};
+    ///
+    /// assert!(matches!(Scanner::new(&["/".into()]), Err(ScanError::NoName(_))));
+    /// ```
     pub fn new(sources: &[PathBuf]) -> Result<Scanner, ScanError> {
         let mut checked = Vec::with_capacity(sources.len());
         let mut top_names = std::collections::HashSet::new();
@@ -191,6 +337,19 @@ impl Scanner {
 
     /// The next batch of at most `max_entries` directories and files; the one that exhausts the
     /// sources says `last`.
+    ///
+    /// ```
+    /// # let src = tempfile::tempdir().unwrap();
+    /// # let tree = src.path().join("run42");
+    /// # std::fs::create_dir_all(tree.join("raw")).unwrap();
+    /// # std::fs::write(tree.join("raw/a.bin"), [1; 100]).unwrap();
+    /// # std::fs::write(tree.join("notes.txt"), "calibrated").unwrap();
+    /// use transfer::manifest::Scanner;
+    ///
+    /// let batch = Scanner::new(&[tree.join("notes.txt")]).unwrap().next_batch(1024).unwrap().batch;
+    /// assert!(batch.last && batch.dirs.is_empty());
+    /// assert_eq!(batch.files[0].path, b"notes.txt");
+    /// ```
     pub fn next_batch(&mut self, max_entries: usize) -> Result<ScannedBatch, ScanError> {
         let mut out = ScannedBatch::default();
         while out.batch.dirs.len() + out.batch.files.len() < max_entries.max(1) {
@@ -287,6 +446,14 @@ impl ScannedBatch {
 }
 
 /// Why a relative path from a peer was refused.
+///
+/// ```
+/// use transfer::manifest::{split_relative, PathError};
+///
+/// assert!(matches!(split_relative(b"/etc/passwd", false), Err(PathError::Absolute(_))));
+/// assert!(matches!(split_relative(b"run42/../../etc", false), Err(PathError::ParentComponent(_))));
+/// assert!(matches!(split_relative(b"a//b", false), Err(PathError::Malformed(_))));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PathError {
     /// Absolute paths would leave the root.
@@ -302,6 +469,14 @@ pub enum PathError {
 
 /// Checks a peer-supplied relative path and splits it into its components. The empty path is
 /// accepted only when `allow_empty` (it means the root itself).
+///
+/// ```
+/// use transfer::manifest::split_relative;
+///
+/// assert_eq!(split_relative(b"run42/raw/a.bin", false).unwrap(), ["run42", "raw", "a.bin"]);
+/// assert!(split_relative(b"", true).unwrap().is_empty());
+/// assert!(split_relative(b"", false).is_err());
+/// ```
 pub fn split_relative(path: &[u8], allow_empty: bool) -> Result<Vec<&OsStr>, PathError> {
     let shown = || String::from_utf8_lossy(path).into_owned();
     if path.is_empty() {
@@ -327,6 +502,14 @@ pub fn split_relative(path: &[u8], allow_empty: bool) -> Result<Vec<&OsStr>, Pat
 }
 
 /// Joins checked components under `base`.
+///
+/// ```
+/// use std::path::Path;
+/// use transfer::manifest::{join_components, split_relative};
+///
+/// let parts = split_relative(b"run42/a.bin", false).unwrap();
+/// assert_eq!(join_components(Path::new("/data/incoming"), &parts), Path::new("/data/incoming/run42/a.bin"));
+/// ```
 pub fn join_components(base: &Path, components: &[&OsStr]) -> PathBuf {
     let mut out = base.to_path_buf();
     out.extend(components);
