@@ -48,6 +48,18 @@ const KEEP_ALIVE: Duration = Duration::from_secs(5);
 const UDP_BUFFER: usize = 8 << 20;
 
 /// The congestion controller of each QUIC connection (the sender's: data flows its way).
+///
+/// ```
+/// use transfer::quic::Congestion;
+///
+/// #[derive(serde::Deserialize)]
+/// struct Settings {
+///     congestion: Congestion,
+/// }
+/// let s: Settings = toml::from_str(r#"congestion = "bbr""#).unwrap();
+/// assert_eq!(s.congestion, Congestion::Bbr);
+/// assert_eq!(Congestion::default(), Congestion::Cubic);
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Congestion {
@@ -62,6 +74,10 @@ pub enum Congestion {
 
 impl Congestion {
     /// The name used on the command line and in reports.
+    ///
+    /// ```
+    /// assert_eq!(transfer::quic::Congestion::NewReno.name(), "new_reno");
+    /// ```
     pub fn name(self) -> &'static str {
         match self {
             Congestion::Cubic => "cubic",
@@ -171,6 +187,31 @@ fn quic_error(e: impl std::fmt::Display) -> io::Error {
 }
 
 /// One QUIC connection carrying one xfer stream.
+///
+/// ```
+/// # use std::io::{Read, Write};
+/// # use std::time::Duration;
+/// # use transfer::quic::{Congestion, QuicClient, QuicServer};
+/// # let server = QuicServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+/// # let addr = server.local_addr().unwrap();
+/// # let session = [3u8; 16];
+/// # let certificate = server.add_session(&session).unwrap();
+/// # let _accepting = server.accept_while(Duration::from_secs(5), |_| Some(()), |stream, _, ()| {
+/// #     let Ok(mut stream) = stream else { return };
+/// #     let mut buf = [0u8; 5];
+/// #     stream.reader.read_exact(&mut buf).unwrap();
+/// #     stream.writer.write_all(&buf).unwrap();
+/// #     stream.writer.finish();
+/// #     stream.connection.wait_closed(Duration::from_secs(5));
+/// # }).unwrap();
+/// # let client = QuicClient::new(&session, certificate, Congestion::Cubic).unwrap();
+/// # let mut stream = client.connect(addr, Duration::from_secs(5), || false).unwrap();
+/// stream.writer.write_all(b"hello").unwrap();
+/// let mut echo = Vec::new();
+/// stream.reader.read_to_end(&mut echo).unwrap();
+/// assert_eq!(echo, b"hello");
+/// stream.connection.close();
+/// ```
 #[derive(Clone)]
 pub struct QuicConnection {
     connection: quinn::Connection,
@@ -191,6 +232,32 @@ impl QuicConnection {
     /// UDP payload bytes sent and not lost for bytes acknowledged (it includes the bytes in
     /// flight, which cancel out when two samples are differenced), the path MTU for the
     /// segment size and the window in MTUs. `None` once the connection has closed.
+    ///
+    /// ```
+    /// # use std::io::{Read, Write};
+    /// # use std::time::Duration;
+    /// # use transfer::quic::{Congestion, QuicClient, QuicServer};
+    /// # let server = QuicServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    /// # let addr = server.local_addr().unwrap();
+    /// # let session = [3u8; 16];
+    /// # let certificate = server.add_session(&session).unwrap();
+    /// # let _accepting = server.accept_while(Duration::from_secs(5), |_| Some(()), |stream, _, ()| {
+    /// #     let Ok(mut stream) = stream else { return };
+    /// #     let mut buf = [0u8; 5];
+    /// #     stream.reader.read_exact(&mut buf).unwrap();
+    /// #     stream.writer.write_all(&buf).unwrap();
+    /// #     stream.writer.finish();
+    /// #     stream.connection.wait_closed(Duration::from_secs(5));
+    /// # }).unwrap();
+    /// # let client = QuicClient::new(&session, certificate, Congestion::Cubic).unwrap();
+    /// # let mut stream = client.connect(addr, Duration::from_secs(5), || false).unwrap();
+    /// stream.writer.write_all(b"hello").unwrap();
+    /// stream.reader.read_to_end(&mut Vec::new()).unwrap();
+    /// let info = stream.connection.sample().unwrap();
+    /// assert!(info.snd_mss >= 1200 && info.rtt_us > 0);
+    /// stream.connection.close();
+    /// assert_eq!(stream.connection.sample(), None);
+    /// ```
     pub fn sample(&self) -> Option<TcpInfo> {
         if self.connection.close_reason().is_some() {
             return None;
@@ -214,11 +281,56 @@ impl QuicConnection {
     }
 
     /// Closes the connection at once (what is unsent is dropped); blocked reads and writes fail.
+    ///
+    /// ```
+    /// # use std::io::{Read, Write};
+    /// # use std::time::Duration;
+    /// # use transfer::quic::{Congestion, QuicClient, QuicServer};
+    /// # let server = QuicServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    /// # let addr = server.local_addr().unwrap();
+    /// # let session = [3u8; 16];
+    /// # let certificate = server.add_session(&session).unwrap();
+    /// # let _accepting = server.accept_while(Duration::from_secs(5), |_| Some(()), |stream, _, ()| {
+    /// #     let Ok(mut stream) = stream else { return };
+    /// #     let mut buf = [0u8; 5];
+    /// #     stream.reader.read_exact(&mut buf).unwrap();
+    /// #     stream.writer.write_all(&buf).unwrap();
+    /// #     stream.writer.finish();
+    /// #     stream.connection.wait_closed(Duration::from_secs(5));
+    /// # }).unwrap();
+    /// # let client = QuicClient::new(&session, certificate, Congestion::Cubic).unwrap();
+    /// # let mut stream = client.connect(addr, Duration::from_secs(5), || false).unwrap();
+    /// stream.connection.close();
+    /// assert!(stream.reader.read(&mut [0; 1]).is_err() || stream.reader.read(&mut [0; 1]).unwrap() == 0);
+    /// ```
     pub fn close(&self) {
         self.connection.close(0u32.into(), b"closed");
     }
 
     /// Waits until the peer closes the connection, at most `limit`.
+    ///
+    /// ```
+    /// # use std::io::{Read, Write};
+    /// # use std::time::Duration;
+    /// # use transfer::quic::{Congestion, QuicClient, QuicServer};
+    /// # let server = QuicServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    /// # let addr = server.local_addr().unwrap();
+    /// # let session = [3u8; 16];
+    /// # let certificate = server.add_session(&session).unwrap();
+    /// # let _accepting = server.accept_while(Duration::from_secs(5), |_| Some(()), |stream, _, ()| {
+    /// #     let Ok(mut stream) = stream else { return };
+    /// #     let mut buf = [0u8; 5];
+    /// #     stream.reader.read_exact(&mut buf).unwrap();
+    /// #     stream.writer.write_all(&buf).unwrap();
+    /// #     stream.writer.finish();
+    /// #     stream.connection.wait_closed(Duration::from_secs(5));
+    /// # }).unwrap();
+    /// # let client = QuicClient::new(&session, certificate, Congestion::Cubic).unwrap();
+    /// # let mut stream = client.connect(addr, Duration::from_secs(5), || false).unwrap();
+    /// let started = std::time::Instant::now();
+    /// stream.connection.wait_closed(Duration::from_millis(200)); // the peer waits for us to close
+    /// assert!(started.elapsed() >= Duration::from_millis(200));
+    /// ```
     pub fn wait_closed(&self, limit: Duration) {
         let _ = block_on(Some(limit), self.connection.closed());
     }
@@ -233,6 +345,30 @@ impl QuicConnection {
 }
 
 /// The reading half of a connection's stream: a blocking `Read`.
+///
+/// ```
+/// # use std::io::{Read, Write};
+/// # use std::time::Duration;
+/// # use transfer::quic::{Congestion, QuicClient, QuicServer};
+/// # let server = QuicServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+/// # let addr = server.local_addr().unwrap();
+/// # let session = [3u8; 16];
+/// # let certificate = server.add_session(&session).unwrap();
+/// # let _accepting = server.accept_while(Duration::from_secs(5), |_| Some(()), |stream, _, ()| {
+/// #     let Ok(mut stream) = stream else { return };
+/// #     let mut buf = [0u8; 5];
+/// #     stream.reader.read_exact(&mut buf).unwrap();
+/// #     stream.writer.write_all(&buf).unwrap();
+/// #     stream.writer.finish();
+/// #     stream.connection.wait_closed(Duration::from_secs(5));
+/// # }).unwrap();
+/// # let client = QuicClient::new(&session, certificate, Congestion::Cubic).unwrap();
+/// # let mut stream = client.connect(addr, Duration::from_secs(5), || false).unwrap();
+/// stream.writer.write_all(b"hello").unwrap();
+/// let mut echo = [0; 5];
+/// stream.reader.read_exact(&mut echo).unwrap();
+/// assert_eq!(&echo, b"hello");
+/// ```
 #[derive(Debug)]
 pub struct QuicReader {
     stream: quinn::RecvStream,
@@ -241,6 +377,29 @@ pub struct QuicReader {
 
 impl QuicReader {
     /// Reads fail with `TimedOut` after waiting `timeout` (`None`: they wait for ever).
+    ///
+    /// ```
+    /// # use std::io::{Read, Write};
+    /// # use std::time::Duration;
+    /// # use transfer::quic::{Congestion, QuicClient, QuicServer};
+    /// # let server = QuicServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    /// # let addr = server.local_addr().unwrap();
+    /// # let session = [3u8; 16];
+    /// # let certificate = server.add_session(&session).unwrap();
+    /// # let _accepting = server.accept_while(Duration::from_secs(5), |_| Some(()), |stream, _, ()| {
+    /// #     let Ok(mut stream) = stream else { return };
+    /// #     let mut buf = [0u8; 5];
+    /// #     stream.reader.read_exact(&mut buf).unwrap();
+    /// #     stream.writer.write_all(&buf).unwrap();
+    /// #     stream.writer.finish();
+    /// #     stream.connection.wait_closed(Duration::from_secs(5));
+    /// # }).unwrap();
+    /// # let client = QuicClient::new(&session, certificate, Congestion::Cubic).unwrap();
+    /// # let mut stream = client.connect(addr, Duration::from_secs(5), || false).unwrap();
+    /// stream.reader.set_read_timeout(Some(Duration::from_millis(100)));
+    /// let waited = stream.reader.read(&mut [0; 5]).unwrap_err(); // nothing was sent to echo
+    /// assert_eq!(waited.kind(), std::io::ErrorKind::TimedOut);
+    /// ```
     pub fn set_read_timeout(&mut self, timeout: Option<Duration>) {
         self.timeout = timeout;
     }
@@ -256,6 +415,30 @@ impl Read for QuicReader {
 }
 
 /// The writing half of a connection's stream: a blocking `Write`.
+///
+/// ```
+/// # use std::io::{Read, Write};
+/// # use std::time::Duration;
+/// # use transfer::quic::{Congestion, QuicClient, QuicServer};
+/// # let server = QuicServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+/// # let addr = server.local_addr().unwrap();
+/// # let session = [3u8; 16];
+/// # let certificate = server.add_session(&session).unwrap();
+/// # let _accepting = server.accept_while(Duration::from_secs(5), |_| Some(()), |stream, _, ()| {
+/// #     let Ok(mut stream) = stream else { return };
+/// #     let mut buf = [0u8; 5];
+/// #     stream.reader.read_exact(&mut buf).unwrap();
+/// #     stream.writer.write_all(&buf).unwrap();
+/// #     stream.writer.finish();
+/// #     stream.connection.wait_closed(Duration::from_secs(5));
+/// # }).unwrap();
+/// # let client = QuicClient::new(&session, certificate, Congestion::Cubic).unwrap();
+/// # let mut stream = client.connect(addr, Duration::from_secs(5), || false).unwrap();
+/// stream.writer.write_all(b"hel").unwrap();
+/// stream.writer.write_all(b"lo").unwrap();
+/// stream.writer.flush().unwrap();
+/// stream.reader.read_exact(&mut [0; 5]).unwrap();
+/// ```
 #[derive(Debug)]
 pub struct QuicWriter {
     stream: quinn::SendStream,
@@ -264,11 +447,56 @@ pub struct QuicWriter {
 
 impl QuicWriter {
     /// Writes fail with `TimedOut` when the peer takes nothing for `timeout`.
+    ///
+    /// ```
+    /// # use std::io::{Read, Write};
+    /// # use std::time::Duration;
+    /// # use transfer::quic::{Congestion, QuicClient, QuicServer};
+    /// # let server = QuicServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    /// # let addr = server.local_addr().unwrap();
+    /// # let session = [3u8; 16];
+    /// # let certificate = server.add_session(&session).unwrap();
+    /// # let _accepting = server.accept_while(Duration::from_secs(5), |_| Some(()), |stream, _, ()| {
+    /// #     let Ok(mut stream) = stream else { return };
+    /// #     let mut buf = [0u8; 5];
+    /// #     stream.reader.read_exact(&mut buf).unwrap();
+    /// #     stream.writer.write_all(&buf).unwrap();
+    /// #     stream.writer.finish();
+    /// #     stream.connection.wait_closed(Duration::from_secs(5));
+    /// # }).unwrap();
+    /// # let client = QuicClient::new(&session, certificate, Congestion::Cubic).unwrap();
+    /// # let mut stream = client.connect(addr, Duration::from_secs(5), || false).unwrap();
+    /// stream.writer.set_write_timeout(Some(Duration::from_secs(30)));
+    /// stream.writer.write_all(b"hello").unwrap();
+    /// ```
     pub fn set_write_timeout(&mut self, timeout: Option<Duration>) {
         self.timeout = timeout;
     }
 
     /// Ends the stream after what was written; the peer's reads end once they have it all.
+    ///
+    /// ```
+    /// # use std::io::{Read, Write};
+    /// # use std::time::Duration;
+    /// # use transfer::quic::{Congestion, QuicClient, QuicServer};
+    /// # let server = QuicServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    /// # let addr = server.local_addr().unwrap();
+    /// # let session = [3u8; 16];
+    /// # let certificate = server.add_session(&session).unwrap();
+    /// # let _accepting = server.accept_while(Duration::from_secs(5), |_| Some(()), |stream, _, ()| {
+    /// #     let Ok(mut stream) = stream else { return };
+    /// #     let mut buf = [0u8; 5];
+    /// #     stream.reader.read_exact(&mut buf).unwrap();
+    /// #     stream.writer.write_all(&buf).unwrap();
+    /// #     stream.writer.finish();
+    /// #     stream.connection.wait_closed(Duration::from_secs(5));
+    /// # }).unwrap();
+    /// # let client = QuicClient::new(&session, certificate, Congestion::Cubic).unwrap();
+    /// # let mut stream = client.connect(addr, Duration::from_secs(5), || false).unwrap();
+    /// stream.writer.write_all(b"hello").unwrap();
+    /// stream.writer.finish();
+    /// assert!(stream.writer.write_all(b"more").is_err(), "the stream is finished");
+    /// ```
     pub fn finish(&mut self) {
         let _ = self.stream.finish();
     }
@@ -289,6 +517,29 @@ impl Write for QuicWriter {
 }
 
 /// A new connection's stream, both halves, and the binding its key handshake proves.
+///
+/// ```
+/// # use std::io::{Read, Write};
+/// # use std::time::Duration;
+/// # use transfer::quic::{Congestion, QuicClient, QuicServer};
+/// # let server = QuicServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+/// # let addr = server.local_addr().unwrap();
+/// # let session = [3u8; 16];
+/// # let certificate = server.add_session(&session).unwrap();
+/// # let _accepting = server.accept_while(Duration::from_secs(5), |_| Some(()), |stream, _, ()| {
+/// #     let Ok(mut stream) = stream else { return };
+/// #     let mut buf = [0u8; 5];
+/// #     stream.reader.read_exact(&mut buf).unwrap();
+/// #     stream.writer.write_all(&buf).unwrap();
+/// #     stream.writer.finish();
+/// #     stream.connection.wait_closed(Duration::from_secs(5));
+/// # }).unwrap();
+/// # let client = QuicClient::new(&session, certificate, Congestion::Cubic).unwrap();
+/// # let mut stream = client.connect(addr, Duration::from_secs(5), || false).unwrap();
+/// use transfer::auth::ChannelBinding;
+///
+/// assert_ne!(stream.binding, ChannelBinding::PLAIN, "QUIC is always TLS");
+/// ```
 #[derive(Debug)]
 pub struct QuicStream {
     /// The connection, for statistics and closing.
@@ -323,6 +574,28 @@ impl QuicStream {
 
 /// The sender's side: opens connections to one receiver session, accepting only the
 /// certificate announced for it.
+///
+/// ```
+/// # use std::io::{Read, Write};
+/// # use std::time::Duration;
+/// # use transfer::quic::{Congestion, QuicClient, QuicServer};
+/// # let server = QuicServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+/// # let addr = server.local_addr().unwrap();
+/// # let session = [3u8; 16];
+/// # let certificate = server.add_session(&session).unwrap();
+/// # let _accepting = server.accept_while(Duration::from_secs(5), |_| Some(()), |stream, _, ()| {
+/// #     let Ok(mut stream) = stream else { return };
+/// #     let mut buf = [0u8; 5];
+/// #     stream.reader.read_exact(&mut buf).unwrap();
+/// #     stream.writer.write_all(&buf).unwrap();
+/// #     stream.writer.finish();
+/// #     stream.connection.wait_closed(Duration::from_secs(5));
+/// # }).unwrap();
+/// # let client = QuicClient::new(&session, certificate, Congestion::Cubic).unwrap();
+/// # let mut stream = client.connect(addr, Duration::from_secs(5), || false).unwrap();
+/// let second = client.connect(addr, Duration::from_secs(5), || false).unwrap(); // one more stream
+/// # drop((stream, second));
+/// ```
 pub struct QuicClient {
     config: quinn::ClientConfig,
     check: Arc<ReceiverCertificate>,
@@ -332,6 +605,15 @@ pub struct QuicClient {
 impl QuicClient {
     /// A client for the session `session` whose certificate hashes to `certificate`, with
     /// `congestion` on every connection.
+    ///
+    /// ```
+    /// use transfer::quic::{Congestion, QuicClient};
+    ///
+    /// // The session id and the certificate hash come from the authenticated control
+    /// // connection (`Welcome` and `QuicOffer`).
+    /// let client = QuicClient::new(&[1; 16], [0xab; 32], Congestion::Bbr).unwrap();
+    /// # let _ = client;
+    /// ```
     pub fn new(
         session: &[u8; 16],
         certificate: [u8; 32],
@@ -354,6 +636,16 @@ impl QuicClient {
 
     /// Opens a connection (on its own UDP socket) to `addr` and its stream, within `timeout`;
     /// stops waiting early once `give_up` says so (it is asked every [`GIVE_UP_POLL`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use transfer::quic::{Congestion, QuicClient};
+    ///
+    /// let client = QuicClient::new(&[1; 16], [0; 32], Congestion::Cubic).unwrap();
+    /// // Nobody serves QUIC there; the caller gives up at once.
+    /// let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    /// assert!(client.connect(silent.local_addr().unwrap(), Duration::from_secs(30), || true).is_err());
+    /// ```
     pub fn connect(
         &self,
         addr: SocketAddr,
@@ -412,6 +704,21 @@ impl QuicClient {
 }
 
 /// Why a QUIC connection could not be opened.
+///
+/// ```
+/// # use std::time::Duration;
+/// # use transfer::quic::{Congestion, QuicClient, QuicServer};
+/// # let server = QuicServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+/// # let addr = server.local_addr().unwrap();
+/// # let _accepting = server.accept_while(Duration::from_secs(5), |_| Some(()), |_, _, ()| {}).unwrap();
+/// use transfer::quic::QuicError;
+///
+/// let mut announced = server.add_session(&[5; 16]).unwrap();
+/// announced[0] ^= 1; // another host answers on that address
+/// let client = QuicClient::new(&[5; 16], announced, Congestion::Cubic).unwrap();
+/// let refused = client.connect(addr, Duration::from_secs(5), || false);
+/// assert!(matches!(refused, Err(QuicError::WrongCertificate)));
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum QuicError {
     /// The receiver showed a certificate other than the one announced for the session.
@@ -437,6 +744,30 @@ impl ResolvesServerCert for SessionCertificates {
 }
 
 /// The receiver's side: one UDP endpoint serving every session's connections.
+///
+/// ```
+/// # use std::io::{Read, Write};
+/// # use std::time::Duration;
+/// # use transfer::quic::{Congestion, QuicClient, QuicServer};
+/// # let server = QuicServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+/// # let addr = server.local_addr().unwrap();
+/// # let session = [3u8; 16];
+/// # let certificate = server.add_session(&session).unwrap();
+/// # let _accepting = server.accept_while(Duration::from_secs(5), |_| Some(()), |stream, _, ()| {
+/// #     let Ok(mut stream) = stream else { return };
+/// #     let mut buf = [0u8; 5];
+/// #     stream.reader.read_exact(&mut buf).unwrap();
+/// #     stream.writer.write_all(&buf).unwrap();
+/// #     stream.writer.finish();
+/// #     stream.connection.wait_closed(Duration::from_secs(5));
+/// # }).unwrap();
+/// # let client = QuicClient::new(&session, certificate, Congestion::Cubic).unwrap();
+/// # let mut stream = client.connect(addr, Duration::from_secs(5), || false).unwrap();
+/// stream.writer.write_all(b"hello").unwrap();
+/// stream.reader.read_exact(&mut [0; 5]).unwrap();
+/// server.remove_session(&session); // the session ended: no new stream may join
+/// assert!(client.connect(addr, Duration::from_secs(5), || false).is_err());
+/// ```
 pub struct QuicServer {
     endpoint: quinn::Endpoint,
     certificates: Arc<SessionCertificates>,
@@ -444,6 +775,12 @@ pub struct QuicServer {
 
 impl QuicServer {
     /// Listens for QUIC on UDP `addr`.
+    ///
+    /// ```
+    /// let server = transfer::quic::QuicServer::bind("127.0.0.1:0".parse().unwrap())?;
+    /// # let _ = server;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn bind(addr: SocketAddr) -> io::Result<QuicServer> {
         let certificates = Arc::new(SessionCertificates::default());
         let mut tls = rustls::ServerConfig::builder_with_provider(tls::provider())
@@ -466,12 +803,25 @@ impl QuicServer {
     }
 
     /// The UDP address bound.
+    ///
+    /// ```
+    /// let server = transfer::quic::QuicServer::bind("127.0.0.1:0".parse().unwrap())?;
+    /// assert_ne!(server.local_addr()?.port(), 0);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.endpoint.local_addr()
     }
 
     /// Makes a certificate for `session` and serves it to clients that name the session;
     /// returns its hash, for the sender to pin.
+    ///
+    /// ```
+    /// let server = transfer::quic::QuicServer::bind("127.0.0.1:0".parse().unwrap())?;
+    /// let (a, b) = (server.add_session(&[1; 16])?, server.add_session(&[2; 16])?);
+    /// assert_ne!(a, b, "each session has its own certificate");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn add_session(&self, session: &[u8; 16]) -> io::Result<[u8; 32]> {
         let name = server_name(session);
         let (certificate, key) = tls::self_signed(&name)?;
@@ -487,6 +837,14 @@ impl QuicServer {
     }
 
     /// Stops serving `session`'s certificate: no new connection can join it.
+    ///
+    /// ```
+    /// let server = transfer::quic::QuicServer::bind("127.0.0.1:0".parse().unwrap())?;
+    /// server.add_session(&[1; 16])?;
+    /// server.remove_session(&[1; 16]);
+    /// server.remove_session(&[1; 16]); // gone already: nothing to do
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn remove_session(&self, session: &[u8; 16]) {
         let mut certificates = self.certificates.0.lock().expect("certificates lock");
         certificates.remove(&server_name(session));
@@ -497,6 +855,23 @@ impl QuicServer {
     /// among the connections in their handshake, say). An admitted connection runs, on a thread
     /// of its own, its handshake within `handshake_timeout` and then `serve` with the outcome,
     /// the peer's address and the token.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use transfer::quic::QuicServer;
+    ///
+    /// let server = QuicServer::bind("127.0.0.1:0".parse().unwrap())?;
+    /// let accepting = server.accept_while(
+    ///     Duration::from_secs(10),
+    ///     |peer| (!peer.ip().is_unspecified()).then_some(()), // admit, or refuse at once
+    ///     |stream, peer, ()| match stream {
+    ///         Ok(stream) => println!("{peer} opened a stream (binding {:?})", stream.binding),
+    ///         Err(e) => println!("{peer}: {e}"),
+    ///     },
+    /// )?;
+    /// drop(accepting); // stops accepting
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn accept_while<T: Send + 'static>(
         &self,
         handshake_timeout: Duration,
@@ -543,6 +918,15 @@ fn accept_stream(incoming: quinn::Incoming, limit: Duration) -> io::Result<QuicS
 }
 
 /// Accepts QUIC connections while it lives ([`QuicServer::accept_while`]).
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let server = transfer::quic::QuicServer::bind("127.0.0.1:0".parse().unwrap())?;
+/// let _accepting = server.accept_while(Duration::from_secs(10), |_| Some(()), |_, _, ()| {})?;
+/// // ... serves until `_accepting` goes out of scope.
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub struct Accepting(tokio::task::JoinHandle<()>);
 
 impl Drop for Accepting {

@@ -65,6 +65,14 @@ impl std::fmt::Debug for ServerIdentity {
 
 impl ServerIdentity {
     /// Generates a certificate for this receiver's lifetime.
+    ///
+    /// ```
+    /// use transfer::tls::ServerIdentity;
+    ///
+    /// let (first, second) = (ServerIdentity::generate()?, ServerIdentity::generate()?);
+    /// # let _ = (first, second);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn generate() -> io::Result<Self> {
         let (certificate, key) = self_signed("xfer-receiver")?;
         let config = ServerConfig::builder_with_provider(provider())
