@@ -1087,18 +1087,14 @@ fn serve_control_messages(
                     let _busy = session.activity.busy();
                     session.dest.finish()
                 };
-                let reply = match finished {
+                let reply = match &finished {
                     Ok(()) => Message::Done,
                     Err(e) => Message::Error {
                         message: e.to_string(),
                     },
                 };
                 wire::write_message(writer, &reply).map_err(wire_error)?;
-                return match reply {
-                    Message::Done => Ok(()),
-                    Message::Error { message } => Err(failed(&message)),
-                    _ => unreachable!("the reply is Done or Error"),
-                };
+                return finished.map_err(|e| failed(&e));
             }
             other => {
                 return Err(failed(&format_args!(
