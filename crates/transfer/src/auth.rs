@@ -68,6 +68,29 @@ pub enum AuthError {
     Wire(#[from] WireError),
 }
 
+/// Names a key without revealing it: the first bytes of a keyed hash of a fixed label under
+/// the key ([`SessionKey::id`]). A client says in its `Hello` which key it holds, so that a
+/// receiver with several (one per tenant) proves that one.
+///
+/// ```
+/// use transfer::auth::SessionKey;
+///
+/// let key = SessionKey::from_text("a-site-key-0123456789").unwrap();
+/// assert_eq!(key.id(), SessionKey::from_text(" a-site-key-0123456789\n").unwrap().id());
+/// assert_ne!(key.id(), SessionKey::from_text("another-key-0123456789").unwrap().id());
+/// assert_eq!(format!("{:?}", key.id()).len(), "KeyId()".len() + 16);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct KeyId(pub [u8; 8]);
+
+impl std::fmt::Debug for KeyId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KeyId(")?;
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))?;
+        write!(f, ")")
+    }
+}
+
 /// A session key: the MAC key derived from the secret text a receiver prints or reads from a file.
 ///
 /// ```
@@ -177,7 +200,7 @@ impl SessionKey {
     /// # let server = std::thread::spawn(move || {
     /// #     let mut reader = FrameReader::new(server_end.try_clone().unwrap(), 0);
     /// #     let mut writer = server_end;
-    /// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_| Ok(server_key.clone()));
+    /// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_, _| Ok(server_key.clone()));
     /// #     if proven.is_ok() {
     /// #         let welcome = transfer::wire::Message::Welcome { session: [9; 16], limits: transfer::wire::SessionLimits { max_streams: 8, max_chunk: 1 << 20 } };
     /// #         transfer::wire::write_message(&mut writer, &welcome).unwrap();
@@ -203,6 +226,22 @@ impl SessionKey {
         SessionKey {
             mac_key: blake3::derive_key("xfer v2 session of a receiver key", &material),
         }
+    }
+
+    /// The key's public name ([`KeyId`]), which a client sends in its `Hello`.
+    ///
+    /// ```
+    /// use transfer::auth::SessionKey;
+    ///
+    /// let (_, a) = SessionKey::generate();
+    /// let (_, b) = SessionKey::generate();
+    /// assert_ne!(a.id(), b.id());
+    /// ```
+    pub fn id(&self) -> KeyId {
+        let hash = blake3::keyed_hash(&self.mac_key, b"xfer v1 key id");
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&hash.as_bytes()[..8]);
+        KeyId(id)
     }
 
     fn proof(
@@ -256,7 +295,7 @@ impl ChannelBinding {
 /// # let server = std::thread::spawn(move || {
 /// #     let mut reader = FrameReader::new(server_end.try_clone().unwrap(), 0);
 /// #     let mut writer = server_end;
-/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_| Ok(server_key.clone()));
+/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_, _| Ok(server_key.clone()));
 /// #     if proven.is_ok() {
 /// #         let welcome = transfer::wire::Message::Welcome { session: [9; 16], limits: transfer::wire::SessionLimits { max_streams: 8, max_chunk: 1 << 20 } };
 /// #         transfer::wire::write_message(&mut writer, &welcome).unwrap();
@@ -289,7 +328,7 @@ pub struct Nonces {
 /// # let server = std::thread::spawn(move || {
 /// #     let mut reader = FrameReader::new(server_end.try_clone().unwrap(), 0);
 /// #     let mut writer = server_end;
-/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_| Ok(server_key.clone()));
+/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_, _| Ok(server_key.clone()));
 /// #     if proven.is_ok() {
 /// #         let welcome = transfer::wire::Message::Welcome { session: [9; 16], limits: transfer::wire::SessionLimits { max_streams: 8, max_chunk: 1 << 20 } };
 /// #         transfer::wire::write_message(&mut writer, &welcome).unwrap();
@@ -347,7 +386,7 @@ pub fn random_bytes<const N: usize>() -> [u8; N] {
 /// # let server = std::thread::spawn(move || {
 /// #     let mut reader = FrameReader::new(server_end.try_clone().unwrap(), 0);
 /// #     let mut writer = server_end;
-/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_| Ok(server_key.clone()));
+/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_, _| Ok(server_key.clone()));
 /// #     if proven.is_ok() {
 /// #         let welcome = transfer::wire::Message::Welcome { session: [9; 16], limits: transfer::wire::SessionLimits { max_streams: 8, max_chunk: 1 << 20 } };
 /// #         transfer::wire::write_message(&mut writer, &welcome).unwrap();
@@ -375,6 +414,7 @@ pub fn handshake_as_client<R: Read, W: Write>(
             version: PROTOCOL_VERSION,
             role: role.clone(),
             nonce: client_nonce,
+            key: key.id(),
         },
     )?;
     let (server_nonce, server_proof) = match reader.read_message()? {
@@ -437,8 +477,9 @@ pub fn handshake_as_client<R: Read, W: Write>(
 }
 
 /// The receiver side of the handshake, up to (not including) `Welcome`: returns the proven role
-/// and the handshake's nonces. `key_for` gives the key a role must prove (the receiver's key
-/// for a control connection, the session's key for a data stream) or the reason to refuse it.
+/// and the handshake's nonces. `key_for` gives the key a role must prove (for a control
+/// connection the receiver's key the client names by its [`KeyId`], for a data stream its
+/// session's key) or the reason to refuse it.
 ///
 /// Messages are read with [`HANDSHAKE_MESSAGE_LIMIT`] in force. On a wrong proof it sends
 /// `Refused` and fails, so the caller drops the connection before reading anything else.
@@ -455,7 +496,7 @@ pub fn handshake_as_client<R: Read, W: Write>(
 /// # let server = std::thread::spawn(move || {
 /// #     let mut reader = FrameReader::new(server_end.try_clone().unwrap(), 0);
 /// #     let mut writer = server_end;
-/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_| Ok(server_key.clone()));
+/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_, _| Ok(server_key.clone()));
 /// #     if proven.is_ok() {
 /// #         let welcome = transfer::wire::Message::Welcome { session: [9; 16], limits: transfer::wire::SessionLimits { max_streams: 8, max_chunk: 1 << 20 } };
 /// #         transfer::wire::write_message(&mut writer, &welcome).unwrap();
@@ -472,7 +513,7 @@ pub fn handshake_as_server<R: Read, W: Write>(
     reader: &mut FrameReader<R>,
     writer: &mut W,
     channel: &ChannelBinding,
-    key_for: impl FnOnce(&Role) -> Result<SessionKey, String>,
+    key_for: impl FnOnce(&Role, KeyId) -> Result<SessionKey, String>,
 ) -> Result<(Role, Nonces), AuthError> {
     let refuse = |writer: &mut W, reason: String| {
         let _ = crate::wire::write_message(
@@ -484,12 +525,26 @@ pub fn handshake_as_server<R: Read, W: Write>(
         reason
     };
     reader.set_message_limit(HANDSHAKE_MESSAGE_LIMIT);
-    let (role, client_nonce) = match reader.read_message()? {
+    let hello = match reader.read_message() {
+        // A client of another version sends a Hello of another shape: tell it so.
+        Err(WireError::Malformed(e)) => {
+            return Err(AuthError::Protocol(refuse(
+                writer,
+                format!(
+                    "cannot read the client's Hello ({e}): is it an xfer of another version? \
+                     This receiver speaks protocol {PROTOCOL_VERSION}"
+                ),
+            )))
+        }
+        other => other?,
+    };
+    let (role, client_nonce, key_id) = match hello {
         Message::Hello {
             magic,
             version,
             role,
             nonce,
+            key,
         } => {
             if magic != MAGIC {
                 return Err(AuthError::Protocol("not an xfer client".into()));
@@ -502,7 +557,7 @@ pub fn handshake_as_server<R: Read, W: Write>(
                 ),
                 )));
             }
-            (role, nonce)
+            (role, nonce, key)
         }
         other => {
             return Err(AuthError::Protocol(format!(
@@ -511,7 +566,8 @@ pub fn handshake_as_server<R: Read, W: Write>(
             )))
         }
     };
-    let key = key_for(&role).map_err(|reason| AuthError::Rejected(refuse(writer, reason)))?;
+    let key =
+        key_for(&role, key_id).map_err(|reason| AuthError::Rejected(refuse(writer, reason)))?;
     let server_nonce = random_bytes::<32>();
     let proof = key.proof(b"server", channel, &client_nonce, &server_nonce, &role);
     crate::wire::write_message(
@@ -644,8 +700,12 @@ mod tests {
         let server = std::thread::spawn(move || {
             let mut reader = FrameReader::new(b.try_clone().unwrap(), 0);
             let mut writer = b;
-            let proven =
-                handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, key_for);
+            let proven = handshake_as_server(
+                &mut reader,
+                &mut writer,
+                &ChannelBinding::PLAIN,
+                |role, _| key_for(role),
+            );
             if proven.is_ok() {
                 after(&mut writer);
             }

@@ -40,7 +40,8 @@
 //! of [`receiver::ReceiverEvent`]s ([`receiver::Receiver::subscribe`]): each start, each end
 //! with a [`receiver::SessionReport`], and refused connections. Its
 //! [`receiver::Stopper`] stops it gracefully or ends one session. Both ends name a session
-//! by the same [`session_id::SessionId`].
+//! by the same [`session_id::SessionId`]. One receiver serves several projects with
+//! [`receiver::Tenant`]s: a key each, each key's sessions confined to its own root and limits.
 //!
 //! # Below the jobs
 //!

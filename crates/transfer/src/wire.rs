@@ -180,6 +180,13 @@ pub enum Limit {
     /// The receiver is shutting down and takes no new session.
     #[error("the receiver is shutting down")]
     ShuttingDown,
+    /// The receiver serves the most sessions at once it allows the sender's key (its tenant)
+    /// already.
+    #[error("the receiver serves {max} sessions of this key at once already")]
+    TenantSessions {
+        /// The tenant's `max_sessions`.
+        max: u64,
+    },
 }
 
 /// What the receiver already holds of one manifest file, answered in `Plan`.
@@ -229,6 +236,9 @@ pub enum Message {
         role: Role,
         /// Client's fresh random nonce.
         nonce: [u8; 32],
+        /// Which key the client holds ([`crate::auth::SessionKey::id`]): a receiver with a
+        /// key per tenant proves the one it names.
+        key: crate::auth::KeyId,
     },
     /// Receiver's answer: its nonce and its proof of knowing the key.
     Challenge {
@@ -794,6 +804,7 @@ mod tests {
                 version: PROTOCOL_VERSION,
                 role: Role::Data { session: [7; 16] },
                 nonce: [1; 32],
+                key: crate::auth::KeyId([2; 8]),
             },
             Message::Plan {
                 first: 1 << 20,

@@ -362,6 +362,7 @@ fn a_stream_stalled_in_its_handshake_does_not_outlive_its_session() {
             session: welcomed.session,
         },
         nonce: [7; 32],
+        key: welcomed.session_key.id(),
     };
     write_message(&mut stalled, &hello).unwrap();
     assert!(matches!(

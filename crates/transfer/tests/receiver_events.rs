@@ -51,10 +51,12 @@ fn sessions_are_reported_from_start_to_end_and_a_wrong_key_as_refused() {
     match next(&mut serving.events) {
         ReceiverEvent::SessionStarted {
             session,
+            tenant,
             peer,
             dest,
         } => {
             assert_eq!(session, summary.session);
+            assert_eq!(tenant, None, "the receiver's own key");
             assert!(peer.ip().is_loopback());
             assert_eq!(dest, "incoming");
         }

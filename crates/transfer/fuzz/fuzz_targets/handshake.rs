@@ -17,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
     let mut reader = FrameReader::new(rest, 1 << 20);
     let mut replies = Vec::new();
     if side & 1 == 0 {
-        let result = handshake_as_server(&mut reader, &mut replies, &ChannelBinding::PLAIN, |role| match role {
+        let result = handshake_as_server(&mut reader, &mut replies, &ChannelBinding::PLAIN, |role, _| match role {
             Role::Control => Ok(key.clone()),
             Role::Data { .. } => Err("no such session".into()),
         });

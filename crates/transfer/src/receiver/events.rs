@@ -21,8 +21,8 @@ const EVENT_BUFFER: usize = 1024;
 /// /// What a portal shows of an event.
 /// fn shown(event: &ReceiverEvent) -> String {
 ///     match event {
-///         ReceiverEvent::SessionStarted { session, peer, dest } => {
-///             format!("{peer} started {} into {dest}", session.short())
+///         ReceiverEvent::SessionStarted { session, tenant, peer, dest } => {
+///             format!("{peer} started {} into {}/{dest}", session.short(), tenant.as_deref().unwrap_or("-"))
 ///         }
 ///         ReceiverEvent::SessionEnded(report) => format!("{}: {}", report.session.short(), report.outcome),
 ///         ReceiverEvent::Refused { peer, reason } => format!("refused {peer}: {reason}"),
@@ -40,6 +40,9 @@ pub enum ReceiverEvent {
     SessionStarted {
         /// The session's id (the sender's [`crate::sender::Summary::session`]).
         session: SessionId,
+        /// The tenant whose key the sender proved ([`super::Tenant`]); `None` for the
+        /// receiver's own key.
+        tenant: Option<String>,
         /// The sender's control connection.
         peer: SocketAddr,
         /// Where under the root its files land (empty: the root itself).
@@ -70,6 +73,7 @@ pub enum ReceiverEvent {
 ///
 /// let report = SessionReport {
 ///     session: SessionId([7; 16]),
+///     tenant: Some("climate".into()),
 ///     peer: "10.0.0.2:40000".parse()?,
 ///     dest: "run42".into(),
 ///     files_announced: 3,
@@ -88,6 +92,8 @@ pub enum ReceiverEvent {
 pub struct SessionReport {
     /// The session's id.
     pub session: SessionId,
+    /// The tenant whose key the sender proved; `None` for the receiver's own key.
+    pub tenant: Option<String>,
     /// The sender's control connection.
     pub peer: SocketAddr,
     /// Where under the root its files land.
@@ -322,6 +328,7 @@ mod tests {
     fn events_serialise_for_a_log_collector() {
         let report = ReceiverEvent::SessionEnded(SessionReport {
             session: SessionId([1; 16]),
+            tenant: None,
             peer: SocketAddr::from(([10, 0, 0, 2], 40000)),
             dest: "run42".into(),
             files_announced: 3,

@@ -10,6 +10,7 @@ mod heartbeat;
 mod reader;
 mod settings;
 mod shutdown;
+mod tenant;
 
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter, Write};
@@ -25,9 +26,11 @@ use destination::{ActivePaths, Destination, DestinationError, Placement};
 use events::Publisher;
 pub use events::{ReceiverEvent, ReceiverEvents, SessionOutcome, SessionReport};
 use reader::{Activity, ConnReader, Source};
-pub use settings::ReceiverSettings;
+pub use settings::{ReceiverSettings, TenantSettings};
 pub use shutdown::Stopper;
 use shutdown::{Stage, StopState, STOPPING};
+use tenant::Served;
+pub use tenant::Tenant;
 
 use crate::auth::{self, random_bytes, ChannelBinding, SessionKey};
 use crate::direct_io::AlignedBuffer;
@@ -116,6 +119,9 @@ pub struct ReceiverConfig {
     /// parallel file systems, and so that transfers do not fill this host's page cache. The
     /// receiver refuses to start when its root's file system does not support it.
     pub direct_io: bool,
+    /// Keys of their own, each with its own root and limits ([`Tenant`]), served beside
+    /// `key` and `root` on the same port.
+    pub tenants: Vec<Tenant>,
 }
 
 impl ReceiverConfig {
@@ -152,22 +158,22 @@ impl ReceiverConfig {
             require_encryption: false,
             transport: Transport::Tcp,
             direct_io: false,
+            tenants: Vec::new(),
         }
     }
 
-    /// The limits announced to a session: streams bounded by what `session_memory` can buffer.
-    fn announced_limits(&self) -> Result<SessionLimits, String> {
+    /// The limits announced to a session that may open `max_streams` streams: streams bounded
+    /// by what `session_memory` can buffer.
+    fn announced_limits(&self, max_streams: u32) -> Result<SessionLimits, ReceiverError> {
         let streams = self.session_memory / u64::from(self.limits.max_chunk.max(1));
         if streams == 0 {
-            return Err(format!(
+            return Err(ReceiverError::Limits(format!(
                 "a session's memory limit of {} bytes cannot hold one stream's chunk of {} bytes",
                 self.session_memory, self.limits.max_chunk
-            ));
+            )));
         }
         Ok(SessionLimits {
-            max_streams: self
-                .limits
-                .max_streams
+            max_streams: max_streams
                 .min(u32::try_from(streams).unwrap_or(u32::MAX))
                 .max(1),
             max_chunk: self.limits.max_chunk,
@@ -223,6 +229,8 @@ struct Session {
     id: [u8; 16],
     /// The key its data streams prove.
     key: SessionKey,
+    /// What it was told in `Welcome` and is held to.
+    limits: SessionLimits,
     /// Short id for logs.
     name: String,
     /// Whether its connections are TLS (its data streams must match its control connection).
@@ -272,7 +280,8 @@ impl Session {
 
 struct Shared {
     config: ReceiverConfig,
-    limits: SessionLimits,
+    /// The keys served: the receiver's own first, then its tenants'.
+    served: Vec<Served>,
     /// The certificate encrypted connections are served with.
     tls: ServerIdentity,
     /// The QUIC endpoint, when serving QUIC.
@@ -367,7 +376,7 @@ impl Receiver {
             path: config.root.display().to_string(),
             error,
         })?;
-        let limits = config.announced_limits().map_err(ReceiverError::Limits)?;
+        let served = tenant::served(&config)?;
         let tls = ServerIdentity::generate().map_err(ReceiverError::Tls)?;
         let (listener, transport, fallback) =
             transport::listen(config.transport, addr).map_err(|error| ReceiverError::Bind {
@@ -392,7 +401,7 @@ impl Receiver {
             transport,
             shared: Arc::new(Shared {
                 config,
-                limits,
+                served,
                 tls,
                 quic,
                 sessions: Mutex::new(HashMap::new()),
@@ -711,7 +720,7 @@ fn serve_quic_connection(
 fn frames(shared: &Shared, reader: LinkReader<ConnReader>) -> ConnFrames {
     FrameReader::new(
         BufReader::with_capacity(READ_BUFFER, reader),
-        shared.limits.max_chunk as usize,
+        shared.config.limits.max_chunk as usize,
     )
 }
 
@@ -728,15 +737,24 @@ fn serve_link(link: Link, peer: SocketAddr, admitted: Admitted) {
     let shared = admitted.0.clone();
     let shared = &*shared;
     let over_quic = matches!(connection, Connection::Quic(_));
-    let mut joined = None;
-    let proven = auth::handshake_as_server(&mut reader, &mut writer, &channel, |role| match role {
+    let (mut joined, mut tenant) = (None, 0);
+    let key_for = |role: &Role, key: auth::KeyId| match role {
         Role::Control if over_quic => {
             Err("control connections are TCP; QUIC carries data streams only".into())
         }
         Role::Control if shared.config.require_encryption && !encrypted => {
             Err("this receiver serves only encrypted sessions: use xfer send --encrypt".into())
         }
-        Role::Control => Ok(shared.config.key.clone()),
+        Role::Control => {
+            // A key nobody here holds is answered with the receiver's own: the sender finds
+            // the proof wrong and says so, and nobody learns which keys are served.
+            tenant = shared
+                .served
+                .iter()
+                .position(|s| s.key.id() == key)
+                .unwrap_or(0);
+            Ok(shared.served[tenant].key.clone())
+        }
         Role::Data { session } => {
             let session = find_session(shared, session).ok_or("unknown or finished session")?;
             if session.encrypted != encrypted {
@@ -751,12 +769,14 @@ fn serve_link(link: Link, peer: SocketAddr, admitted: Admitted) {
             joined = Some(session.id);
             Ok(session.key.clone())
         }
-    });
+    };
+    let proven = auth::handshake_as_server(&mut reader, &mut writer, &channel, key_for);
     drop(admitted);
     let failed = match proven {
         Ok((Role::Control, nonces)) => {
             let control = ControlPeer {
                 peer,
+                served: &shared.served[tenant],
                 nonces: &nonces,
                 encrypted,
                 connection: connection.try_clone().ok(),
@@ -831,6 +851,8 @@ type ConnFrames = FrameReader<BufReader<LinkReader<ConnReader>>>;
 /// Who is on an authenticated control connection.
 struct ControlPeer<'a> {
     peer: SocketAddr,
+    /// The key it proved: the receiver's own or a tenant's.
+    served: &'a Served,
     /// The nonces of its key handshake, which its session's key is derived from.
     nonces: &'a auth::Nonces,
     /// Whether it is TLS.
@@ -854,9 +876,14 @@ fn run_control(
         let max = config.max_sessions as u64;
         return refuse_over(shared, writer, peer, Limit::Sessions { max });
     };
+    let served = control.served;
+    let Some(_tenant_slot) = Slot::take(&served.sessions_open, served.max_sessions) else {
+        let max = served.max_sessions as u64;
+        return refuse_over(shared, writer, peer, Limit::TenantSessions { max });
+    };
     let id = random_bytes::<16>();
     let name = SessionId(id).short();
-    let limits = shared.limits;
+    let limits = served.limits;
     if let Err(e) = wire::write_message(
         writer,
         &Message::Welcome {
@@ -898,8 +925,9 @@ fn serve_session(
     };
     let started = Instant::now();
     let dest_shown = String::from_utf8_lossy(&dest).into_owned();
+    let served = control.served;
     let placement = Placement {
-        root: &config.root,
+        root: &served.root,
         dest: &dest,
         owner: id,
         active: &shared.active_paths,
@@ -910,16 +938,19 @@ fn serve_session(
         Ok(dest) => dest,
         Err(e) => return refuse(shared, writer, peer, e.to_string()),
     };
-    tracing::info!(session = %name, %peer, dest = %dest_shown, "session started");
+    let tenant = served.name.clone();
+    tracing::info!(session = %name, tenant, %peer, dest = %dest_shown, "session started");
     shared.events.publish(ReceiverEvent::SessionStarted {
         session: SessionId(id),
+        tenant: tenant.clone(),
         peer,
         dest: dest_shown.clone(),
     });
     let open = telemetry::Open::receiver_session();
     let session = Arc::new(Session {
         id,
-        key: config.key.for_session(control.nonces, &id),
+        key: served.key.for_session(control.nonces, &id),
+        limits: served.limits,
         name,
         encrypted: control.encrypted,
         dest,
@@ -948,6 +979,7 @@ fn serve_session(
     }
     let report = SessionReport {
         session: SessionId(id),
+        tenant,
         peer,
         dest: dest_shown,
         files_announced: announced.files,
@@ -1130,7 +1162,7 @@ fn run_data(
     connection: &Connection,
     peer: SocketAddr,
 ) -> bool {
-    let limits = shared.limits;
+    let limits = session.limits;
     if session.streams.fetch_add(1, Ordering::AcqRel) >= limits.max_streams {
         session.streams.fetch_sub(1, Ordering::AcqRel);
         refuse(

@@ -20,8 +20,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Receiver, ReceiverConfig, ReceiverError, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_MAX_SESSIONS, DEFAULT_MAX_STREAMS, DEFAULT_SESSION_MEMORY,
+    Receiver, ReceiverConfig, ReceiverError, Tenant, DEFAULT_HANDSHAKE_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_SESSIONS, DEFAULT_MAX_STREAMS, DEFAULT_SESSION_MEMORY,
 };
 use crate::auth::KeySetting;
 use crate::transport::Transport;
@@ -80,6 +80,81 @@ pub struct ReceiverSettings {
     /// ([`super::Stopper::stop`]); `xfer recv` stops so on SIGTERM or SIGINT.
     #[serde(default = "default_shutdown_grace_secs")]
     pub shutdown_grace_secs: f64,
+    /// Keys of their own, each with its own root and limits (`[[tenants]]` tables).
+    #[serde(default)]
+    pub tenants: Vec<TenantSettings>,
+}
+
+/// A tenant ([`super::Tenant`]) as a configuration file keeps it; only `max_sessions` and
+/// `max_streams` may be left out.
+///
+/// ```
+/// use transfer::receiver::ReceiverSettings;
+///
+/// let settings: ReceiverSettings = toml::from_str(r#"
+///     root = "/data/ops"
+///     key = { file = "/etc/xfer/ops.key" }
+///
+///     [[tenants]]
+///     name = "climate"
+///     key = { file = "/etc/xfer/climate.key" }
+///     root = "/data/climate"
+///     max_sessions = 8
+///
+///     [[tenants]]
+///     name = "astro"
+///     key = { file = "/etc/xfer/astro.key" }
+///     root = "/data/astro"
+/// "#)?;
+/// assert_eq!(settings.tenants.len(), 2);
+/// assert_eq!(settings.tenants[1].max_streams, 256, "left out: the default");
+/// # Ok::<(), toml::de::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantSettings {
+    /// Its name, in logs, events and metrics.
+    pub name: String,
+    /// The key its senders prove.
+    pub key: KeySetting,
+    /// Directory its sessions' files land under.
+    pub root: PathBuf,
+    /// Most of its sessions served at once.
+    #[serde(default = "default_max_sessions")]
+    pub max_sessions: usize,
+    /// Most data streams one of its sessions may open.
+    #[serde(default = "default_max_streams")]
+    pub max_streams: u32,
+}
+
+impl TenantSettings {
+    /// The tenant (its key read).
+    ///
+    /// ```
+    /// use transfer::auth::KeySetting;
+    /// use transfer::receiver::TenantSettings;
+    ///
+    /// let settings = TenantSettings {
+    ///     name: "astro".into(),
+    ///     key: KeySetting::File("/nonexistent/astro.key".into()),
+    ///     root: "/data/astro".into(),
+    ///     max_sessions: 4,
+    ///     max_streams: 64,
+    /// };
+    /// let e = settings.tenant().unwrap_err().to_string();
+    /// assert!(e.contains("tenant astro") && e.contains("/nonexistent/astro.key"), "{e}");
+    /// ```
+    pub fn tenant(&self) -> Result<Tenant, ReceiverError> {
+        let key = self
+            .key
+            .key()
+            .map_err(|e| ReceiverError::Settings(format!("tenant {}: {e}", self.name)))?;
+        Ok(Tenant {
+            max_sessions: self.max_sessions,
+            max_streams: self.max_streams,
+            ..Tenant::new(self.name.clone(), key, self.root.clone())
+        })
+    }
 }
 
 fn default_listen() -> String {
@@ -140,6 +215,7 @@ impl ReceiverSettings {
             idle_timeout_secs: default_idle_timeout_secs(),
             handshake_timeout_secs: default_handshake_timeout_secs(),
             shutdown_grace_secs: default_shutdown_grace_secs(),
+            tenants: Vec::new(),
         }
     }
 
@@ -180,6 +256,11 @@ impl ReceiverSettings {
         config.idle_timeout = seconds("idle_timeout_secs", self.idle_timeout_secs, false)?;
         config.handshake_timeout =
             seconds("handshake_timeout_secs", self.handshake_timeout_secs, false)?;
+        config.tenants = self
+            .tenants
+            .iter()
+            .map(TenantSettings::tenant)
+            .collect::<Result<_, _>>()?;
         Ok(config)
     }
 

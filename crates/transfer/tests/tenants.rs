@@ -1,0 +1,150 @@
+//! Tenants ([`transfer::receiver::Tenant`]): one receiver, one port, a key per project, and each
+//! key's sessions confined to that key's root and held to that key's limits.
+
+use std::path::Path;
+
+use transfer::auth::KeySetting;
+use transfer::job::{SendJob, SenderSettings};
+use transfer::receiver::{ReceiverEvent, ReceiverSettings, SessionOutcome, TenantSettings};
+use transfer::sender::SendError;
+use transfer::wire::Limit;
+
+mod common;
+use common::{contents, paced, run, run_past, KEY};
+
+const CLIMATE: &str = "climate-project-key-0123456789";
+const ASTRO: &str = "astro-project-key-0123456789";
+
+/// A tenant of `name` with `key`, under `root`.
+fn tenant(name: &str, key: &str, root: &Path, max_sessions: usize) -> TenantSettings {
+    TenantSettings {
+        name: name.into(),
+        key: KeySetting::Text(key.into()),
+        root: root.into(),
+        max_sessions,
+        max_streams: 256,
+    }
+}
+
+/// A job sending `source` to `addr` with `key`.
+fn send(addr: &str, key: &str, source: &Path, rate: Option<u64>) -> SenderSettings {
+    SenderSettings {
+        key: KeySetting::Text(key.into()),
+        ..paced(addr, source.into(), rate)
+    }
+}
+
+#[test]
+fn each_key_lands_in_its_own_root_within_its_own_limits() {
+    let site = tempfile::tempdir().unwrap();
+    let roots: Vec<_> = ["ops", "climate", "astro"]
+        .iter()
+        .map(|name| site.path().join(name))
+        .collect();
+    roots
+        .iter()
+        .for_each(|r| std::fs::create_dir_all(r).unwrap());
+    let src = tempfile::tempdir().unwrap();
+    let file = src.path().join("run42.bin");
+    let data = contents(7, 6 << 20);
+    std::fs::write(&file, &data).unwrap();
+
+    let mut settings = ReceiverSettings::new(roots[0].clone(), KeySetting::Text(KEY.into()));
+    settings.listen = "127.0.0.1:0".into();
+    settings.tenants = vec![
+        tenant("climate", CLIMATE, &roots[1], 1),
+        tenant("astro", ASTRO, &roots[2], 4),
+    ];
+    let receiver = settings.bind().unwrap();
+    let addr = receiver.local_addr().unwrap().to_string();
+    let mut events = receiver.subscribe();
+    std::thread::spawn(move || receiver.serve(None));
+
+    // The same file from each key lands under that key's root only.
+    for (key, root) in [(KEY, &roots[0]), (CLIMATE, &roots[1])] {
+        let (_, result) = run(SendJob::start(send(&addr, key, &file, None)).unwrap());
+        result.unwrap();
+        assert!(std::fs::read(root.join("run42.bin")).unwrap() == data);
+    }
+    assert!(!roots[2].join("run42.bin").exists());
+
+    // Two sessions of climate at once are over its limit; astro's own limit lets one through.
+    let slow = SenderSettings {
+        destination: "slow".into(),
+        ..send(&addr, CLIMATE, &file, Some(4_000_000))
+    };
+    let slow = SendJob::start(slow).unwrap();
+    let (mut second, mut astro) = (None, None);
+    let mut other = SenderSettings {
+        destination: "again".into(),
+        ..send(&addr, CLIMATE, &file, None)
+    };
+    let first = run_past(slow, 1 << 20, || {
+        let job = SendJob::start(other.clone()).unwrap();
+        second = Some(std::thread::spawn(move || run(job).1).join().unwrap());
+        other.key = KeySetting::Text(ASTRO.into());
+        let job = SendJob::start(other.clone()).unwrap();
+        astro = Some(std::thread::spawn(move || run(job).1).join().unwrap());
+    });
+    first.unwrap();
+    match second.unwrap() {
+        Err(SendError::Limited {
+            limit: Limit::TenantSessions { max: 1 },
+            ..
+        }) => {}
+        other => panic!("a second climate session: {other:?}"),
+    }
+    astro.unwrap().unwrap();
+    assert!(std::fs::read(roots[2].join("again/run42.bin")).unwrap() == data);
+    assert!(!roots[1].join("again").exists());
+
+    // A destination that leaves the tenant's root is refused.
+    let escape = SenderSettings {
+        destination: "../ops".into(),
+        ..send(&addr, ASTRO, &file, None)
+    };
+    let (_, result) = run(SendJob::start(escape).unwrap());
+    assert!(
+        matches!(result, Err(SendError::Receiver { .. })),
+        "{result:?}"
+    );
+
+    // A key no tenant holds is refused.
+    let (_, result) =
+        run(SendJob::start(send(&addr, "nobodys-key-0123456789", &file, None)).unwrap());
+    match result {
+        Err(SendError::Auth(reason)) => {
+            assert!(reason.contains("does not hold this key"), "{reason}")
+        }
+        other => panic!("an unknown key: {other:?}"),
+    }
+
+    // The events name the tenant of each session.
+    let mut ended = Vec::new();
+    while let Some(event) = events.try_next() {
+        if let ReceiverEvent::SessionEnded(report) = event {
+            ended.push((report.tenant, report.dest, report.outcome));
+        }
+    }
+    let completed = |tenant: Option<&str>, dest: &str| {
+        ended
+            .iter()
+            .any(|(t, d, o)| t.as_deref() == tenant && d == dest && *o == SessionOutcome::Completed)
+    };
+    assert!(completed(None, ""), "{ended:?}");
+    assert!(completed(Some("climate"), ""), "{ended:?}");
+    assert!(completed(Some("astro"), "again"), "{ended:?}");
+}
+
+#[test]
+fn tenants_with_one_key_or_a_missing_root_are_refused_at_start() {
+    let site = tempfile::tempdir().unwrap();
+    let mut settings = ReceiverSettings::new(site.path().into(), KeySetting::Text(KEY.into()));
+    settings.listen = "127.0.0.1:0".into();
+    settings.tenants = vec![tenant("copy", KEY, site.path(), 4)];
+    let e = settings.bind().err().unwrap().to_string();
+    assert!(e.contains("tenant copy has the key"), "{e}");
+    settings.tenants = vec![tenant("lost", CLIMATE, &site.path().join("missing"), 4)];
+    let e = settings.bind().err().unwrap().to_string();
+    assert!(e.contains("missing"), "{e}");
+}
