@@ -68,10 +68,12 @@ fn each_key_lands_in_its_own_root_within_its_own_limits() {
     }
     assert!(!roots[2].join("run42.bin").exists());
 
-    // Two sessions of climate at once are over its limit; astro's own limit lets one through.
+    // Two sessions of climate at once are over its limit; astro's own limit lets one through,
+    // and it writes the same path under its own root as climate's session under climate's
+    // without waiting for it.
     let slow = SenderSettings {
         destination: "slow".into(),
-        ..send(&addr, CLIMATE, &file, Some(4_000_000))
+        ..send(&addr, CLIMATE, &file, Some(2_000_000))
     };
     let slow = SendJob::start(slow).unwrap();
     let (mut second, mut astro) = (None, None);
@@ -83,8 +85,13 @@ fn each_key_lands_in_its_own_root_within_its_own_limits() {
         let job = SendJob::start(other.clone()).unwrap();
         second = Some(std::thread::spawn(move || run(job).1).join().unwrap());
         other.key = KeySetting::Text(ASTRO.into());
+        other.destination = "slow".into();
         let job = SendJob::start(other.clone()).unwrap();
         astro = Some(std::thread::spawn(move || run(job).1).join().unwrap());
+        assert!(
+            !roots[1].join("slow/run42.bin").exists(),
+            "astro's session waited for climate's"
+        );
     });
     first.unwrap();
     match second.unwrap() {
@@ -95,7 +102,8 @@ fn each_key_lands_in_its_own_root_within_its_own_limits() {
         other => panic!("a second climate session: {other:?}"),
     }
     astro.unwrap().unwrap();
-    assert!(std::fs::read(roots[2].join("again/run42.bin")).unwrap() == data);
+    assert!(std::fs::read(roots[2].join("slow/run42.bin")).unwrap() == data);
+    assert!(std::fs::read(roots[1].join("slow/run42.bin")).unwrap() == data);
     assert!(!roots[1].join("again").exists());
 
     // A destination that leaves the tenant's root is refused.
@@ -133,11 +141,11 @@ fn each_key_lands_in_its_own_root_within_its_own_limits() {
     };
     assert!(completed(None, ""), "{ended:?}");
     assert!(completed(Some("climate"), ""), "{ended:?}");
-    assert!(completed(Some("astro"), "again"), "{ended:?}");
+    assert!(completed(Some("astro"), "slow"), "{ended:?}");
 }
 
 #[test]
-fn tenants_with_one_key_or_a_missing_root_are_refused_at_start() {
+fn tenants_with_one_key_a_missing_root_or_overlapping_roots_are_refused_at_start() {
     let site = tempfile::tempdir().unwrap();
     let mut settings = ReceiverSettings::new(site.path().into(), KeySetting::Text(KEY.into()));
     settings.listen = "127.0.0.1:0".into();
@@ -147,4 +155,9 @@ fn tenants_with_one_key_or_a_missing_root_are_refused_at_start() {
     settings.tenants = vec![tenant("lost", CLIMATE, &site.path().join("missing"), 4)];
     let e = settings.bind().err().unwrap().to_string();
     assert!(e.contains("missing"), "{e}");
+    let inside = site.path().join("climate");
+    std::fs::create_dir_all(&inside).unwrap();
+    settings.tenants = vec![tenant("climate", CLIMATE, &inside, 4)];
+    let e = settings.bind().err().unwrap().to_string();
+    assert!(e.contains("overlap"), "{e}");
 }

@@ -124,13 +124,13 @@ pub enum Destination {
 
 /// Where a session writes and the bounds it works within.
 pub struct Placement<'a> {
-    /// The receiver's root.
+    /// The root the session's key is served under (the receiver's, or its tenant's).
     pub root: &'a Path,
     /// The session's destination directory, relative to the root, as the sender named it.
     pub dest: &'a [u8],
     /// The session, which claims the paths it writes.
     pub owner: [u8; 16],
-    /// Paths claimed by all sessions.
+    /// Paths under `root` claimed by all sessions.
     pub active: &'a Arc<ActivePaths>,
     /// Most files held unsealed at once.
     pub max_unsealed: usize,

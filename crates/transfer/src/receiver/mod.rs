@@ -291,7 +291,6 @@ struct Shared {
     /// is read, so concurrent sessions never exceed the limit).
     sessions_open: AtomicUsize,
     handshakes: AtomicUsize,
-    active_paths: Arc<ActivePaths>,
     sessions_ended: AtomicU64,
     stop: StopState,
     events: Publisher,
@@ -407,7 +406,6 @@ impl Receiver {
                 sessions: Mutex::new(HashMap::new()),
                 sessions_open: AtomicUsize::new(0),
                 handshakes: AtomicUsize::new(0),
-                active_paths: Arc::default(),
                 sessions_ended: AtomicU64::new(0),
                 stop: StopState::default(),
                 events: Publisher::default(),
@@ -930,7 +928,7 @@ fn serve_session(
         root: &served.root,
         dest: &dest,
         owner: id,
-        active: &shared.active_paths,
+        active: &served.active,
         max_unsealed: config.max_unsealed,
         direct_io: config.direct_io,
     };

@@ -5,8 +5,9 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
 
-use super::{check_root_writable, ReceiverConfig, ReceiverError};
+use super::{check_root_writable, ActivePaths, ReceiverConfig, ReceiverError};
 use crate::auth::{KeyId, SessionKey};
 use crate::wire::SessionLimits;
 
@@ -78,6 +79,18 @@ pub(super) struct Served {
     pub(super) limits: SessionLimits,
     /// Its sessions being served.
     pub(super) sessions_open: AtomicUsize,
+    /// The paths under its root that its sessions are writing.
+    pub(super) active: Arc<ActivePaths>,
+}
+
+impl Served {
+    /// How messages name it.
+    fn shown(&self) -> String {
+        match &self.name {
+            Some(name) => format!("tenant {name}"),
+            None => "the receiver's own key".into(),
+        }
+    }
 }
 
 /// Every key `config` serves, its own first, each root checked: no two keys may be the same.
@@ -89,6 +102,7 @@ pub(super) fn served(config: &ReceiverConfig) -> Result<Vec<Served>, ReceiverErr
         max_sessions: config.max_sessions,
         limits: config.announced_limits(config.limits.max_streams)?,
         sessions_open: AtomicUsize::new(0),
+        active: Arc::default(),
     };
     let mut all = vec![own];
     let mut ids: HashSet<KeyId> = HashSet::from([config.key.id()]);
@@ -118,7 +132,22 @@ pub(super) fn served(config: &ReceiverConfig) -> Result<Vec<Served>, ReceiverErr
             max_sessions: tenant.max_sessions,
             limits: config.announced_limits(tenant.max_streams)?,
             sessions_open: AtomicUsize::new(0),
+            active: Arc::default(),
         });
+    }
+    // Apart, so that no key reaches another's files (and claims under one root cover them).
+    for (i, a) in all.iter().enumerate() {
+        for b in &all[i + 1..] {
+            if a.root.starts_with(&b.root) || b.root.starts_with(&a.root) {
+                return Err(ReceiverError::Settings(format!(
+                    "the roots of {} ({}) and {} ({}) overlap: each key needs a root of its own",
+                    a.shown(),
+                    a.root.display(),
+                    b.shown(),
+                    b.root.display()
+                )));
+            }
+        }
     }
     Ok(all)
 }
