@@ -746,11 +746,7 @@ fn serve_link(link: Link, peer: SocketAddr, admitted: Admitted) {
         Role::Control => {
             // A key nobody here holds is answered with the receiver's own: the sender finds
             // the proof wrong and says so, and nobody learns which keys are served.
-            tenant = shared
-                .served
-                .iter()
-                .position(|s| s.key.id() == key)
-                .unwrap_or(0);
+            tenant = shared.served.iter().position(|s| s.id == key).unwrap_or(0);
             Ok(shared.served[tenant].key.clone())
         }
         Role::Data { session } => {

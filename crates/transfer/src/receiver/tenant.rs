@@ -72,6 +72,8 @@ pub(super) struct Served {
     /// The tenant's name; `None` for the receiver's own key and root.
     pub(super) name: Option<String>,
     pub(super) key: SessionKey,
+    /// How senders name `key` in their `Hello`.
+    pub(super) id: KeyId,
     /// Canonical.
     pub(super) root: PathBuf,
     pub(super) max_sessions: usize,
@@ -98,6 +100,7 @@ pub(super) fn served(config: &ReceiverConfig) -> Result<Vec<Served>, ReceiverErr
     let own = Served {
         name: None,
         key: config.key.clone(),
+        id: config.key.id(),
         root: config.root.clone(),
         max_sessions: config.max_sessions,
         limits: config.announced_limits(config.limits.max_streams)?,
@@ -105,9 +108,10 @@ pub(super) fn served(config: &ReceiverConfig) -> Result<Vec<Served>, ReceiverErr
         active: Arc::default(),
     };
     let mut all = vec![own];
-    let mut ids: HashSet<KeyId> = HashSet::from([config.key.id()]);
+    let mut ids: HashSet<KeyId> = HashSet::from([all[0].id]);
     for tenant in &config.tenants {
-        if !ids.insert(tenant.key.id()) {
+        let id = tenant.key.id();
+        if !ids.insert(id) {
             return Err(ReceiverError::Settings(format!(
                 "tenant {} has the key of the receiver or of another tenant: each needs its own",
                 tenant.name
@@ -128,6 +132,7 @@ pub(super) fn served(config: &ReceiverConfig) -> Result<Vec<Served>, ReceiverErr
         all.push(Served {
             name: Some(tenant.name.clone()),
             key: tenant.key.clone(),
+            id,
             root,
             max_sessions: tenant.max_sessions,
             limits: config.announced_limits(tenant.max_streams)?,
