@@ -11,7 +11,9 @@ use transfer::sender::SendError;
 use transfer::wire::Limit;
 
 mod common;
-use common::{contents, paced, run, run_past, runtime, serve, start_receiver, KEY};
+use common::{
+    contents, one_file, paced, run, run_past, runtime, serve, start_receiver, OneFile, KEY,
+};
 
 #[test]
 fn a_job_from_a_config_file_sends_a_tree_byte_identical_and_reports_what_it_does() {
@@ -83,11 +85,12 @@ fn a_job_from_a_config_file_sends_a_tree_byte_identical_and_reports_what_it_does
 
 #[test]
 fn a_cancelled_job_ends_cancelled_and_the_next_run_sends_only_the_rest() {
-    let src = tempfile::tempdir().unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let file = src.path().join("big.bin");
-    let data = contents(7, 24 << 20);
-    std::fs::write(&file, &data).unwrap();
+    let OneFile {
+        src: _src,
+        root,
+        file,
+        data,
+    } = one_file(7, 24 << 20);
     let addr = start_receiver(root.path());
     let mut settings = SenderSettings::new(
         addr,
@@ -288,10 +291,9 @@ fn a_sender_tries_again_when_the_receiver_closes_the_control_connection_at_once(
 
 #[test]
 fn errors_name_the_file_the_receiver_and_the_limit_they_concern() {
-    let src = tempfile::tempdir().unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let file = src.path().join("big.bin");
-    std::fs::write(&file, contents(5, 8 << 20)).unwrap();
+    let OneFile {
+        src, root, file, ..
+    } = one_file(5, 8 << 20);
     let serving = serve(root.path());
 
     // A directory appears where the file is to go while it is on its way: the receiver cannot

@@ -12,7 +12,7 @@ use transfer::sender::SendError;
 use transfer::session_id::SessionId;
 
 mod common;
-use common::{contents, paced, run, run_past, runtime, serve};
+use common::{contents, one_file, paced, run, run_past, runtime, serve, OneFile};
 
 /// The next event, waiting up to ten seconds for it.
 fn next(events: &mut ReceiverEvents) -> ReceiverEvent {
@@ -95,11 +95,12 @@ fn sessions_are_reported_from_start_to_end_and_a_wrong_key_as_refused() {
 
 #[test]
 fn a_session_the_receiver_ends_tells_its_sender_why_and_resumes_later() {
-    let src = tempfile::tempdir().unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let file = src.path().join("big.bin");
-    let data = contents(3, 24 << 20);
-    std::fs::write(&file, &data).unwrap();
+    let OneFile {
+        src: _src,
+        root,
+        file,
+        data,
+    } = one_file(3, 24 << 20);
     let mut serving = serve(root.path());
     assert!(
         !serving
@@ -147,10 +148,12 @@ fn a_session_the_receiver_ends_tells_its_sender_why_and_resumes_later() {
 
 #[test]
 fn a_cancelled_sender_leaves_a_session_reported_as_disconnected() {
-    let src = tempfile::tempdir().unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let file = src.path().join("big.bin");
-    std::fs::write(&file, contents(4, 16 << 20)).unwrap();
+    let OneFile {
+        src: _src,
+        root,
+        file,
+        ..
+    } = one_file(4, 16 << 20);
     let mut serving = serve(root.path());
 
     let mut job = SendJob::start(paced(&serving.addr, file, Some(4_000_000))).unwrap();

@@ -11,7 +11,7 @@ use transfer::sender::SendError;
 use transfer::wire::Limit;
 
 mod common;
-use common::{contents, paced, run, run_past, serve, Serving};
+use common::{contents, one_file, paced, run, run_past, serve, OneFile, Serving};
 
 /// Waits up to `limit` for `serving` to return.
 fn ends_within(serving: JoinHandle<std::io::Result<()>>, limit: Duration) {
@@ -65,11 +65,12 @@ fn a_stopping_receiver_finishes_running_sessions_refuses_new_ones_and_ends() {
 
 #[test]
 fn a_session_left_after_the_grace_period_is_ended_and_resumes_at_the_next_receiver() {
-    let src = tempfile::tempdir().unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let file = src.path().join("big.bin");
-    let data = contents(3, 24 << 20);
-    std::fs::write(&file, &data).unwrap();
+    let OneFile {
+        src: _src,
+        root,
+        file,
+        data,
+    } = one_file(3, 24 << 20);
     let Serving {
         addr,
         stopper,

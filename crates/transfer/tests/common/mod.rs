@@ -56,6 +56,33 @@ pub fn run(mut job: SendJob) -> (Vec<SendEvent>, Result<Summary, SendError>) {
     })
 }
 
+/// A sender's directory holding one file, `big.bin`, and an empty root for a receiver; both
+/// are deleted when it is dropped.
+pub struct OneFile {
+    /// The sender's directory.
+    pub src: tempfile::TempDir,
+    /// The receiver's root.
+    pub root: tempfile::TempDir,
+    /// `big.bin` in `src`.
+    pub file: PathBuf,
+    /// Its bytes.
+    pub data: Vec<u8>,
+}
+
+/// `big.bin` of `len` bytes made from `seed`, and an empty root.
+pub fn one_file(seed: u64, len: usize) -> OneFile {
+    let (src, root) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let file = src.path().join("big.bin");
+    let data = contents(seed, len);
+    std::fs::write(&file, &data).unwrap();
+    OneFile {
+        src,
+        root,
+        file,
+        data,
+    }
+}
+
 /// A receiver serving from settings on its own thread.
 pub struct Serving {
     /// Its loopback address.
