@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::controllers::OptimizerSpec;
+use crate::controllers::{OptimizerList, OptimizerSpec};
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use optimizer::env::{InitialStreams, RewardKind};
@@ -110,12 +110,14 @@ pub struct SimArgs {
     /// commas; `all` is every shipped scenario.
     #[arg(long, value_delimiter = ',', required = true)]
     pub scenario: Vec<String>,
-    /// Controllers, separated by commas: gd, bo, fixed:N, ppo (the built-in policy),
+    /// Controllers, separated by commas: gd, bo, fixed:N, schedule:TIME:N,... (counts on a
+    /// timetable, e.g. schedule:0s:1,15s:6: the first is the starting count), ppo (the
+    /// built-in policy),
     /// ppo:PATH (an export of training/), auto or auto:PATH (that policy guarded and
     /// fine-tuned by a probing tuner) [default: auto, or gd when --k/--b ask for a utility
     /// the built-in policy was not trained for].
-    #[arg(long, value_delimiter = ',')]
-    pub optimizer: Vec<OptimizerSpec>,
+    #[arg(long)]
+    pub optimizer: Vec<OptimizerList>,
     /// Simulated time.
     #[arg(long, default_value = "200s", value_parser = parse_positive_time)]
     pub duration: Duration,
@@ -325,7 +327,8 @@ pub struct SendArgs {
     /// export of training/), auto or auto:PATH (that policy, with a tuner that takes over
     /// once it settles, probes the counts next to it and hands back when the path changes),
     /// external:SOCKET (an agent on a Unix socket xfer listens on,
-    /// speaking the protocol of `xfer env`) or fixed:N [default: auto (gd when --k/--b ask
+    /// speaking the protocol of `xfer env`), fixed:N or schedule:TIME:N,... (counts on a
+    /// timetable, on interval boundaries, e.g. schedule:0s:1,15s:6,40s:1) [default: auto (gd when --k/--b ask
     /// for a utility the built-in policy was not trained for), or none when --streams or
     /// --streams-schedule is given].
     #[arg(long)]

@@ -1,5 +1,5 @@
 //! The controllers `--optimizer` names: those of the library ([`OptimizerChoice`]: gd, bo,
-//! fixed:N, ppo, ppo:PATH, auto, auto:PATH) and an external agent (external:SOCKET), which only
+//! fixed:N, schedule:TIME:N,..., ppo, ppo:PATH, auto, auto:PATH) and an external agent (external:SOCKET), which only
 //! the command line offers.
 
 use std::path::PathBuf;
@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use anyhow::bail;
 use optimizer::{Controller, UtilityParams};
-use transfer::optimizer_choice::OptimizerChoice;
+use transfer::optimizer_choice::{OptimizerChoice, OptimizerError};
 
 use crate::args::TuningArgs;
 use crate::external::ExternalAgent;
@@ -29,17 +29,54 @@ impl FromStr for OptimizerSpec {
             Some(("external", path)) if !path.is_empty() => {
                 Ok(OptimizerSpec::External(path.into()))
             }
-            _ => s.parse().map(OptimizerSpec::Choice).map_err(|_| {
-                format!(
-                    "unknown optimizer {s:?}: expected gd, bo, fixed:N (N >= 1), ppo, ppo:PATH, auto, \
-                     auto:PATH or external:SOCKET"
-                )
+            _ => s.parse().map(OptimizerSpec::Choice).map_err(|e| match e {
+                OptimizerError::Unknown(_) => format!(
+                    "unknown optimizer {s:?}: expected gd, bo, fixed:N (N >= 1), \
+                     schedule:TIME:N,..., ppo, ppo:PATH, auto, auto:PATH or external:SOCKET"
+                ),
+                e => e.to_string(),
             }),
         }
     }
 }
 
+/// Controllers separated by commas (`xfer sim --optimizer gd,bo,schedule:0s:1,15s:6`): a
+/// piece that starts with a digit is the next step of the schedule before it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptimizerList(pub Vec<OptimizerSpec>);
+
+impl FromStr for OptimizerList {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut names: Vec<String> = Vec::new();
+        for piece in s.split(',') {
+            match names.last_mut() {
+                Some(last) if piece.starts_with(|c: char| c.is_ascii_digit()) => {
+                    last.push(',');
+                    last.push_str(piece);
+                }
+                _ => names.push(piece.to_string()),
+            }
+        }
+        names
+            .iter()
+            .map(|name| name.parse())
+            .collect::<Result<_, _>>()
+            .map(OptimizerList)
+    }
+}
+
 impl OptimizerSpec {
+    /// The count a transfer under this controller starts with, where it names one (a
+    /// schedule's first count).
+    pub fn initial_streams(&self) -> Option<usize> {
+        match self {
+            OptimizerSpec::Choice(choice) => choice.initial_streams(),
+            OptimizerSpec::External(_) => None,
+        }
+    }
+
     /// Builds the controller for a transfer measured as `tuning` says and judged by `utility`
     /// (see [`utility`]); `seed` seeds random choices. `live`: for a real transfer (an external
     /// agent needs one).
@@ -149,5 +186,21 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("xfer env"), "{err}");
+    }
+
+    #[test]
+    fn a_list_keeps_each_schedule_whole() {
+        let list: OptimizerList = "gd,schedule:0s:1,15s:6,40s:1,fixed:4".parse().unwrap();
+        let names: Vec<String> = list
+            .0
+            .iter()
+            .map(|spec| match spec {
+                OptimizerSpec::Choice(choice) => choice.to_string(),
+                OptimizerSpec::External(path) => path.display().to_string(),
+            })
+            .collect();
+        assert_eq!(names, ["gd", "schedule:0s:1,15s:6,40s:1", "fixed:4"]);
+        assert!("gd,4".parse::<OptimizerList>().is_err());
+        assert!("schedule:0s:1,x".parse::<OptimizerList>().is_err());
     }
 }

@@ -129,6 +129,9 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
             args.quiet,
         )?),
     };
+    let named_initial = controller
+        .as_ref()
+        .and_then(controllers::OptimizerSpec::initial_streams);
     let mut mi_log = match (&args.mi_log, &controller) {
         (Some(path), Some(_)) => Some(std::io::BufWriter::new(
             File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
@@ -153,7 +156,9 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         .as_ref()
         .and_then(|s| s.at(Duration::ZERO))
         .or(args.streams)
-        .map_or(DEFAULT_STREAMS, |n| n as usize);
+        .map(|n| n as usize)
+        .or(named_initial)
+        .unwrap_or(DEFAULT_STREAMS);
     let congestion = match (args.congestion, args.transport) {
         (Some(c), Transport::Quic) => c,
         (Some(_), _) => bail!(

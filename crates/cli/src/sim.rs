@@ -59,7 +59,10 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             false,
         )?]
     } else {
-        args.optimizer.clone()
+        args.optimizer
+            .iter()
+            .flat_map(|list| list.0.clone())
+            .collect()
     };
     let utility = controllers::utility(&optimizers, &args.tuning)?;
     let base = RunConfig {
@@ -78,7 +81,11 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         for spec in &optimizers {
             let mut summaries = Vec::new();
             for seed in args.seed..args.seed + args.seeds {
-                let config = RunConfig { seed, ..base };
+                let config = RunConfig {
+                    seed,
+                    initial_streams: spec.initial_streams().unwrap_or(base.initial_streams),
+                    ..base
+                };
                 let mut controller = spec.build(&args.tuning, utility, seed, false)?;
                 let (rows, summary) = sim::run(scenario, controller.as_mut(), &config);
                 if runs == 1 {

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::bo::{BayesianOptimizer, BoParams};
 use crate::gd::{GdParams, GradientDescent};
+use crate::schedule::{CountSchedule, ScheduleError};
 use crate::settle::Settling;
 use crate::signals::Observation;
 use crate::utility::UtilityParams;
@@ -131,7 +132,7 @@ impl Controller for Fixed {
     }
 }
 
-/// A controller named on a command line: `fixed:N`, `gd` or `bo`.
+/// A controller named on a command line: `fixed:N`, `gd`, `bo` or `schedule:TIME:N,...`.
 ///
 /// ```
 /// use optimizer::ControllerSpec;
@@ -140,7 +141,7 @@ impl Controller for Fixed {
 /// assert_eq!(spec, ControllerSpec::Fixed(8));
 /// assert_eq!(spec.to_string(), "fixed:8");
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ControllerSpec {
     /// [`Fixed`] at this count.
     Fixed(usize),
@@ -148,19 +149,31 @@ pub enum ControllerSpec {
     Gd,
     /// [`BayesianOptimizer`] with default parameters.
     Bo,
+    /// The counts of a timetable ([`CountSchedule`]).
+    Schedule(CountSchedule),
 }
 
 /// Why a controller name was not understood.
 ///
 /// ```
-/// use optimizer::ControllerSpec;
+/// use optimizer::{ControllerSpec, SpecError};
 ///
 /// let e = "gradient".parse::<ControllerSpec>().unwrap_err();
-/// assert_eq!(e.to_string(), r#"unknown optimizer "gradient": expected gd, bo or fixed:N (N >= 1)"#);
+/// assert_eq!(
+///     e.to_string(),
+///     r#"unknown optimizer "gradient": expected gd, bo, fixed:N (N >= 1) or schedule:TIME:N,..."#
+/// );
+/// assert!(matches!("schedule:2s:1".parse::<ControllerSpec>(), Err(SpecError::Schedule(_))));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown optimizer {0:?}: expected gd, bo or fixed:N (N >= 1)")]
-pub struct SpecError(String);
+pub enum SpecError {
+    /// No controller has this name.
+    #[error("unknown optimizer {0:?}: expected gd, bo, fixed:N (N >= 1) or schedule:TIME:N,...")]
+    Unknown(String),
+    /// A schedule that could not be read.
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+}
 
 impl FromStr for ControllerSpec {
     type Err = SpecError;
@@ -171,9 +184,10 @@ impl FromStr for ControllerSpec {
             None if s == "bo" => Ok(ControllerSpec::Bo),
             Some(("fixed", n)) => match n.parse::<usize>() {
                 Ok(n) if n >= 1 => Ok(ControllerSpec::Fixed(n)),
-                _ => Err(SpecError(s.into())),
+                _ => Err(SpecError::Unknown(s.into())),
             },
-            _ => Err(SpecError(s.into())),
+            Some(("schedule", steps)) => Ok(ControllerSpec::Schedule(steps.parse()?)),
+            _ => Err(SpecError::Unknown(s.into())),
         }
     }
 }
@@ -184,6 +198,7 @@ impl fmt::Display for ControllerSpec {
             ControllerSpec::Fixed(n) => write!(f, "fixed:{n}"),
             ControllerSpec::Gd => f.write_str("gd"),
             ControllerSpec::Bo => f.write_str("bo"),
+            ControllerSpec::Schedule(schedule) => schedule.fmt(f),
         }
     }
 }
@@ -220,6 +235,23 @@ impl ControllerSpec {
                 seed,
                 ..BoParams::default()
             }))),
+            ControllerSpec::Schedule(schedule) => Box::new(schedule.capped(max_streams)),
+        }
+    }
+
+    /// The count a transfer under this controller starts with, where the controller names one
+    /// (a schedule's first); `None`: the caller's choice.
+    ///
+    /// ```
+    /// use optimizer::ControllerSpec;
+    ///
+    /// let schedule: ControllerSpec = "schedule:0s:6,10s:1".parse().unwrap();
+    /// assert_eq!((schedule.initial_streams(), ControllerSpec::Gd.initial_streams()), (Some(6), None));
+    /// ```
+    pub fn initial_streams(&self) -> Option<usize> {
+        match self {
+            ControllerSpec::Schedule(schedule) => Some(schedule.first()),
+            _ => None,
         }
     }
 }
@@ -230,10 +262,25 @@ mod tests {
 
     #[test]
     fn specs_parse_and_print_back() {
-        for text in ["gd", "bo", "fixed:1", "fixed:16"] {
+        for text in [
+            "gd",
+            "bo",
+            "fixed:1",
+            "fixed:16",
+            "schedule:0s:1,15s:6,40.5s:1",
+        ] {
             assert_eq!(text.parse::<ControllerSpec>().unwrap().to_string(), text);
         }
-        for bad in ["", "fixed", "fixed:0", "fixed:x", "gd:2", "ppo"] {
+        for bad in [
+            "",
+            "fixed",
+            "fixed:0",
+            "fixed:x",
+            "gd:2",
+            "ppo",
+            "schedule:",
+            "schedule:5s:1",
+        ] {
             assert!(bad.parse::<ControllerSpec>().is_err(), "{bad}");
         }
     }

@@ -7,7 +7,7 @@
 //! into an [`Observation`] (throughput, loss, RTT ratio and gradient, utility, reward), and a
 //! [`Controller`] answers with the stream count for the next interval.
 //!
-//! The controllers: [`Fixed`], [`GradientDescent`], [`BayesianOptimizer`], the learned
+//! The controllers: [`Fixed`], [`CountSchedule`], [`GradientDescent`], [`BayesianOptimizer`], the learned
 //! [`policy::PolicyController`] (a PPO policy exported by `training/`, run by tract or, with
 //! the `tch` feature, libtorch), and [`Auto`], which guards and fine-tunes a policy. The [`mod@env`] module serves the environment protocol that trains such a
 //! policy on the [`sim`]ulator.
@@ -20,6 +20,7 @@ mod controller;
 pub mod env;
 mod gd;
 pub mod policy;
+mod schedule;
 mod settle;
 mod signals;
 pub mod sim;
@@ -29,6 +30,7 @@ pub use auto::{Auto, AutoParams};
 pub use bo::{BayesianOptimizer, BoParams};
 pub use controller::{Acting, Controller, ControllerSpec, Fixed, SpecError};
 pub use gd::{GdParams, GradientDescent};
+pub use schedule::{CountSchedule, ScheduleError};
 pub use settle::{IntervalRamp, RampClock, Settling, RAMP_RTTS};
 pub use signals::{MiStats, Observation, SignalTracker};
 pub use utility::{RewardParams, UtilityParams};

@@ -1,5 +1,5 @@
 //! Which controller chooses a transfer's stream count, named as `xfer send --optimizer` names it
-//! (`auto`, `ppo`, `ppo:PATH`, `auto:PATH`, `gd`, `bo`, `fixed:N`), and how it measures and
+//! (`auto`, `ppo`, `ppo:PATH`, `auto:PATH`, `gd`, `bo`, `fixed:N`, `schedule:TIME:N,...`), and how it measures and
 //! judges ([`Tuning`]): what a service keeps in its configuration to get the same controller the
 //! command line gets.
 //!
@@ -21,7 +21,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use optimizer::policy::PolicyController;
-use optimizer::{Auto, AutoParams, Controller, ControllerSpec, UtilityParams};
+use optimizer::{
+    Auto, AutoParams, Controller, ControllerSpec, ScheduleError, SpecError, UtilityParams,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::policy_source::{PolicyLoadError, PolicyRuntime, PolicySource};
@@ -43,7 +45,7 @@ use crate::policy_source::{PolicyLoadError, PolicyRuntime, PolicySource};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum OptimizerChoice {
-    /// `gd`, `bo` or `fixed:N`.
+    /// `gd`, `bo`, `fixed:N` or `schedule:TIME:N,...`.
     Builtin(ControllerSpec),
     /// `ppo` (the built-in policy) or `ppo:PATH` (an export of training/).
     Ppo(Option<PathBuf>),
@@ -68,10 +70,13 @@ pub enum OptimizerChoice {
 pub enum OptimizerError {
     /// The name is not one of the optimisers.
     #[error(
-        "unknown optimizer {0:?}: expected gd, bo, fixed:N (N >= 1), ppo, ppo:PATH, auto or \
-         auto:PATH"
+        "unknown optimizer {0:?}: expected gd, bo, fixed:N (N >= 1), ppo, ppo:PATH, auto, \
+         auto:PATH or schedule:TIME:N,..."
     )]
     Unknown(String),
+    /// A `schedule:` whose timetable could not be read.
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
     /// The tuning's values are out of range.
     #[error("{0}")]
     Tuning(String),
@@ -110,7 +115,10 @@ impl FromStr for OptimizerChoice {
             _ => s
                 .parse()
                 .map(OptimizerChoice::Builtin)
-                .map_err(|_| OptimizerError::Unknown(s.into())),
+                .map_err(|e| match e {
+                    SpecError::Schedule(e) => OptimizerError::Schedule(e),
+                    SpecError::Unknown(_) => OptimizerError::Unknown(s.into()),
+                }),
         }
     }
 }
@@ -162,6 +170,23 @@ impl OptimizerChoice {
         }
     }
 
+    /// The count a transfer under this controller starts with, where it names one (a
+    /// schedule's first count); `None`: the transfer's own choice.
+    ///
+    /// ```
+    /// use transfer::optimizer_choice::OptimizerChoice;
+    ///
+    /// let schedule: OptimizerChoice = "schedule:0s:6,20s:1".parse().unwrap();
+    /// assert_eq!(schedule.initial_streams(), Some(6));
+    /// assert_eq!("auto".parse::<OptimizerChoice>().unwrap().initial_streams(), None);
+    /// ```
+    pub fn initial_streams(&self) -> Option<usize> {
+        match self {
+            OptimizerChoice::Builtin(spec) => spec.initial_streams(),
+            OptimizerChoice::Ppo(_) | OptimizerChoice::Auto(_) => None,
+        }
+    }
+
     /// Builds the controller for a transfer measured as `tuning` says and judged by `utility`
     /// ([`Tuning::utility_for`]); `seed` seeds its random choices. A policy that was trained
     /// for another utility, or that this build cannot run, is refused here.
@@ -191,7 +216,7 @@ impl OptimizerChoice {
                 .map_err(|e| source.error(e).into())
         };
         Ok(match self {
-            OptimizerChoice::Builtin(spec) => spec.build(max_streams, utility, seed),
+            OptimizerChoice::Builtin(spec) => spec.clone().build(max_streams, utility, seed),
             OptimizerChoice::Ppo(path) => Box::new(policy(path)?),
             OptimizerChoice::Auto(path) => Box::new(Auto::new(
                 Box::new(policy(path)?),

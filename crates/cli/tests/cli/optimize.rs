@@ -43,6 +43,29 @@ fn auto_is_the_default_and_drives_a_real_transfer_logging_who_acts() {
     }
 }
 
+#[test]
+fn a_schedule_sets_the_count_on_interval_boundaries_and_logs_each_interval() {
+    let schedule = "schedule:0s:1,1s:4,2s:2";
+    let records = optimized_transfer(Some(schedule));
+    for r in records.iter().filter(|r| r["decision"].is_number()) {
+        let end = r["time"].as_f64().unwrap();
+        let expected = match end {
+            t if t < 0.999 => 1,
+            t if t < 1.999 => 4,
+            _ => 2,
+        };
+        assert_eq!(r["decision"], expected, "{r}");
+    }
+    let counts: Vec<_> = records
+        .iter()
+        .map(|r| r["streams"].as_u64().unwrap())
+        .collect();
+    assert!(
+        counts.contains(&4) && counts.last() == Some(&2),
+        "{counts:?}"
+    );
+}
+
 /// Sends a tree with `optimizer` choosing the count from 1 stream (or, for `None`, the default
 /// optimiser from the default count), with paced streams, 200 ms intervals and at most 16
 /// streams; checks that it arrived byte-identical and that its MI log is well formed, and
@@ -126,8 +149,12 @@ fn optimized_transfer(optimizer: Option<&str>) -> Vec<serde_json::Value> {
 fn optimizer_flags_that_cannot_work_are_refused_before_anything_is_sent() {
     let root = tempfile::tempdir().unwrap();
     let receiver = Receiver::start(root.path());
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 9] = [
         (&["--optimizer", "pp"], "unknown optimizer \"pp\""),
+        (
+            &["--optimizer", "schedule:2s:1"],
+            "the first step is not at 0s",
+        ),
         (
             &["--optimizer", "ppo:/nonexistent/model"],
             "cannot read policy metadata /nonexistent/model",

@@ -99,6 +99,38 @@ fn a_scenario_file_can_be_given() {
 }
 
 #[test]
+fn a_schedule_sets_the_count_from_its_first_interval_and_sits_in_a_list() {
+    let stdout = sim_ok(&os(&[
+        "--scenario",
+        "paper-fig2",
+        "--optimizer",
+        "schedule:0s:2,5s:6",
+        "--duration",
+        "10s",
+        "--json",
+    ]));
+    let lines = json_lines(&stdout);
+    let counts: Vec<u64> = lines[..10]
+        .iter()
+        .map(|mi| mi["streams"].as_u64().unwrap())
+        .collect();
+    assert_eq!(counts, [2, 2, 2, 2, 2, 6, 6, 6, 6, 6]);
+    assert_eq!(lines[10]["controller"], "schedule:0s:2,5s:6");
+
+    let summaries = json_lines(&sim_ok(&os(&[
+        "--scenario",
+        "paper-fig2",
+        "--optimizer",
+        "gd,schedule:0s:2,5s:6,fixed:3",
+        "--duration",
+        "10s",
+        "--json",
+    ])));
+    let names: Vec<_> = summaries.iter().map(|s| s["controller"].clone()).collect();
+    assert_eq!(names, ["gd", "schedule:0s:2,5s:6", "fixed:3"]);
+}
+
+#[test]
 fn bad_scenarios_and_optimizers_are_named() {
     let (_dir, path) = scenario_file("bad", 0);
     for (args, expected) in [
@@ -139,6 +171,10 @@ fn bad_scenarios_and_optimizers_are_named() {
         (
             vec!["--scenario", "all", "--optimizer", "gd,"],
             "unknown optimizer \"\"",
+        ),
+        (
+            vec!["--scenario", "all", "--optimizer", "schedule:0s:1,4s:0"],
+            "bad stream-count schedule \"0s:1,4s:0\" (\"0\" in \"4s:0\" is not a count)",
         ),
     ] {
         let out = xfer().arg("sim").args(&args).output().unwrap();

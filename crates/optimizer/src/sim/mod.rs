@@ -444,7 +444,7 @@ pub struct RunSummary {
 ///
 /// let scenario = Scenario::shipped("background-arrives").unwrap();
 /// for spec in [ControllerSpec::Gd, ControllerSpec::Bo] {
-///     let mut controller = spec.build(64, UtilityParams::default(), 1);
+///     let mut controller = spec.clone().build(64, UtilityParams::default(), 1);
 ///     let (_, s) = run(&scenario, controller.as_mut(), &RunConfig { duration: 60.0, ..RunConfig::default() });
 ///     println!("{spec}: 95 % after {:?} s, mean {:.2} of the best", s.time_to_95, s.mean_utility_fraction);
 /// }

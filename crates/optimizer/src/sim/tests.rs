@@ -85,7 +85,7 @@ fn fixed_count_reports_its_throughput() {
 /// the best count, looking from interval `from`, by interval `by`.
 fn assert_settles(spec: ControllerSpec, scenario: &str, from: usize, by: usize) {
     for seed in 1..=5 {
-        let mut controller = spec.build(64, UtilityParams::default(), 0);
+        let mut controller = spec.clone().build(64, UtilityParams::default(), 0);
         let config = RunConfig {
             seed,
             ..RunConfig::default()
