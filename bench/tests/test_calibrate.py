@@ -3,10 +3,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from xfer_bench import calibrate, wan
+
+CALIBRATION = Path(__file__).resolve().parents[1] / "calibration"
 
 
 def test_scenarios_map_to_emulated_paths():
@@ -34,6 +37,46 @@ def test_the_simulator_side_of_the_sweep():
     # One stream at 280 Mbit/s and 1e-5 loss loses a segment every 4 s: 10 take 41 s.
     assert calibrate.seconds_for_losses(280, 1e-5, 1) == pytest.approx(41.4, rel=0.01)
     assert calibrate.seconds_for_losses(500, 0.0, 10) == 0
+
+
+def test_scenario_files_map_like_shipped_names():
+    spec, cap = calibrate.scenario_path(str(CALIBRATION / "long-deep.toml"))
+    assert (spec.rtt_ms, spec.buffer_bytes(), cap) == (100, 2441 << 10, None)
+    assert calibrate.scenario_file("cloudlab-1g") == calibrate.SCENARIOS / "cloudlab-1g.toml"
+
+
+def test_a_schedule_is_split_into_its_steps_and_compared_step_by_step():
+    assert calibrate.schedule_steps("0s:1,15s:6,40s:1", 65) == [
+        (0, 1, 15), (15, 6, 40), (40, 1, 65)
+    ]  # fmt: skip
+    assert calibrate.schedule_steps("0s:2, 30:4", 20) == [(0, 2, 20)]
+    with pytest.raises(ValueError):
+        calibrate.schedule_steps("0s:one", 10)
+    emulated = [100.0] * 4 + [50.0, 150.0, 200.0, 200.0]
+    simulated = [100.0] * 4 + [200.0] * 4
+    steps = calibrate.compare_steps(emulated, simulated, "0s:1,4s:6", window=2)
+    assert [(s.start, s.streams) for s in steps] == [(0, 1), (4, 6)]
+    assert steps[0].gaps == (0, 0)
+    assert steps[1].emulated_first == 100 and steps[1].emulated_all == 150
+    assert steps[1].gaps == (pytest.approx(1.0), pytest.approx(1 / 3))
+
+
+def test_runs_are_binned_by_the_second_their_intervals_end_in():
+    runs = [
+        [{"time": 1.02, "throughput": 10e6}, {"time": 2.02, "throughput": 30e6}],
+        [{"time": 0.98, "throughput": 20e6}, {"time": 2.5, "throughput": 50e6}],
+    ]
+    assert calibrate.per_interval(runs, 3) == [20, 10, 40]
+
+
+def test_the_simulator_follows_a_schedule():
+    xfer = calibrate.DEFAULT_XFER
+    assert xfer.exists(), "build xfer first (scripts/test runs cargo test --release before pytest)"
+    rows = calibrate.simulated_intervals(xfer, "paper-fig2", "schedule:0s:4,5s:10", 10)
+    assert [r["streams"] for r in rows] == [4] * 5 + [10] * 5
+    # 50 Mbit/s streams at 1 ms ramp up within the interval they open in.
+    assert rows[3]["throughput"] == pytest.approx(200e6, rel=0.1)
+    assert rows[6]["throughput"] == pytest.approx(500e6, rel=0.1)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")

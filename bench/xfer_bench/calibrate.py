@@ -8,6 +8,14 @@ scenario; the table shows both throughput curves and the gap.
 Throughput is the mean over the intervals after the first `--settle` seconds (slow start and
 connection set-up excluded), for the emulator and the simulator alike; on the emulator, the
 median over `--repetitions` runs, because loss-limited TCP varies a lot from run to run.
+
+With `--schedule`, the count changes on a timetable instead (`--optimizer schedule:...` on
+both sides), and the table follows the interval after each change: how fast new streams take
+their share, and the streams left after others close take what they leave. Scenarios may be
+files as well as shipped names (`bench/calibration/` holds paths for this):
+
+    xfer-bench-calibrate --scenarios bench/calibration/long-deep.toml \
+        --schedule 0s:1,15s:6,40s:1 --seconds 65
 """
 
 from __future__ import annotations
@@ -50,9 +58,15 @@ class Point:
         return self.simulated_mbit / self.emulated_mbit - 1 if self.emulated_mbit else float("inf")
 
 
+def scenario_file(name: str) -> Path:
+    """The TOML file of a scenario: a shipped one by name, or a file."""
+    return Path(name) if name.endswith(".toml") else SCENARIOS / f"{name}.toml"
+
+
 def scenario_path(name: str) -> tuple[WanSpec, float | None]:
-    """The emulated path of a shipped simulator scenario, and its per-stream cap in Mbit/s."""
-    data = tomllib.loads((SCENARIOS / f"{name}.toml").read_text())
+    """The emulated path of a simulator scenario (shipped, or a file), and its per-stream cap in
+    Mbit/s."""
+    data = tomllib.loads(scenario_file(name).read_text())
     if any(step.get("flows", 0) for step in data.get("background", [])):
         raise ValueError(f"{name} has background flows; calibrate on paths without them")
     mss = float(data.get("mss", 1448))
@@ -73,15 +87,21 @@ def steady_mean(records: Sequence[dict], settle: float) -> float:
     return sum(kept) / len(kept) / 1e6 if kept else 0.0
 
 
+def simulated_intervals(
+    xfer: Path, name: str, optimizer: str, seconds: float, seed: int = 1
+) -> list[dict]:
+    """The intervals of `xfer sim` under `optimizer` on scenario `name`."""
+    argv = [str(xfer), "sim", "--scenario", str(scenario_file(name)), "--optimizer", optimizer]
+    argv += ["--duration", f"{seconds:g}s", "--seed", str(seed), "--json"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return [r for r in map(json.loads, out.splitlines()) if r["type"] == "mi"]
+
+
 def simulate(
     xfer: Path, name: str, streams: int, seconds: float, settle: float
 ) -> tuple[float, float]:
     """`xfer sim` with a fixed count: steady mean throughput in Mbit/s and loss rate."""
-    argv = [str(xfer), "sim", "--scenario", name, "--optimizer", f"fixed:{streams}"]
-    argv += ["--duration", f"{seconds:g}s", "--json"]
-    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-    records = [json.loads(line) for line in out.splitlines()]
-    kept = [r for r in records if r["type"] == "mi"]
+    kept = simulated_intervals(xfer, name, f"fixed:{streams}", seconds)
     steady = [r["loss"] for r in kept if r["time"] > settle]
     return steady_mean(kept, settle), sum(steady) / len(steady) if steady else 0.0
 
@@ -98,24 +118,23 @@ def seconds_for_losses(mbit: float, loss: float, streams: int) -> float:
     return MIN_LOSS_EVENTS / (loss * segments_per_s) if loss > 0 and mbit > 0 else 0.0
 
 
-def emulate(
-    xfer: Path, spec: WanSpec, cap: float | None, counts: Sequence[int], seconds: float,
-    settle: float, repetitions: int,
-) -> list[float]:  # fmt: skip
-    """xfer with each fixed count through the emulated path: the median over `repetitions` of
-    the steady mean throughput (counts interleaved, so drift hits every count alike)."""
-    runs: dict[int, list[float]] = {n: [] for n in counts}
+def emulated_runs(
+    xfer: Path, spec: WanSpec, cap: float | None, optimizers: Sequence[str], seconds: float,
+) -> list[list[dict]]:  # fmt: skip
+    """The MI log of a memory-to-memory transfer of `seconds` under each of `optimizers` in
+    turn, through one emulated path and receiver."""
+    logs = []
     with tempfile.TemporaryDirectory() as tmp, emulated_wan(spec, xfer) as wan:
         topo = wan.topology()
         with dataplane.xfer_receiver(xfer, topo, Path(tmp)) as rx:
             key = dataplane.write_key_file(rx, Path(tmp) / "xfer.key")
-            for n in [n for _ in range(repetitions) for n in counts]:
-                log = Path(tmp) / f"mi-{n}.jsonl"
+            for i, optimizer in enumerate(optimizers):
+                log = Path(tmp) / f"mi-{i}.jsonl"
                 size = dataplane.unending_size(spec.rate_mbit, seconds)
                 argv = dataplane.optimized_send_command(
-                    xfer, rx, ["--mem", str(size)], f"fixed:{n}", log, key, stream_rate_cap_mbit=cap
+                    xfer, rx, ["--mem", str(size)], optimizer, log, key, stream_rate_cap_mbit=cap
                 )
-                err = Path(tmp) / f"send-{n}.stderr"
+                err = Path(tmp) / f"send-{i}.stderr"
                 with err.open("w") as stderr:
                     proc = supervise.start(
                         topo.sender_cmd(supervise.supervised(argv)), None, stderr
@@ -128,19 +147,114 @@ def emulate(
                         # Also when the sweep is interrupted: no sender outlives it.
                         supervise.stop(proc)
                 try:
-                    runs[n].append(steady_mean(dataplane.read_mi_log(log), settle))
+                    logs.append(dataplane.read_mi_log(log))
                 except OSError as e:
                     said = err.read_text().split(supervise.CPU_MARKER)[0].strip()
-                    raise RuntimeError(f"xfer send with {n} streams: {e}; {said}") from e
-                print(f"  {n} streams: {runs[n][-1]:.0f} Mbit/s", file=sys.stderr, flush=True)
+                    raise RuntimeError(f"xfer send --optimizer {optimizer}: {e}; {said}") from e
+    return logs
+
+
+def emulate(
+    xfer: Path, spec: WanSpec, cap: float | None, counts: Sequence[int], seconds: float,
+    settle: float, repetitions: int,
+) -> list[float]:  # fmt: skip
+    """xfer with each fixed count through the emulated path: the median over `repetitions` of
+    the steady mean throughput (counts interleaved, so drift hits every count alike)."""
+    order = [n for _ in range(repetitions) for n in counts]
+    logs = emulated_runs(xfer, spec, cap, [f"fixed:{n}" for n in order], seconds)
+    runs: dict[int, list[float]] = {n: [] for n in counts}
+    for n, log in zip(order, logs, strict=True):
+        runs[n].append(steady_mean(log, settle))
     return [statistics.median(runs[n]) for n in counts]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a schedule, measured on both sides: the mean throughput over its first
+    `window` intervals (while the change settles) and over all its intervals."""
+
+    start: float
+    streams: int
+    emulated_first: float
+    simulated_first: float
+    emulated_all: float
+    simulated_all: float
+
+    @property
+    def gaps(self) -> tuple[float, float]:
+        """Simulated over emulated, minus one: over the first intervals and over all."""
+        return (Point(self.streams, self.emulated_first, self.simulated_first).gap,
+                Point(self.streams, self.emulated_all, self.simulated_all).gap)  # fmt: skip
+
+
+def per_interval(logs: Sequence[Sequence[dict]], seconds: float) -> list[float]:
+    """Mbit/s in each whole second of the runs, the median over the runs (an interval counts
+    for the second it ends in)."""
+    columns: list[list[float]] = [[] for _ in range(int(seconds))]
+    for log in logs:
+        for r in log:
+            second = int(r["time"] - 1e-6)
+            if 0 <= second < len(columns):
+                columns[second].append(r["throughput"] / 1e6)
+    return [statistics.median(c) if c else 0.0 for c in columns]
+
+
+def schedule_steps(schedule: str, seconds: float) -> list[tuple[float, int, float]]:
+    """`(start, count, end)` of each step of a `TIME:COUNT,...` schedule within `seconds`."""
+    steps = []
+    for part in schedule.split(","):
+        time, count = part.split(":")
+        steps.append((float(time.strip().removesuffix("s")), int(count)))
+    ends = [t for t, _ in steps[1:]] + [seconds]
+    return [
+        (t, n, min(end, seconds)) for (t, n), end in zip(steps, ends, strict=True) if t < seconds
+    ]
+
+
+def compare_steps(
+    emulated: Sequence[float], simulated: Sequence[float], schedule: str, window: int
+) -> list[Step]:
+    """Each step of `schedule` with its means on both sides (per-second throughputs)."""
+    out = []
+    for start, n, end in schedule_steps(schedule, len(emulated)):
+        first, last = int(start), int(end)
+        head = slice(first, min(first + window, last))
+        mean = lambda xs: statistics.fmean(xs) if xs else 0.0  # noqa: E731
+        out.append(Step(start, n, mean(emulated[head]), mean(simulated[head]),
+                        mean(emulated[first:last]), mean(simulated[first:last])))  # fmt: skip
+    return out
+
+
+def transient(args: argparse.Namespace, name: str) -> list[Step]:
+    """Runs `args.schedule` on scenario `name` on both sides, prints the per-second table and
+    returns each step's comparison."""
+    spec, cap = scenario_path(name)
+    optimizer = f"schedule:{args.schedule}"
+    logs = emulated_runs(args.xfer, spec, cap, [optimizer] * args.repetitions, args.seconds)
+    emulated = per_interval(logs, args.seconds)
+    simulated = per_interval(
+        [simulated_intervals(args.xfer, name, optimizer, args.seconds, seed)
+         for seed in range(1, args.repetitions + 1)],
+        args.seconds,
+    )  # fmt: skip
+    print(f"\n{name}, {optimizer} (Mbit/s each second, median of {args.repetitions} runs)\n")
+    print("| second | emulated | simulated |")
+    print("|---:|---:|---:|")
+    for second, (e, s) in enumerate(zip(emulated, simulated, strict=True)):
+        print(f"| {second + 1} | {e:.0f} | {s:.0f} |")
+    return compare_steps(emulated, simulated, args.schedule, args.window)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the sweep for each scenario and prints the table; exit 1 when a gap exceeds 15 %."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--scenarios", default="paper-fig2,cloudlab-1g", help="shipped scenarios")
+    p.add_argument("--scenarios", default="paper-fig2,cloudlab-1g",
+                   help="shipped scenarios, or scenario files (.toml)")  # fmt: skip
     p.add_argument("--streams", default="1,2,4,8,16,32", help="stream counts")
+    p.add_argument("--schedule", help="counts on a timetable instead, e.g. 0s:1,15s:6,40s:1")
+    p.add_argument(
+        "--window", type=int, default=5, help="with --schedule: seconds after each change"
+    )
     p.add_argument("--seconds", type=float, default=12.0, help="length of each run")
     p.add_argument("--settle", type=float, default=4.0, help="seconds left out at the start")
     p.add_argument("--repetitions", type=int, default=3, help="emulated runs per count (median)")
@@ -149,6 +263,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.xfer.exists():
         p.error(f"{args.xfer} does not exist: build it with cargo build --release")
     tear_down_on_signals()
+    if args.schedule:
+        try:
+            schedule_steps(args.schedule, args.seconds)
+        except ValueError as e:
+            p.error(f"--schedule {args.schedule}: {e}")
+        return transient_main(args, argv)
     counts = [int(n) for n in args.streams.split(",")]
     rows: list[tuple[str, Point]] = []
     short: list[str] = []
@@ -169,8 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             needed = seconds_for_losses(s, loss, n)
             if needed > args.seconds - args.settle:
                 short.append(f"{name} at {n} streams needs {args.settle + needed:.0f} s")
-    command = "xfer-bench-calibrate " + shlex.join(sys.argv[1:] if argv is None else list(argv))
-    print(f"\nreproduce: {command}\n")
+    print(f"\nreproduce: {reproduce(argv)}\n")
     if busy > 0.10:
         print(f"**Warning:** the host was busy before a sweep ({busy:.0%} of the CPUs): the "
               "emulated figures may be low.\n")  # fmt: skip
@@ -188,6 +307,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nlargest gap: {worst[1].gap:+.0%} ({worst[0]}, {worst[1].streams} streams); "
           f"tolerance {TOLERANCE:.0%}")  # fmt: skip
     return 0 if abs(worst[1].gap) <= TOLERANCE else 1
+
+
+def reproduce(argv: Sequence[str] | None) -> str:
+    """The command line of this run."""
+    return "xfer-bench-calibrate " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+
+
+def transient_main(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """`--schedule`: each scenario's table, then every step's means and gaps; exit 1 when a
+    gap exceeds the tolerance."""
+    rows: list[tuple[str, Step]] = []
+    for name in args.scenarios.split(","):
+        print(f"{name}: {scenario_path(name)[0]}", file=sys.stderr)
+        rows += [(name, step) for step in transient(args, name)]
+    print(f"\nreproduce: {reproduce(argv)}\n")
+    print(f"| scenario | from | streams | emulated, first {args.window} s | simulated | gap | "
+          "emulated, whole step | simulated | gap |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, st in rows:
+        first, whole = st.gaps
+        print(f"| {name} | {st.start:g} s | {st.streams} | {st.emulated_first:.0f} | "
+              f"{st.simulated_first:.0f} | {first:+.0%} | {st.emulated_all:.0f} | "
+              f"{st.simulated_all:.0f} | {whole:+.0%} |")  # fmt: skip
+    worst = max((abs(g) for _, st in rows for g in st.gaps), default=0.0)
+    print(f"\nlargest gap: {worst:.0%}; tolerance {TOLERANCE:.0%}")
+    return 0 if worst <= TOLERANCE else 1
 
 
 if __name__ == "__main__":
