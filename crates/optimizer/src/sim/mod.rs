@@ -6,11 +6,14 @@
 //! than the capacity, the queue grows until the longer RTT slows them to the capacity, or, for
 //! rate-capped flows or when that would overflow the drop-tail buffer (which fills further
 //! the more flows share it), the bottleneck is shared max-min fairly and the congestion loss
-//! is what CUBIC's response needs to hold each flow at its share. New streams lose their connection round trips and slow start. Measured
-//! throughput, RTT and retransmissions carry noise from a seeded generator.
+//! is what CUBIC's response needs to hold each flow at its share. New streams connect and
+//! slow-start over as many intervals as that takes, while the streams already there keep
+//! carrying what they can (`streams`). Measured throughput, RTT and retransmissions carry
+//! noise from a seeded generator.
 
 mod random;
 mod scenario;
+mod streams;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -19,6 +22,7 @@ use serde::Serialize;
 
 pub use random::{random_scenario, Family, HELD_OUT_SEEDS};
 pub use scenario::{BackgroundStep, Scenario, ScenarioError, SHIPPED};
+use streams::Streams;
 
 use crate::controller::{Acting, Controller};
 use crate::signals::{MiStats, Observation, SignalTracker};
@@ -50,6 +54,21 @@ fn loss_for_window(window: f64, rtt: f64) -> f64 {
     (CUBIC_FRIENDLY / window)
         .powi(2)
         .max((CUBIC_WINDOW / window).powf(4.0 / 3.0) * rtt)
+}
+
+/// The most one flow can carry on the path of `s` at round-trip time `rtt` seconds, with rate
+/// cap `cap` in Mbit/s, whatever the other flows do: its window over the RTT, CUBIC's response
+/// to the random loss, and the cap; bit/s.
+fn flow_limit(s: &Scenario, rtt: f64, cap: Option<f64>) -> f64 {
+    let window = s.window_kib * 1024.0 * 8.0 / rtt;
+    let lossy = if s.random_loss > 0.0 {
+        loss_limited_window(s.random_loss, rtt) * s.mss * 8.0 / rtt
+    } else {
+        f64::INFINITY
+    };
+    window
+        .min(lossy)
+        .min(cap.map_or(f64::INFINITY, |c| c * 1e6))
 }
 
 /// What the path does for `n` streams at one moment, without measurement noise.
@@ -88,7 +107,7 @@ pub struct Simulator {
     scenario: Scenario,
     rng: ChaCha8Rng,
     time: f64,
-    streams: usize,
+    streams: Streams,
 }
 
 impl Simulator {
@@ -106,7 +125,7 @@ impl Simulator {
             scenario,
             rng: ChaCha8Rng::seed_from_u64(seed),
             time: 0.0,
-            streams: 0,
+            streams: Streams::default(),
         }
     }
 
@@ -164,17 +183,7 @@ impl Simulator {
         let capacity = s.capacity_mbps * 1e6;
         let base_rtt = s.base_rtt_ms / 1e3;
         let background = s.background_at(t) as usize;
-        let limit = |rtt: f64, cap: Option<f64>| -> f64 {
-            let window = s.window_kib * 1024.0 * 8.0 / rtt;
-            let lossy = if s.random_loss > 0.0 {
-                loss_limited_window(s.random_loss, rtt) * s.mss * 8.0 / rtt
-            } else {
-                f64::INFINITY
-            };
-            window
-                .min(lossy)
-                .min(cap.map_or(f64::INFINITY, |c| c * 1e6))
-        };
+        let limit = |rtt: f64, cap: Option<f64>| flow_limit(s, rtt, cap);
         let ours = limit(base_rtt, s.stream_cap_mbps);
         let theirs = limit(base_rtt, s.background_cap_mbps);
         let demand = n as f64 * ours + background as f64 * theirs;
@@ -241,16 +250,16 @@ impl Simulator {
     pub fn step(&mut self, n: usize, duration: f64) -> MiStats {
         let s = self.scenario.clone();
         let state = self.steady_state(n, self.time);
-        let mut throughput = state.throughput;
-        let opened = n.saturating_sub(self.streams);
-        if opened > 0 && n > 0 {
-            // Connection set-up, then slow start from 10 segments to the stream's rate.
-            let per_stream = state.throughput / n as f64;
-            let target_window = (per_stream * state.rtt / (s.mss * 8.0)).max(10.0);
-            let startup = state.rtt * (s.start_rtts + (target_window / 10.0).log2());
-            let lost = (startup / duration).min(1.0);
-            throughput -= opened as f64 * per_stream * lost;
-        }
+        let base_rtt = s.base_rtt_ms / 1e3;
+        let path = streams::Path {
+            rtt: state.rtt,
+            mss: s.mss,
+            start_rtts: s.start_rtts,
+            share: state.throughput,
+            stream_limit: flow_limit(&s, base_rtt, s.stream_cap_mbps) * (1.0 - s.random_loss),
+        };
+        self.streams.set_count(n, self.time, &path);
+        let throughput = self.streams.run(self.time, duration, &path);
         let noisy = |rng: &mut ChaCha8Rng, value: f64, sd: f64| {
             let factor = Normal::new(1.0, sd).expect("finite sd").sample(rng);
             (value * factor).max(0.0)
@@ -267,7 +276,6 @@ impl Simulator {
             0
         };
         self.time += duration;
-        self.streams = n;
         MiStats {
             end: self.time,
             duration,
