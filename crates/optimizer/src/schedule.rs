@@ -1,6 +1,6 @@
 //! A stream count that follows a timetable (`--optimizer schedule:0s:1,15s:6,40s:1`): to see
 //! what a path does when the count changes, on the simulator and on a real transfer alike
-//! (`xfer-bench-calibrate --transient` compares the two interval by interval).
+//! (`xfer-bench-calibrate --schedule` compares the two second by second).
 
 use std::fmt;
 use std::str::FromStr;

@@ -11,11 +11,11 @@
 //! intervals it takes.
 //!
 //! Streams that close leave at once, and those left carry their steady share from the next
-//! interval on. On the emulated WAN that holds for streams that closed soon after opening
-//! (they had taken little of the link); streams that had held their share for long leave the
-//! others to grow into the room at CUBIC's pace, which takes seconds to tens of seconds on
-//! long paths. That is not modelled: how long depends on how the link was shared, which the
-//! steady state this simulator is built on does not follow.
+//! interval on. On the emulated WAN that holds for streams added to a link another stream
+//! already filled (they had taken little of it, even 25 s later); streams that had held their
+//! share leave the others to grow into the room at CUBIC's pace, which takes seconds to tens
+//! of seconds on long paths. That is not modelled: how long depends on how the link was
+//! shared, which the steady state this simulator is built on does not follow.
 
 /// Segments in a new stream's first window (RFC 6928).
 const INITIAL_WINDOW: f64 = 10.0;
