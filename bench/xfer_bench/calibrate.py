@@ -151,6 +151,8 @@ def emulated_runs(
                 except OSError as e:
                     said = err.read_text().split(supervise.CPU_MARKER)[0].strip()
                     raise RuntimeError(f"xfer send --optimizer {optimizer}: {e}; {said}") from e
+                mean = _mean([r["throughput"] / 1e6 for r in logs[-1]])
+                print(f"  {optimizer}: {mean:.0f} Mbit/s", file=sys.stderr, flush=True)
     return logs
 
 
@@ -219,10 +221,13 @@ def compare_steps(
     for start, n, end in schedule_steps(schedule, len(emulated)):
         first, last = int(start), int(end)
         head = slice(first, min(first + window, last))
-        mean = lambda xs: statistics.fmean(xs) if xs else 0.0  # noqa: E731
-        out.append(Step(start, n, mean(emulated[head]), mean(simulated[head]),
-                        mean(emulated[first:last]), mean(simulated[first:last])))  # fmt: skip
+        out.append(Step(start, n, _mean(emulated[head]), _mean(simulated[head]),
+                        _mean(emulated[first:last]), _mean(simulated[first:last])))  # fmt: skip
     return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else 0.0
 
 
 def transient(args: argparse.Namespace, name: str) -> list[Step]:
