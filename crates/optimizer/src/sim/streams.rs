@@ -57,8 +57,9 @@ impl Streams {
     /// bit/s.
     pub fn run(&mut self, start: f64, duration: f64, path: &Path) -> f64 {
         let n = self.ramping.len();
-        if n == 0 {
-            return 0.0;
+        if self.ramping.iter().all(Option::is_none) {
+            // All ramped up (or none open): the steady state, as far as each stream can.
+            return path.share.min(n as f64 * path.stream_limit);
         }
         let each = path.share / n as f64;
         let first = INITIAL_WINDOW * path.mss * 8.0 / path.rtt;
