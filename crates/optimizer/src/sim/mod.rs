@@ -6,7 +6,9 @@
 //! than the capacity, the queue grows until the longer RTT slows them to the capacity, or, for
 //! rate-capped flows or when that would overflow the drop-tail buffer (which fills further
 //! the more flows share it), the bottleneck is shared max-min fairly and the congestion loss
-//! is what CUBIC's response needs to hold each flow at its share. New streams connect and
+//! is what CUBIC's response needs to hold each flow at its share. Flows that are not paced
+//! also lose segments to their own bursts overflowing a buffer of few packets, more often the
+//! more of them there are ([`burst_loss`]). New streams connect and
 //! slow-start over as many intervals as that takes, while the streams already there keep
 //! carrying what they can (`streams`). Measured throughput, RTT and retransmissions carry
 //! noise from a seeded generator.
@@ -56,13 +58,46 @@ fn loss_for_window(window: f64, rtt: f64) -> f64 {
         .max((CUBIC_WINDOW / window).powf(4.0 / 3.0) * rtt)
 }
 
+/// The loss rate an unpaced flow sees at an empty queue, from its bursts alone, when it is
+/// the only one behind a buffer of no packets; calibrated with [`BURST_BUFFER_PACKETS`] and
+/// [`BURST_FLOWS_EXPONENT`] on the emulated WAN (200 Mbit/s, 20 and 100 ms, buffers of 23 to
+/// 1726 packets, 1 to 16 streams: `models/MODEL.md`, "Shallow buffers"). A sender without
+/// pacing sends what each ACK frees at its line rate, so a bunch of ACKs becomes a burst that
+/// a buffer of a few dozen packets cannot hold, long before the link is full: one unpaced
+/// stream carried 42 Mbit/s of 200 at 100 ms behind 86 packets and lost segments all along;
+/// paced to 190 Mbit/s (`SO_MAX_PACING_RATE`), it lost none after slow start.
+const BURST_LOSS: f64 = 6e-5;
+/// The buffer, in packets, over which the burst loss falls by a factor of e (2.72).
+const BURST_BUFFER_PACKETS: f64 = 300.0;
+/// How the burst loss grows with the number of unpaced flows (their bursts meet in the
+/// buffer): 1 to 16 streams behind 86 packets at 100 ms carried 42, 67, 97, 132 and 151
+/// Mbit/s of 200.
+const BURST_FLOWS_EXPONENT: f64 = 0.8;
+
+/// The loss rate from bursts that each of `flows` unpaced flows sees behind the buffer of `s`.
+fn burst_loss(s: &Scenario, flows: usize) -> f64 {
+    if flows == 0 {
+        return 0.0;
+    }
+    let packets = s.buffer_kib * 1024.0 / s.mss;
+    BURST_LOSS * (-packets / BURST_BUFFER_PACKETS).exp() * (flows as f64).powf(BURST_FLOWS_EXPONENT)
+}
+
+/// The loss rate that limits a flow with rate cap `cap` on the path of `s`, when `burst` is
+/// the loss that unpaced flows see from bursts: a paced (capped) flow does not burst.
+fn flow_loss(s: &Scenario, cap: Option<f64>, burst: f64) -> f64 {
+    s.random_loss + if cap.is_some() { 0.0 } else { burst }
+}
+
 /// The most one flow can carry on the path of `s` at round-trip time `rtt` seconds, with rate
-/// cap `cap` in Mbit/s, whatever the other flows do: its window over the RTT, CUBIC's response
-/// to the random loss, and the cap; bit/s.
-fn flow_limit(s: &Scenario, rtt: f64, cap: Option<f64>) -> f64 {
+/// cap `cap` in Mbit/s, whatever the other flows do, when unpaced flows lose `burst` of their
+/// segments to bursts: its window over the RTT, CUBIC's response to the random and burst
+/// loss, and the cap; bit/s.
+fn flow_limit(s: &Scenario, rtt: f64, cap: Option<f64>, burst: f64) -> f64 {
     let window = s.window_kib * 1024.0 * 8.0 / rtt;
-    let lossy = if s.random_loss > 0.0 {
-        loss_limited_window(s.random_loss, rtt) * s.mss * 8.0 / rtt
+    let loss = flow_loss(s, cap, burst);
+    let lossy = if loss > 0.0 {
+        loss_limited_window(loss, rtt) * s.mss * 8.0 / rtt
     } else {
         f64::INFINITY
     };
@@ -183,14 +218,16 @@ impl Simulator {
         let capacity = s.capacity_mbps * 1e6;
         let base_rtt = s.base_rtt_ms / 1e3;
         let background = s.background_at(t) as usize;
-        let limit = |rtt: f64, cap: Option<f64>| flow_limit(s, rtt, cap);
+        let burst = self.burst_loss(n, t);
+        let limit = |rtt: f64, cap: Option<f64>| flow_limit(s, rtt, cap, burst);
         let ours = limit(base_rtt, s.stream_cap_mbps);
         let theirs = limit(base_rtt, s.background_cap_mbps);
         let demand = n as f64 * ours + background as f64 * theirs;
+        let loss = flow_loss(s, s.stream_cap_mbps, burst);
         if n == 0 || demand <= capacity {
             return PathState {
-                throughput: n as f64 * ours * (1.0 - s.random_loss),
-                loss: s.random_loss,
+                throughput: n as f64 * ours * (1.0 - loss),
+                loss,
                 rtt: base_rtt,
             };
         }
@@ -216,8 +253,8 @@ impl Simulator {
             let rtt = high;
             let ours = limit(rtt, s.stream_cap_mbps);
             return PathState {
-                throughput: n as f64 * ours * (1.0 - s.random_loss),
-                loss: s.random_loss,
+                throughput: n as f64 * ours * (1.0 - loss),
+                loss,
                 rtt,
             };
         }
@@ -228,13 +265,25 @@ impl Simulator {
         let theirs = limit(rtt, s.background_cap_mbps);
         let share = fair_share(capacity, &[(n, ours), (background, theirs)]);
         let per_stream = ours.min(share);
+        // A flow held below its share by its own bursts loses what they cost it.
         let congestion = loss_for_window(share * rtt / (s.mss * 8.0), rtt);
-        let loss = (s.random_loss + congestion).min(0.5);
+        let loss = (s.random_loss + congestion).max(loss).min(0.5);
         PathState {
             throughput: n as f64 * per_stream * (1.0 - loss),
             loss,
             rtt,
         }
+    }
+
+    /// The loss rate each unpaced flow sees from bursts with `n` of the transfer's streams at
+    /// time `t`: the unpaced flows are the streams unless they are capped and the background
+    /// flows unless theirs are.
+    fn burst_loss(&self, n: usize, t: f64) -> f64 {
+        let s = &self.scenario;
+        let unpaced = |count: usize, cap: Option<f64>| if cap.is_none() { count } else { 0 };
+        let flows = unpaced(n, s.stream_cap_mbps)
+            + unpaced(s.background_at(t) as usize, s.background_cap_mbps);
+        burst_loss(s, flows)
     }
 
     /// Runs one monitoring interval of `duration` seconds with `n` streams and returns what the
@@ -250,13 +299,15 @@ impl Simulator {
     pub fn step(&mut self, n: usize, duration: f64) -> MiStats {
         let s = self.scenario.clone();
         let state = self.steady_state(n, self.time);
+        let burst = self.burst_loss(n, self.time);
         let base_rtt = s.base_rtt_ms / 1e3;
         let path = streams::Path {
             rtt: state.rtt,
             mss: s.mss,
             start_rtts: s.start_rtts,
             share: state.throughput,
-            stream_limit: flow_limit(&s, base_rtt, s.stream_cap_mbps) * (1.0 - s.random_loss),
+            stream_limit: flow_limit(&s, base_rtt, s.stream_cap_mbps, burst)
+                * (1.0 - flow_loss(&s, s.stream_cap_mbps, burst)),
         };
         self.streams.set_count(n, self.time, &path);
         let throughput = self.streams.run(self.time, duration, &path);

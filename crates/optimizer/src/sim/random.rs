@@ -37,7 +37,8 @@ pub enum Family {
     /// Random loss of 1e-5 to 1e-2 on 20-300 ms paths: each stream is loss-limited.
     Lossy,
     /// Buffers of a hundredth to a tenth of the bandwidth-delay product: congestion shows
-    /// as loss early.
+    /// as loss early, and unpaced streams' own bursts overflow them long before the link is
+    /// full.
     Shallow,
     /// Paced streams (as in `Capped`) and paced or unpaced background flows that arrive and
     /// leave: the best count moves during the transfer (paper 001's fairness experiments).

@@ -136,3 +136,40 @@ fn the_loss_response_inverts() {
         );
     }
 }
+
+/// 200 Mbit/s at 100 ms behind `buffer_kib`, streams paced to `cap` Mbit/s if any.
+fn long_path(buffer_kib: f64, cap: Option<f64>) -> Scenario {
+    let text = format!(
+        "name = \"long\"\ncapacity_mbps = 200\nbase_rtt_ms = 100\nbuffer_kib = {buffer_kib}\n"
+    );
+    Scenario {
+        stream_cap_mbps: cap,
+        ..Scenario::from_toml(&text).unwrap()
+    }
+}
+
+#[test]
+fn bursts_hold_unpaced_streams_below_a_shallow_buffered_link() {
+    let mbps = |s: Scenario, n| Simulator::new(s, 1).steady_state(n, 0.0).throughput / 1e6;
+    // The emulated WAN (MODEL.md, "Shallow buffers"): 42 Mbit/s for one stream behind 86
+    // packets, 151 for 16; one stream fills the link behind one bandwidth-delay product.
+    let shallow = long_path(122.0, None);
+    assert!(
+        (30.0..60.0).contains(&mbps(shallow.clone(), 1)),
+        "{}",
+        mbps(shallow.clone(), 1)
+    );
+    assert!(mbps(shallow.clone(), 16) > 3.0 * mbps(shallow.clone(), 1));
+    assert!(mbps(shallow.clone(), 2) > mbps(shallow.clone(), 1));
+    assert!(mbps(long_path(2441.0, None), 1) > 195.0);
+    // The deeper the buffer, the less the bursts cost.
+    assert!(mbps(long_path(488.0, None), 1) > mbps(shallow, 1));
+    // Paced streams do not burst: one paced to 190 Mbit/s carries its 190 (on the emulated WAN
+    // it lost no segment after slow start).
+    assert!(mbps(long_path(122.0, Some(190.0)), 1) > 189.0);
+    let lossy = Simulator::new(long_path(122.0, None), 1).steady_state(4, 0.0);
+    assert!(
+        lossy.loss > 0.0,
+        "the bursts' losses are measured: {lossy:?}"
+    );
+}
