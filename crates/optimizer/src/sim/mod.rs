@@ -8,7 +8,7 @@
 //! the more flows share it), the bottleneck is shared max-min fairly and the congestion loss
 //! is what CUBIC's response needs to hold each flow at its share. Flows that are not paced
 //! also lose segments to their own bursts overflowing a buffer of few packets, more often the
-//! more of them there are ([`burst_loss`]). New streams connect and
+//! more of them there are (`burst_loss`). New streams connect and
 //! slow-start over as many intervals as that takes, while the streams already there keep
 //! carrying what they can (`streams`). Measured throughput, RTT and retransmissions carry
 //! noise from a seeded generator.
