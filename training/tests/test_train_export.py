@@ -125,12 +125,14 @@ def test_a_sharpened_reward_pays_most_for_the_best_count():
     assert square(0.0) == 0.0
 
 
-@pytest.mark.parametrize("streams", ["1", "20"])
-def test_the_bonus_is_paid_for_intervals_at_95_percent_of_the_best(xfer, streams):
+@pytest.mark.parametrize(
+    ("streams", "at", "paid"), [("1", 0.95, False), ("20", 0.95, True), ("20", 1.5, False)]
+)
+def test_the_bonus_is_paid_for_intervals_at_its_share_of_the_best(xfer, streams, at, paid):
     def make():
         return XferEnv(sim_command(xfer, scenario="paper-fig2", initial_streams=streams))
 
-    plain, bonused = make(), train.AtBestBonus(make(), 0.5)
+    plain, bonused = make(), train.AtBestBonus(make(), 0.5, at)
     try:
         plain.reset(seed=3)
         bonused.reset(seed=3)
@@ -138,9 +140,8 @@ def test_the_bonus_is_paid_for_intervals_at_95_percent_of_the_best(xfer, streams
             _, reward, _, _, info = plain.step(2)
             _, with_bonus, _, _, same = bonused.step(2)
             assert same["utility_fraction"] == info["utility_fraction"]
-            at_best = info["utility_fraction"] >= 0.95
-            assert at_best == (streams == "20"), info["utility_fraction"]
-            assert with_bonus == pytest.approx(reward + (0.5 if at_best else 0.0))
+            assert (info["utility_fraction"] >= at) == paid, info["utility_fraction"]
+            assert with_bonus == pytest.approx(reward + (0.5 if paid else 0.0))
     finally:
         plain.close()
         bonused.close()

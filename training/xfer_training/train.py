@@ -101,16 +101,18 @@ def sharpened(power: float) -> Callable[[SupportsFloat], float]:
 
 
 class AtBestBonus(gym.Wrapper):
-    """Adds ``bonus`` to the reward of every interval whose count keeps at least 95 % of the best
-    utility (the simulator's noise-free ``utility_fraction``): what the evaluation times."""
+    """Adds ``bonus`` to the reward of every interval whose count keeps at least ``at`` of the
+    best utility (the simulator's noise-free ``utility_fraction``; 0.95 is what the evaluation
+    times)."""
 
-    def __init__(self, env: gym.Env, bonus: float) -> None:
+    def __init__(self, env: gym.Env, bonus: float, at: float = 0.95) -> None:
         super().__init__(env)
         self.bonus = bonus
+        self.at = at
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         observation, reward, terminated, truncated, info = self.env.step(action)
-        if info["utility_fraction"] >= 0.95:
+        if info["utility_fraction"] >= self.at:
             reward = float(reward) + self.bonus
         return observation, reward, terminated, truncated, info
 
@@ -137,7 +139,7 @@ def make_env(args: argparse.Namespace, index: int) -> gym.Env:
     if args.reward_power != 1:
         env = TransformReward(env, sharpened(args.reward_power))
     if args.reward_bonus:
-        env = AtBestBonus(env, args.reward_bonus)
+        env = AtBestBonus(env, args.reward_bonus, args.reward_bonus_at)
     return env
 
 
@@ -269,6 +271,7 @@ def train(args: argparse.Namespace) -> Path:
             "initial_streams": args.initial_streams,
             "reward_power": args.reward_power,
             "reward_bonus": args.reward_bonus,
+            "reward_bonus_at": args.reward_bonus_at,
             "seeds": f"drawn below 2^40 from --randomize {args.seed}*1000+i, i < {args.envs}",
         },
         "wall_time_s": round(wall, 1),
@@ -344,7 +347,13 @@ def parser() -> argparse.ArgumentParser:
         "--reward-bonus",
         type=float,
         default=0.0,
-        help="added to the reward of intervals at 95 %% of the best utility or more",
+        help="added to the reward of intervals at --reward-bonus-at of the best utility or more",
+    )
+    p.add_argument(
+        "--reward-bonus-at",
+        type=float,
+        default=0.95,
+        help="share of the best utility from which an interval earns --reward-bonus [0.95]",
     )
     p.add_argument(
         "--initial-streams",
