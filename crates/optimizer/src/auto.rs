@@ -12,8 +12,9 @@
 //!   steps that grow), and otherwise returns and waits twice as long before probing that way
 //!   again, or the longest wait when the probe fell off a cliff (the path overflowing).
 //!
-//! Control goes back to the policy when the utility at an unchanged count moves far from what
-//! it was (the path or its other traffic changed, which the policy reacts to fastest), or when
+//! Control goes back to the policy, and what was measured is forgotten, when two settled
+//! intervals in a row measure far from what their counts measured before, the same way (the
+//! path or its other traffic changed, which the policy reacts to fastest), or when
 //! the policy keeps asking for another count that nothing measured speaks against (a gain
 //! smaller than the noise, which the tuner cannot see); it goes to the tuner early when the
 //! policy keeps reversing itself without getting anywhere (a failed convergence). The policy
@@ -55,8 +56,9 @@ pub struct AutoParams {
     /// Relative loss of utility in a probe that marks a cliff (a count past which the path
     /// overflows): its direction waits the longest.
     pub cliff: f64,
-    /// Smallest relative change of utility at an unchanged count, in two settled intervals in
-    /// a row, that hands control back to the policy (the noise sets a larger one).
+    /// Smallest relative change of utility from what a count measured before, in two settled
+    /// intervals in a row, that means the path changed: control goes back to the policy and
+    /// the measurements are forgotten (the noise sets a larger one).
     pub change: f64,
     /// Intervals a measured utility is remembered.
     pub memory: usize,
@@ -93,6 +95,13 @@ impl Default for AutoParams {
     }
 }
 
+impl AutoParams {
+    /// The noise assumed before any is measured.
+    fn first_noise(&self) -> f64 {
+        self.margin / 2.0
+    }
+}
+
 /// Who acts, and the tuner's state.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Mode {
@@ -118,6 +127,19 @@ struct Probe {
     asked: u32,
     /// Whether this round of probes already found a better count.
     improved: bool,
+}
+
+/// A settled interval whose utility was far from what its count measured before.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Moved {
+    /// Its count.
+    count: usize,
+    /// What the count measured before.
+    reference: f64,
+    /// Whether the utility was above that.
+    up: bool,
+    /// Settled intervals in a row so far from their counts' remembered utility, the same way.
+    times: u32,
 }
 
 /// Up and down, as indices of the tuner's per-direction state.
@@ -178,9 +200,8 @@ pub struct Auto {
     /// Mean absolute relative deviation of a settled interval from the remembered utility of
     /// its count: the measurement noise.
     noise: f64,
-    /// A count whose utility moved far from its remembered value (that value) and in how many
-    /// settled intervals in a row.
-    moved: Option<(usize, f64, u32)>,
+    /// The last settled interval's utility, if it was far from what its count measured before.
+    moved: Option<Moved>,
     acting: Acting,
 }
 
@@ -204,7 +225,7 @@ impl Auto {
             disagree: 0,
             waits: [params.first_wait; 2],
             due: [0; 2],
-            noise: params.margin / 2.0,
+            noise: params.first_noise(),
             moved: None,
             acting: Acting {
                 controller: "ppo",
@@ -276,10 +297,12 @@ impl Auto {
     }
 
     /// If this settled interval at `n` is the second in a row whose utility is far from what
-    /// `n` measured before, how far (relative); updates the noise estimate on the way.
+    /// its count measured before, the same way (the counts may differ: a policy that keeps
+    /// moving by one stream must not hide a change of the path), how far (relative); updates
+    /// the noise estimate on the way.
     fn path_changed(&mut self, n: usize, o: &Observation, unit: f64) -> Option<f64> {
         let reference = match self.moved {
-            Some((m, reference, _)) if m == n => Some(reference),
+            Some(m) if m.count == n => Some(m.reference),
             _ => self.memory.settled_at(n),
         };
         let Some(reference) = reference else {
@@ -298,11 +321,17 @@ impl Auto {
             self.moved = None;
             return None;
         }
+        let up = deviation > 0.0;
         let times = match self.moved {
-            Some((m, _, times)) if m == n => times + 1,
+            Some(m) if m.up == up => m.times + 1,
             _ => 1,
         };
-        self.moved = Some((n, reference, times));
+        self.moved = Some(Moved {
+            count: n,
+            reference,
+            up,
+            times,
+        });
         if times < 2 {
             return None;
         }
@@ -509,15 +538,19 @@ impl Controller for Auto {
         let unit = 0.01 * o.best_throughput();
         self.memory.forget(o.mi);
         let changed = settled.then(|| self.path_changed(n, o, unit)).flatten();
-        if let (Some(deviation), false) = (changed, matches!(self.mode, Mode::Policy { .. })) {
-            // What was measured before the change no longer holds.
+        if let Some(deviation) = changed {
+            // What was measured before the change no longer holds (whoever acts: the tuner
+            // must not go back later to a count by what it measured before).
+            // Nor does the noise judged from intervals that measured the change itself.
             self.memory = UtilityMemory::new(self.params.memory);
             self.memory.record(n, o.utility, o.mi, settled);
+            self.noise = self.params.first_noise();
             self.mode = Mode::Policy { held: 0 };
             self.switch(
                 "ppo",
                 format!(
-                    "the utility at {n} streams moved {:+.0} % without a change of count",
+                    "the utility at {n} streams moved {:+.0} % from what it measured before: \
+                     the path changed",
                     100.0 * deviation
                 ),
             );
@@ -661,7 +694,7 @@ mod tests {
             .find(|(mi, who, _)| *mi >= 100 && *who == "ppo")
             .unwrap_or_else(|| panic!("{s:?}"));
         assert!(back.0 < 106, "{s:?}");
-        assert!(back.2.contains("without a change of count"), "{s:?}");
+        assert!(back.2.contains("the path changed"), "{s:?}");
         assert!(
             s.iter().all(|(mi, who, _)| *who != "ppo" || *mi >= 100),
             "no false alarm before: {s:?}"
