@@ -105,7 +105,7 @@ class AtBestBonus(gym.Wrapper):
     best utility (the simulator's noise-free ``utility_fraction``; 0.95 is what the evaluation
     times)."""
 
-    def __init__(self, env: gym.Env, bonus: float, at: float = 0.95) -> None:
+    def __init__(self, env: gym.Env, bonus: float, at: float) -> None:
         super().__init__(env)
         self.bonus = bonus
         self.at = at
