@@ -17,7 +17,7 @@ use crate::signals::Observation;
 
 /// Version of the input layout: which signals, in what order, with which transforms. Bump it
 /// when any of that changes, so that older models are refused rather than misread.
-pub const LAYOUT_VERSION: &str = "xfer-policy-input-2";
+pub const LAYOUT_VERSION: &str = "xfer-policy-input-3";
 
 /// The signals of one interval, in input order, each already transformed to about [-1, 1]:
 /// - `rtt_gradient`: tanh(100 x): 10 ms of RTT growth per second of interval gives 0.76;
@@ -28,10 +28,11 @@ pub const LAYOUT_VERSION: &str = "xfer-policy-input-2";
 /// - `utility_ratio`: utility over the best throughput seen, clamped to [-1, 1];
 /// - `ramp`: the share of an interval a new stream spends ramping up ([`RAMP_RTTS`] RTTs), at
 ///   most 1: how much of the interval after adding streams shows them below full rate;
-/// - `regret`, `best_offset`, `slope_below`, `gap_below`, `slope_above`, `gap_above`: how the
-///   interval compares with the utilities the [`UtilityMemory`] remembers
-///   ([`UtilityMemory::signals`]).
-pub const SIGNALS: [&str; 13] = [
+/// - `regret`, `best_offset`, `slope_below`, `gap_below`, `slope_above`, `gap_above`,
+///   `trust_below`, `trust_above`, `noise`, `held`: how the interval compares with the
+///   utilities the [`UtilityMemory`] remembers, how far those can be trusted and how long the
+///   count has been held ([`UtilityMemory::signals`]).
+pub const SIGNALS: [&str; 17] = [
     "rtt_gradient",
     "rtt_ratio",
     "loss",
@@ -45,6 +46,10 @@ pub const SIGNALS: [&str; 13] = [
     "gap_below",
     "slope_above",
     "gap_above",
+    "trust_below",
+    "trust_above",
+    "noise",
+    "held",
 ];
 
 /// Signals of [`SIGNALS`] that one observation gives by itself ([`signal_vector`]); the rest
@@ -423,9 +428,9 @@ mod tests {
         assert!((d[0][ramp] - 0.8).abs() < 1e-6, "10 RTTs of 80 ms in 1 s");
         assert_eq!(d[0][regret], 0.0, "the only count remembered");
         assert_eq!(
-            &d[1][regret..],
-            &[0.0; 6],
-            "at the best, nothing else known"
+            &d[1][regret..regret + 9],
+            &[0.0; 9],
+            "at the best, nothing else known, no noise measured yet"
         );
         assert_eq!(d[2][regret], 1.0, "0 at 20 against 10 at 10");
         assert_eq!(d[2][offset], (-1.0f32).tanh(), "the best is 10 below");

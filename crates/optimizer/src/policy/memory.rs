@@ -19,7 +19,16 @@ use std::collections::BTreeMap;
 pub const SAMPLES: u32 = 8;
 
 /// How many signals [`UtilityMemory::signals`] gives.
-pub const MEMORY_SIGNALS: usize = 6;
+pub const MEMORY_SIGNALS: usize = 10;
+
+/// Weight of each new pair of intervals in the running noise estimate.
+const NOISE_WEIGHT: f64 = 1.0 / 16.0;
+
+/// Relative noise that the `noise` signal maps to tanh(1).
+const NOISE_SCALE: f64 = 0.05;
+
+/// Intervals at one count in a row that the `held` signal maps to tanh(1).
+const HELD_SCALE: f64 = 32.0;
 
 /// A stream count and the utility remembered for it.
 ///
@@ -39,6 +48,8 @@ struct Entry {
     /// Mean utility of the intervals held in a row.
     utility: f64,
     samples: u32,
+    /// Intervals in a row that measured it, uncapped.
+    run: u32,
     /// Index of the latest interval that measured it.
     at: u64,
     /// Whether that interval measured the count settled rather than its new streams ramping up.
@@ -61,6 +72,11 @@ struct Entry {
 pub struct UtilityMemory {
     intervals: u64,
     by_count: BTreeMap<usize, Entry>,
+    /// The latest settled interval: its count, index and utility.
+    last_settled: Option<(usize, u64, f64)>,
+    /// Running mean of the relative change of the utility between consecutive settled
+    /// intervals at one count: how much one interval's measurement swings by itself.
+    noise: Option<f64>,
 }
 
 impl UtilityMemory {
@@ -75,6 +91,8 @@ impl UtilityMemory {
         UtilityMemory {
             intervals: intervals as u64,
             by_count: BTreeMap::new(),
+            last_settled: None,
+            noise: None,
         }
     }
 
@@ -113,20 +131,68 @@ impl UtilityMemory {
         if !utility.is_finite() {
             return;
         }
+        // The first interval of a run can still show the change before it: only later pairs
+        // measure noise.
+        let held = self
+            .by_count
+            .get(&streams)
+            .is_some_and(|e| e.settled && e.run >= 2 && e.at + 1 == mi);
+        if settled {
+            self.track_noise(streams, mi, utility, held);
+        }
         let fresh = Entry {
             utility,
             samples: 1,
+            run: 1,
             at: mi,
             settled,
         };
         let entry = self.by_count.entry(streams).or_insert(fresh);
-        if settled && entry.settled && entry.at + 1 == mi {
-            entry.samples = (entry.samples + 1).min(SAMPLES);
-            entry.utility += (utility - entry.utility) / f64::from(entry.samples);
-            entry.at = mi;
+        if entry.at + 1 == mi {
+            // Held in a row, ramp-up or not.
+            let run = entry.run + 1;
+            if settled && entry.settled {
+                entry.samples = (entry.samples + 1).min(SAMPLES);
+                entry.utility += (utility - entry.utility) / f64::from(entry.samples);
+                entry.at = mi;
+            } else {
+                *entry = fresh;
+            }
+            entry.run = run;
         } else {
             *entry = fresh;
         }
+    }
+
+    /// Updates the noise estimate with a settled interval that follows a settled one at the
+    /// same count, if that one was `held` (not the first of its run).
+    fn track_noise(&mut self, streams: usize, mi: u64, utility: f64, held: bool) {
+        if let Some((n, at, previous)) = self.last_settled {
+            let size = utility.abs().max(previous.abs());
+            if held && n == streams && at + 1 == mi && size > 0.0 {
+                let change = (utility - previous).abs() / size;
+                let noise = self.noise.get_or_insert(change);
+                *noise += (change - *noise) * NOISE_WEIGHT;
+            }
+        }
+        self.last_settled = Some((streams, mi, utility));
+    }
+
+    /// The relative change of the utility between consecutive settled intervals at one count,
+    /// averaged over the recent pairs; `None` before the first such pair.
+    ///
+    /// ```
+    /// use optimizer::policy::UtilityMemory;
+    ///
+    /// let mut memory = UtilityMemory::new(32);
+    /// memory.record(8, 0.5, 1, true); // the first interval at 8: may still show the change
+    /// memory.record(8, 1.0, 2, true);
+    /// assert_eq!(memory.noise(), None);
+    /// memory.record(8, 0.9, 3, true);
+    /// assert!((memory.noise().unwrap() - 0.1).abs() < 1e-12);
+    /// ```
+    pub fn noise(&self) -> Option<f64> {
+        self.noise
     }
 
     /// The count with the highest remembered utility and that utility (the fewer streams on a
@@ -216,7 +282,13 @@ impl UtilityMemory {
     ///   count's remembered utility, and from that to the nearest count above: positive when
     ///   more streams did better; 0 while this count or that neighbour is not remembered;
     /// - `gap_below`, `gap_above`: tanh(distance in streams to that neighbour / 10), 0 when
-    ///   there is none.
+    ///   there is none;
+    /// - `trust_below`, `trust_above`: how many settled intervals that neighbour's value
+    ///   averages, over [`SAMPLES`]; 0 when there is none or it was only measured ramping up;
+    /// - `noise`: tanh([`noise`](Self::noise) / 5 %), 0 before it is known: whether a slope is
+    ///   larger than what one interval swings by itself;
+    /// - `held`: tanh(intervals in a row at `streams` / 32): how long the count has been held,
+    ///   beyond the input window.
     ///
     /// ```
     /// use optimizer::policy::UtilityMemory;
@@ -245,17 +317,31 @@ impl UtilityMemory {
             (du / dn).tanh()
         };
         let (below, above) = self.neighbours(streams);
+        let trust = |m: usize| {
+            let e = &self.by_count[&m];
+            if e.settled {
+                f64::from(e.samples) / f64::from(SAMPLES)
+            } else {
+                0.0
+            }
+        };
         if let Some((m, u_below)) = below {
             out[3] = ((streams - m) as f64 / 10.0).tanh();
+            out[6] = trust(m);
             if let Some(u) = here {
                 out[2] = elasticity((m, u_below), (streams, u));
             }
         }
         if let Some((m, u_above)) = above {
             out[5] = ((m - streams) as f64 / 10.0).tanh();
+            out[7] = trust(m);
             if let Some(u) = here {
                 out[4] = elasticity((streams, u), (m, u_above));
             }
+        }
+        out[8] = self.noise.map_or(0.0, |x| (x / NOISE_SCALE).tanh());
+        if let Some(e) = self.by_count.get(&streams) {
+            out[9] = (f64::from(e.run) / HELD_SCALE).tanh();
         }
         out.map(|x| if x.is_finite() { x } else { 0.0 })
     }
@@ -330,7 +416,11 @@ mod tests {
     #[test]
     fn slopes_say_whether_more_streams_did_better() {
         let mut m = UtilityMemory::new(32);
-        assert_eq!(m.signals(5, 1.0, 0.1), [0.0; 6], "nothing remembered");
+        assert_eq!(
+            m.signals(5, 1.0, 0.1),
+            [0.0; MEMORY_SIGNALS],
+            "nothing remembered"
+        );
         // Utility n (linear: elasticity 1) up to 10, then flat.
         m.record(5, 5.0, 0, true);
         m.record(10, 10.0, 2, true);
@@ -354,5 +444,48 @@ mod tests {
         assert!((s[0] - 0.8).abs() < 1e-9);
         assert_eq!(s[2], 0.0, "7 itself not remembered: no slope");
         assert!(s[3] > 0.0 && s[5] > 0.0, "neighbours both sides");
+    }
+
+    #[test]
+    fn trust_counts_the_settled_intervals_behind_a_neighbour() {
+        let mut m = UtilityMemory::new(32);
+        for mi in 0..4 {
+            m.record(4, 1.0, mi, true);
+        }
+        m.record(9, 1.5, 4, false);
+        m.record(6, 1.2, 5, true);
+        let [.., trust_below, trust_above, _, _] = m.signals(6, 1.2, 0.1);
+        assert_eq!(trust_below, 0.5, "4 of 8 intervals");
+        assert_eq!(trust_above, 0.0, "9 was only measured ramping up");
+    }
+
+    #[test]
+    fn noise_leaves_out_the_first_interval_of_each_run() {
+        let mut m = UtilityMemory::new(32);
+        // Each run starts far off (the change before it), then alternates 1.0 and 0.9.
+        for (start, n) in [(0, 4), (10, 8)] {
+            m.record(n, 0.1, start, true);
+            for i in 1..10 {
+                m.record(n, if i % 2 == 0 { 0.9 } else { 1.0 }, start + i, true);
+            }
+        }
+        let noise = m.noise().unwrap();
+        assert!((noise - 0.1).abs() < 1e-9, "{noise}");
+        let [.., signal, _] = m.signals(8, 0.9, 0.1);
+        assert!((signal - 2f64.tanh()).abs() < 1e-9, "10 % is twice the scale");
+    }
+
+    #[test]
+    fn held_counts_a_run_past_the_samples_averaged() {
+        let mut m = UtilityMemory::new(100);
+        m.record(3, 1.0, 0, false);
+        for mi in 1..32 {
+            m.record(3, 1.0, mi, true);
+        }
+        let held = m.signals(3, 1.0, 0.1)[MEMORY_SIGNALS - 1];
+        assert!((held - 1f64.tanh()).abs() < 1e-9, "32 in a row: {held}");
+        m.record(4, 1.0, 32, true);
+        let held = m.signals(4, 1.0, 0.1)[MEMORY_SIGNALS - 1];
+        assert!((held - (1.0 / 32f64).tanh()).abs() < 1e-9, "a new count: {held}");
     }
 }
