@@ -11,7 +11,7 @@ def test_the_env_passes_gymnasiums_checks_and_follows_its_actions(xfer):
     try:
         check_env(env, skip_render_check=True)
         obs, info = env.reset(seed=5)
-        assert obs.shape == env.observation_space.shape == (112,)
+        assert obs.shape == env.observation_space.shape == (144,)
         assert obs.dtype == np.float32
         assert info["signals"]["streams"] == 1
         counts = []

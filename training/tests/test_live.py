@@ -57,7 +57,7 @@ def test_an_agent_steers_a_live_transfer_until_it_ends(xfer, receiver, tmp_path)
     try:
         assert env.description["source"] == "transfer"
         obs, info = env.reset()
-        assert obs.shape == (112,)
+        assert obs.shape == (144,)
         counts, done, steps = [info["signals"]["streams"]], False, 0
         while not done and steps < 500:
             action = 0 if steps < 3 else 2  # +5 three times, then hold

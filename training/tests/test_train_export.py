@@ -29,7 +29,7 @@ def test_the_export_has_its_files_and_metadata(exported):
     out, runs = exported
     metadata = json.loads((out / "metadata.json").read_text())
     assert metadata["format"] == "xfer-policy-1"
-    assert metadata["layout"]["size"] == 112
+    assert metadata["layout"]["size"] == 144
     assert metadata["layout"]["actions"] == [5, 1, 0, -1, -5]
     assert metadata["utility"] == {"k": 1.02, "b": 10.0}
     t = metadata["training"]

@@ -489,7 +489,7 @@ mod tests {
 
     #[test]
     fn a_broken_network_file_or_input_is_an_error_not_a_crash() {
-        assert!(OnnxModel::from_bytes(b"not onnx", 112).is_err());
+        assert!(OnnxModel::from_bytes(b"not onnx", 144).is_err());
         for runtime in runtimes() {
             let mut model = PolicySource::open(None).unwrap().model(runtime).unwrap();
             let err = model.logits(&[0.0; 3]).unwrap_err().to_string();

@@ -472,7 +472,10 @@ mod tests {
         let noise = m.noise().unwrap();
         assert!((noise - 0.1).abs() < 1e-9, "{noise}");
         let [.., signal, _] = m.signals(8, 0.9, 0.1);
-        assert!((signal - 2f64.tanh()).abs() < 1e-9, "10 % is twice the scale");
+        assert!(
+            (signal - 2f64.tanh()).abs() < 1e-9,
+            "10 % is twice the scale"
+        );
     }
 
     #[test]
@@ -486,6 +489,9 @@ mod tests {
         assert!((held - 1f64.tanh()).abs() < 1e-9, "32 in a row: {held}");
         m.record(4, 1.0, 32, true);
         let held = m.signals(4, 1.0, 0.1)[MEMORY_SIGNALS - 1];
-        assert!((held - (1.0 / 32f64).tanh()).abs() < 1e-9, "a new count: {held}");
+        assert!(
+            (held - (1.0 / 32f64).tanh()).abs() < 1e-9,
+            "a new count: {held}"
+        );
     }
 }

@@ -10,10 +10,10 @@ use super::{check_input_size, PolicyError, PolicyModel};
 /// use optimizer::policy::{OnnxModel, PolicyModel};
 ///
 /// let bytes = std::fs::read("../../models/light/policy.onnx").unwrap();
-/// let mut light = OnnxModel::from_bytes(&bytes, 112).unwrap();
+/// let mut light = OnnxModel::from_bytes(&bytes, 144).unwrap();
 /// # let size = optimizer::policy::PolicyMetadata::from_json(&std::fs::read_to_string("../../models/light/metadata.json").unwrap()).unwrap().layout.size;
-/// # assert_eq!(size, 112);
-/// assert_eq!(light.logits(&[0.0; 112]).unwrap().len(), 5);
+/// # assert_eq!(size, 144);
+/// assert_eq!(light.logits(&[0.0; 144]).unwrap().len(), 5);
 /// ```
 pub struct OnnxModel {
     state: TypedSimpleState,
