@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-from xfer_training import distill, evaluate, train
+from xfer_training import distill, evaluate, export, train
 from xfer_training.env import XferEnv, sim_command
 
 
@@ -40,9 +40,31 @@ def test_the_export_has_its_files_and_metadata(exported):
     assert list(runs.glob("ppo-seed1*/events.out.tfevents.*")), "TensorBoard log written"
 
 
-def onnx_logits(export, inputs):
-    """The logits of the ONNX export in ``export`` for each input, by ONNX's reference runtime."""
-    model = onnx.load(str(export / "policy.onnx"))
+def test_the_revision_is_read_before_the_export_is_written(xfer, tmp_path, monkeypatch):
+    # Exporting into a tracked directory (models/) must not mark the checkout modified.
+    out = tmp_path / "model"
+    seen = []
+
+    def revision():
+        seen.append(sorted(p.name for p in out.glob("*")))
+        return "abc123"
+
+    monkeypatch.setattr(export, "source_revision", revision)
+    args = train.parser().parse_args(
+        ["--steps", "512", "--envs", "1", "--n-steps", "256", "--batch-size", "128"]
+        + ["--out", str(out), "--runs", str(tmp_path / "runs"), "--xfer", str(xfer)]
+        + ["--evaluate", "0"]
+    )
+    train.train(args)
+    assert seen == [[]], "read once, before any file of the export"
+    metadata = json.loads((out / "metadata.json").read_text())
+    assert metadata["training"]["source_revision"] == "abc123"
+
+
+def onnx_logits(directory, inputs):
+    """The logits of the ONNX export in ``directory`` for each input, by ONNX's reference
+    runtime."""
+    model = onnx.load(str(directory / "policy.onnx"))
     onnx.checker.check_model(model)
     session = ReferenceEvaluator(model)
     rows = [np.asarray([x], dtype=np.float32) for x in inputs]

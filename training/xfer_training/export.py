@@ -86,6 +86,9 @@ def export(
     ``golden_inputs`` are observations to record the network's logits and actions for;
     ``training`` says how the policy was trained. Returns the metadata file.
     """
+    # Before anything is written: exporting into a tracked directory (models/) must not make
+    # the checkout look modified.
+    revision = source_revision()
     out.mkdir(parents=True, exist_ok=True)
     actor = Actor(model)
     size = description["layout"]["size"]
@@ -121,7 +124,7 @@ def export(
             "reward_params": description["reward_params"],
             "mi_s": description["mi"],
             "max_streams": description["max_streams"],
-            "source_revision": source_revision(),
+            "source_revision": revision,
             "torch": torch.__version__.split("+")[0],
             **training,
         },
