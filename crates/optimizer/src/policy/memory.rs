@@ -284,7 +284,7 @@ impl UtilityMemory {
     /// - `gap_below`, `gap_above`: tanh(distance in streams to that neighbour / 10), 0 when
     ///   there is none;
     /// - `trust_below`, `trust_above`: how many settled intervals that neighbour's value
-    ///   averages, over [`SAMPLES`]; 0 when there is none or it was only measured ramping up;
+    ///   averages, over the 8 it keeps at most; 0 when there is none or it was only measured ramping up;
     /// - `noise`: tanh([`noise`](Self::noise) / 5 %), 0 before it is known: whether a slope is
     ///   larger than what one interval swings by itself;
     /// - `held`: tanh(intervals in a row at `streams` / 32): how long the count has been held,
