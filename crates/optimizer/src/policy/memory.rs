@@ -50,6 +50,8 @@ struct Entry {
     samples: u32,
     /// Intervals in a row that measured it, uncapped.
     run: u32,
+    /// Utility of the latest interval alone.
+    last: f64,
     /// Index of the latest interval that measured it.
     at: u64,
     /// Whether that interval measured the count settled rather than its new streams ramping up.
@@ -72,8 +74,6 @@ struct Entry {
 pub struct UtilityMemory {
     intervals: u64,
     by_count: BTreeMap<usize, Entry>,
-    /// The latest settled interval: its count, index and utility.
-    last_settled: Option<(usize, u64, f64)>,
     /// Running mean of the relative change of the utility between consecutive settled
     /// intervals at one count: how much one interval's measurement swings by itself.
     noise: Option<f64>,
@@ -91,7 +91,6 @@ impl UtilityMemory {
         UtilityMemory {
             intervals: intervals as u64,
             by_count: BTreeMap::new(),
-            last_settled: None,
             noise: None,
         }
     }
@@ -133,17 +132,19 @@ impl UtilityMemory {
         }
         // The first interval of a run can still show the change before it: only later pairs
         // measure noise.
-        let held = self
+        let previous = self
             .by_count
             .get(&streams)
-            .is_some_and(|e| e.settled && e.run >= 2 && e.at + 1 == mi);
-        if settled {
-            self.track_noise(streams, mi, utility, held);
+            .filter(|e| settled && e.settled && e.run >= 2 && e.at + 1 == mi)
+            .map(|e| e.last);
+        if let Some(previous) = previous {
+            self.track_noise(previous, utility);
         }
         let fresh = Entry {
             utility,
             samples: 1,
             run: 1,
+            last: utility,
             at: mi,
             settled,
         };
@@ -154,6 +155,7 @@ impl UtilityMemory {
             if settled && entry.settled {
                 entry.samples = (entry.samples + 1).min(SAMPLES);
                 entry.utility += (utility - entry.utility) / f64::from(entry.samples);
+                entry.last = utility;
                 entry.at = mi;
             } else {
                 *entry = fresh;
@@ -164,18 +166,14 @@ impl UtilityMemory {
         }
     }
 
-    /// Updates the noise estimate with a settled interval that follows a settled one at the
-    /// same count, if that one was `held` (not the first of its run).
-    fn track_noise(&mut self, streams: usize, mi: u64, utility: f64, held: bool) {
-        if let Some((n, at, previous)) = self.last_settled {
-            let size = utility.abs().max(previous.abs());
-            if held && n == streams && at + 1 == mi && size > 0.0 {
-                let change = (utility - previous).abs() / size;
-                let noise = self.noise.get_or_insert(change);
-                *noise += (change - *noise) * NOISE_WEIGHT;
-            }
+    /// Updates the noise estimate with two consecutive settled intervals at one count.
+    fn track_noise(&mut self, previous: f64, utility: f64) {
+        let size = utility.abs().max(previous.abs());
+        if size > 0.0 {
+            let change = (utility - previous).abs() / size;
+            let noise = self.noise.get_or_insert(change);
+            *noise += (change - *noise) * NOISE_WEIGHT;
         }
-        self.last_settled = Some((streams, mi, utility));
     }
 
     /// The relative change of the utility between consecutive settled intervals at one count,
