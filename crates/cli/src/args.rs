@@ -12,7 +12,10 @@ use optimizer::{RewardParams, UtilityParams};
 use transfer::optimizer_choice::Tuning;
 use transfer::policy_source::PolicyRuntime;
 use transfer::quic::Congestion;
-use transfer::receiver::{DEFAULT_MAX_SESSIONS, DEFAULT_MAX_STREAMS};
+use transfer::receiver::{
+    DEFAULT_MAX_HANDSHAKES, DEFAULT_MAX_HANDSHAKES_PER_SOURCE, DEFAULT_MAX_SESSIONS,
+    DEFAULT_MAX_STREAMS,
+};
 use transfer::sender::{DEFAULT_UNSENT_LIMIT, MIN_STALL_TIMEOUT};
 use transfer::transport::Transport;
 
@@ -411,8 +414,8 @@ pub struct RecvArgs {
     /// `_secs` for times and `key = { file = "PATH" }`; see crates/cli/systemd/recv.toml).
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "listen", "root", "key_file", "encrypt", "transport", "max_streams", "max_sessions",
-        "session_memory", "idle_timeout", "direct_io", "handshake_timeout", "shutdown_grace",
-        "over_ssh",
+        "session_memory", "idle_timeout", "direct_io", "handshake_timeout", "max_handshakes",
+        "max_handshakes_per_source", "shutdown_grace", "over_ssh",
     ])]
     pub config: Option<PathBuf>,
     /// Address and port to listen on (one port serves control and all data streams).
@@ -458,9 +461,18 @@ pub struct RecvArgs {
     /// file system does not support it.
     #[arg(long)]
     pub direct_io: bool,
-    /// Close a connection that has not authenticated (and sent its manifest) within this.
-    #[arg(long, default_value = "30s", value_parser = parse_positive_time)]
+    /// Close a connection that has not authenticated (and said where its files go) within this
+    /// of its accept, however steadily it trickles bytes.
+    #[arg(long, default_value = "10s", value_parser = parse_positive_time)]
     pub handshake_timeout: Duration,
+    /// Most connections from addresses without a running session still proving the key at
+    /// once; more are refused with "busy authenticating", which senders try again after. An
+    /// address with a running session has as many places of its own for its streams.
+    #[arg(long, default_value_t = DEFAULT_MAX_HANDSHAKES as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_handshakes: u64,
+    /// Most of those from one address (one IPv6 /64).
+    #[arg(long, default_value_t = DEFAULT_MAX_HANDSHAKES_PER_SOURCE as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_handshakes_per_source: u64,
     /// Serve the receiver's metrics (bytes, sessions, streams, refusals) for Prometheus at
     /// http://ADDR/metrics.
     #[arg(long, value_name = "ADDR")]

@@ -74,6 +74,9 @@ fn settings_from_flags(args: &RecvArgs) -> anyhow::Result<ReceiverSettings> {
     settings.session_memory = args.session_memory;
     settings.idle_timeout_secs = args.idle_timeout.as_secs_f64();
     settings.handshake_timeout_secs = args.handshake_timeout.as_secs_f64();
+    settings.max_handshakes = usize::try_from(args.max_handshakes).unwrap_or(usize::MAX);
+    settings.max_handshakes_per_source =
+        usize::try_from(args.max_handshakes_per_source).unwrap_or(usize::MAX);
     settings.shutdown_grace_secs = args.shutdown_grace.as_secs_f64();
     settings.require_encryption = args.encrypt;
     settings.transport = args.transport;

@@ -68,6 +68,31 @@ pub enum AuthError {
     Wire(#[from] WireError),
 }
 
+impl AuthError {
+    /// As an I/O error, for a layer below the handshake (TLS) that meets a refusal;
+    /// [`AuthError::from_io`] gives it back.
+    pub(crate) fn into_io(self) -> std::io::Error {
+        std::io::Error::other(self)
+    }
+
+    /// What an I/O error of a connection's setup means for its handshake: the refusal it
+    /// carries ([`AuthError::into_io`]), or a failure of the connection.
+    ///
+    /// ```
+    /// use transfer::auth::AuthError;
+    ///
+    /// let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+    /// assert!(matches!(AuthError::from_io(reset), AuthError::Wire(_)));
+    /// ```
+    pub fn from_io(e: std::io::Error) -> AuthError {
+        if e.get_ref().is_some_and(|inner| inner.is::<AuthError>()) {
+            let inner = e.into_inner().expect("checked just above");
+            return *inner.downcast::<AuthError>().expect("checked just above");
+        }
+        AuthError::Wire(WireError::Io(e))
+    }
+}
+
 /// Names a key without revealing it: the first bytes of a keyed hash of a fixed label under
 /// the key ([`SessionKey::id`]). A client says in its `Hello` which key it holds, so that a
 /// receiver with several (one per tenant) proves that one.
@@ -420,6 +445,7 @@ pub fn handshake_as_client<R: Read, W: Write>(
     let (server_nonce, server_proof) = match reader.read_message()? {
         Message::Challenge { nonce, proof } => (nonce, proof),
         Message::Refused { reason } => return Err(AuthError::Refused(reason)),
+        Message::Limited { limit } => return Err(AuthError::Limited(limit)),
         other => {
             return Err(AuthError::Protocol(format!(
                 "expected Challenge, got {}",

@@ -273,7 +273,7 @@ pub fn connect<R: Read>(
     let name = ServerName::try_from("xfer-receiver").expect("a valid DNS name");
     let config = client_config(Arc::new(ReceiverCertificate::any()))?;
     let conn = ClientConnection::new(Arc::new(config), name).map_err(tls_error)?;
-    finish_handshake(conn.into(), socket, ciphertext)
+    finish_handshake(conn.into(), socket, ciphertext, true)
 }
 
 /// Runs the TLS handshake as the receiver: ciphertext comes from `ciphertext` (the
@@ -298,13 +298,17 @@ pub fn accept<R: Read>(
     ciphertext: R,
 ) -> io::Result<(TlsReader<R>, TlsWriter, ChannelBinding)> {
     let conn = ServerConnection::new(identity.config.clone()).map_err(tls_error)?;
-    finish_handshake(conn.into(), socket, ciphertext)
+    finish_handshake(conn.into(), socket, ciphertext, false)
 }
 
+/// Runs the handshake of `conn` to its end. A `client` whose receiver answers in plain frames
+/// instead (it refused the connection before TLS, [`crate::wire::Limit::Authenticating`])
+/// fails with that refusal ([`crate::auth::AuthError::from_io`] gives it back).
 fn finish_handshake<R: Read>(
     mut conn: Connection,
     socket: &TcpStream,
     source: R,
+    client: bool,
 ) -> io::Result<(TlsReader<R>, TlsWriter, ChannelBinding)> {
     let mut ciphertext = Ciphertext {
         source,
@@ -324,6 +328,11 @@ fn finish_handshake<R: Read>(
                 io::ErrorKind::UnexpectedEof,
                 "the peer closed the connection during the TLS handshake",
             ));
+        }
+        // Every TLS record's second byte is its major version, 3; a plain frame's is a byte of
+        // its length, which is never 3 for the short messages a refusal is.
+        if client && ciphertext.pending.len() >= 2 && ciphertext.pending[1] != TLS_RECORD_START[1] {
+            return Err(ciphertext.plain_answer());
         }
         ciphertext.decrypt(&mut conn)?;
     }
@@ -357,6 +366,35 @@ impl<R: Read> Ciphertext<R> {
         let n = self.source.read(&mut self.scratch)?;
         self.pending.extend_from_slice(&self.scratch[..n]);
         Ok(n)
+    }
+
+    /// The receiver's plain answer where its first TLS record was due, read whole (it is short)
+    /// and given as the error it means.
+    fn plain_answer(&mut self) -> io::Error {
+        use crate::auth::{AuthError, HANDSHAKE_MESSAGE_LIMIT};
+        use crate::wire::{FrameReader, Message, WireError};
+        loop {
+            let mut frames = FrameReader::new(&self.pending[..], 0);
+            frames.set_message_limit(HANDSHAKE_MESSAGE_LIMIT);
+            let error = match frames.read_message() {
+                Ok(Message::Limited { limit }) => AuthError::Limited(limit),
+                Ok(Message::Refused { reason }) => AuthError::Refused(reason),
+                Err(WireError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    match self.read_more() {
+                        Ok(0) => return e,
+                        Ok(_) if self.pending.len() <= HANDSHAKE_MESSAGE_LIMIT => continue,
+                        Ok(_) => AuthError::Protocol("the receiver did not answer in TLS".into()),
+                        Err(e) => return e,
+                    }
+                }
+                Ok(other) => AuthError::Protocol(format!(
+                    "the receiver answered {} where TLS was due",
+                    crate::auth::name(&other)
+                )),
+                Err(e) => AuthError::Protocol(format!("the receiver did not answer in TLS: {e}")),
+            };
+            return error.into_io();
+        }
     }
 
     /// Hands pending ciphertext to `conn` until it takes no more or has plaintext to give.

@@ -187,6 +187,19 @@ pub enum Limit {
         /// The tenant's `max_sessions`.
         max: u64,
     },
+    /// Too many connections are in their key handshake: from the sender's address, or from
+    /// everywhere (see `ReceiverConfig::max_handshakes`). It passes as soon as they
+    /// authenticate or reach their deadline.
+    #[error(
+        "the receiver is busy authenticating other connections ({from_address} from this \
+         address; at most {max} at once)"
+    )]
+    Authenticating {
+        /// Connections from the sender's address in their handshake.
+        from_address: u64,
+        /// The receiver's `max_handshakes`.
+        max: u64,
+    },
 }
 
 /// What the receiver already holds of one manifest file, answered in `Plan`.

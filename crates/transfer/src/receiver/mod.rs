@@ -2,12 +2,15 @@
 //! every session; authentication before any byte is accepted; chunks verified, written and
 //! acknowledged per stream.
 
+mod admission;
 mod announced;
 mod destination;
 mod events;
 mod file_tree;
 mod heartbeat;
+mod lingering;
 mod reader;
+mod refusal_log;
 mod settings;
 mod shutdown;
 mod tenant;
@@ -21,11 +24,14 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use admission::{Admission, Place};
 pub use destination::check_root_writable;
 use destination::{ActivePaths, Destination, DestinationError, Placement};
 use events::Publisher;
 pub use events::{ReceiverEvent, ReceiverEvents, SessionOutcome, SessionReport};
+use lingering::{Lingering, LINGER};
 use reader::{Activity, ConnReader, Source};
+use refusal_log::RefusalLog;
 pub use settings::{ReceiverSettings, TenantSettings};
 pub use shutdown::Stopper;
 use shutdown::{Stage, StopState, STOPPING};
@@ -58,8 +64,13 @@ pub const DEFAULT_MAX_SESSIONS: usize = 32;
 pub const DEFAULT_SESSION_MEMORY: u64 = 4 << 30;
 /// Default [`ReceiverConfig::idle_timeout`]: five minutes.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
-/// Default [`ReceiverConfig::handshake_timeout`]: 30 seconds.
-pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default [`ReceiverConfig::handshake_timeout`]: 10 seconds, enough for a TLS and a key
+/// handshake over the longest paths (a few round trips of 250 ms).
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default [`ReceiverConfig::max_handshakes`].
+pub const DEFAULT_MAX_HANDSHAKES: usize = 64;
+/// Default [`ReceiverConfig::max_handshakes_per_source`].
+pub const DEFAULT_MAX_HANDSHAKES_PER_SOURCE: usize = 8;
 
 /// How a receiver is set up: where files land, the key, and the limits that keep one peer from
 /// taking the receiver down. A peer that breaks a limit loses its connection or its session,
@@ -99,11 +110,16 @@ pub struct ReceiverConfig {
     /// manifest to stay below [`wire::SENDER_UNSEALED`]); each costs the receiver some
     /// hundreds of bytes until its seal.
     pub max_unsealed: usize,
-    /// Most connections that may be in their handshake at once (not yet authenticated); more
-    /// are closed at once.
+    /// Most connections from addresses without a running session that may be in their key
+    /// handshake at once; an address with a running session has as many places of its own, so
+    /// that its new data streams never wait behind strangers. More are refused at once with
+    /// [`Limit::Authenticating`], which a sender takes as "try again in a moment".
     pub max_handshakes: usize,
-    /// How long a new connection may take to authenticate and, for control, to say where its
-    /// files go.
+    /// Most of those places one address (an IPv6 /64) may hold, so that a peer at one address
+    /// cannot hold them all.
+    pub max_handshakes_per_source: usize,
+    /// How long a new connection may take, from its accept, to authenticate and, for control,
+    /// to say where its files go: a deadline, however steadily the peer trickles bytes.
     pub handshake_timeout: Duration,
     /// How long a session may go without receiving a byte on any of its connections (while the
     /// receiver is not itself busy for it) before it is closed.
@@ -127,8 +143,8 @@ pub struct ReceiverConfig {
 impl ReceiverConfig {
     /// Defaults: 256 streams per session, 16 MiB chunks, 4 GiB of buffers per session,
     /// 32 sessions, 64 MiB manifest batches, 262,144 unsealed files, 64 connections in their
-    /// handshake, a 30 s handshake and a 5 min idle timeout; plain and encrypted sessions; TCP;
-    /// writes through the page cache.
+    /// handshake (8 from one address), a 10 s handshake and a 5 min idle timeout; plain and
+    /// encrypted sessions; TCP; writes through the page cache.
     ///
     /// ```
     /// use transfer::auth::SessionKey;
@@ -152,7 +168,8 @@ impl ReceiverConfig {
             session_memory: DEFAULT_SESSION_MEMORY,
             max_manifest: wire::MAX_MESSAGE_LEN,
             max_unsealed: 4 * wire::SENDER_UNSEALED,
-            max_handshakes: 64,
+            max_handshakes: DEFAULT_MAX_HANDSHAKES,
+            max_handshakes_per_source: DEFAULT_MAX_HANDSHAKES_PER_SOURCE,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             require_encryption: false,
@@ -290,7 +307,12 @@ struct Shared {
     /// Control connections past authentication (a session's slot is taken before its manifest
     /// is read, so concurrent sessions never exceed the limit).
     sessions_open: AtomicUsize,
-    handshakes: AtomicUsize,
+    /// Places of connections in their key handshake.
+    admission: Arc<Admission>,
+    /// Refusals logged, summarised per address.
+    refusals: RefusalLog,
+    /// Closes connections refused at their accept.
+    lingering: Lingering,
     sessions_ended: AtomicU64,
     stop: StopState,
     events: Publisher,
@@ -300,9 +322,14 @@ struct Shared {
 struct Slot<'a>(&'a AtomicUsize);
 
 impl<'a> Slot<'a> {
-    /// Takes a unit of `counter` if it is below `max`.
+    /// Takes a unit of `counter` if it is below `max`. The slot is made only once the unit is
+    /// taken: a slot made and dropped for a refusal would give back a unit it never took.
     fn take(counter: &'a AtomicUsize, max: usize) -> Option<Slot<'a>> {
-        take_unit(counter, max).then_some(Slot(counter))
+        if take_unit(counter, max) {
+            Some(Slot(counter))
+        } else {
+            None
+        }
     }
 }
 
@@ -376,6 +403,15 @@ impl Receiver {
             error,
         })?;
         let served = tenant::served(&config)?;
+        if config.max_handshakes == 0 || config.max_handshakes_per_source == 0 {
+            return Err(ReceiverError::Limits(
+                "max_handshakes and max_handshakes_per_source must be at least 1".into(),
+            ));
+        }
+        let admission = Admission::new(config.max_handshakes, config.max_handshakes_per_source);
+        let lingering = Lingering::start().map_err(|e| {
+            ReceiverError::Settings(format!("cannot start a thread for refusals: {e}"))
+        })?;
         let tls = ServerIdentity::generate().map_err(ReceiverError::Tls)?;
         let (listener, transport, fallback) =
             transport::listen(config.transport, addr).map_err(|error| ReceiverError::Bind {
@@ -405,7 +441,9 @@ impl Receiver {
                 quic,
                 sessions: Mutex::new(HashMap::new()),
                 sessions_open: AtomicUsize::new(0),
-                handshakes: AtomicUsize::new(0),
+                admission,
+                refusals: RefusalLog::default(),
+                lingering,
                 sessions_ended: AtomicU64::new(0),
                 stop: StopState::default(),
                 events: Publisher::default(),
@@ -547,7 +585,7 @@ impl Receiver {
                 let shared = self.shared.clone();
                 Some(quic.accept_while(
                     self.shared.config.handshake_timeout,
-                    move |peer| shared.admit(peer),
+                    move |peer| shared.admit(peer).ok(),
                     serve_quic_connection,
                 )?)
             }
@@ -563,15 +601,16 @@ impl Receiver {
                 return Ok(());
             }
             match self.listener.accept() {
-                Ok((stream, peer)) => {
-                    let Some(admitted) = self.shared.admit(peer) else {
-                        continue;
-                    };
-                    std::thread::Builder::new()
-                        .name(format!("xfer-conn-{peer}"))
-                        .spawn(move || serve_tcp_connection(stream, peer, admitted))?;
-                }
+                Ok((stream, peer)) => match self.shared.admit(peer) {
+                    Ok(admitted) => {
+                        std::thread::Builder::new()
+                            .name(format!("xfer-conn-{peer}"))
+                            .spawn(move || serve_tcp_connection(stream, peer, admitted))?;
+                    }
+                    Err(limit) => refuse_at_accept(&self.shared, stream, peer, limit),
+                },
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.shared.refusals.tick();
                     wait_readable(&self.listener, 100)
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -619,33 +658,39 @@ impl Shared {
     }
 }
 
-/// A connection's place among those in their handshake ([`ReceiverConfig::max_handshakes`]),
-/// given back when it drops.
-struct Admitted(Arc<Shared>);
+/// A connection admitted to its key handshake, holding its place ([`admission`]) until it
+/// drops.
+struct Admitted {
+    shared: Arc<Shared>,
+    place: Place,
+}
 
-impl Shared {
-    /// Admits a new connection from `peer` to its handshake, unless too many are in theirs.
-    fn admit(self: &Arc<Self>, peer: SocketAddr) -> Option<Admitted> {
-        let max = self.config.max_handshakes;
-        if !take_unit(&self.handshakes, max) {
-            tracing::warn!(
-                "closing connection from {peer}: {max} connections are authenticating already"
-            );
-            refused(
-                self,
-                peer,
-                format!("{max} connections are authenticating already"),
-            );
-            return None;
+impl Admitted {
+    /// Notes a handshake that failed for `e`: one that reached its deadline makes its address
+    /// suspect ([`admission`]).
+    fn failed(&mut self, e: &std::io::Error) {
+        if e.kind() == std::io::ErrorKind::TimedOut {
+            self.place.timed_out();
         }
-        Some(Admitted(self.clone()))
     }
 }
 
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        self.0.handshakes.fetch_sub(1, Ordering::AcqRel);
+impl Shared {
+    /// Admits a new connection from `peer` to its handshake, or the limit that refuses it.
+    fn admit(self: &Arc<Self>, peer: SocketAddr) -> Result<Admitted, Limit> {
+        Ok(Admitted {
+            shared: self.clone(),
+            place: self.admission.admit(peer.ip())?,
+        })
     }
+}
+
+/// Tells a connection refused at its accept why, in a frame both plain and TLS senders read
+/// (a TLS sender finds it where the receiver's first record was due), and closes it gracefully
+/// ([`Lingering`]).
+fn refuse_at_accept(shared: &Shared, stream: TcpStream, peer: SocketAddr, limit: Limit) {
+    refused(shared, peer, limit.to_string());
+    shared.lingering.refuse(stream, &Message::Limited { limit });
 }
 
 /// A new connection, ready for its key handshake.
@@ -658,8 +703,9 @@ struct Link {
     connection: Connection,
 }
 
-fn serve_tcp_connection(stream: TcpStream, peer: SocketAddr, admitted: Admitted) {
-    let shared = &admitted.0;
+fn serve_tcp_connection(stream: TcpStream, peer: SocketAddr, mut admitted: Admitted) {
+    let shared = admitted.shared.clone();
+    let shared = &*shared;
     let setup = || -> std::io::Result<Link> {
         stream.set_nonblocking(false)?;
         stream.set_nodelay(true)?;
@@ -685,7 +731,10 @@ fn serve_tcp_connection(stream: TcpStream, peer: SocketAddr, admitted: Admitted)
     };
     match setup() {
         Ok(link) => serve_link(link, peer, admitted),
-        Err(e) => tracing::warn!("connection from {peer}: {e}"),
+        Err(e) => {
+            admitted.failed(&e);
+            refused(shared, peer, e.to_string())
+        }
     }
 }
 
@@ -694,7 +743,7 @@ fn serve_quic_connection(
     peer: SocketAddr,
     admitted: Admitted,
 ) {
-    let shared = &admitted.0;
+    let shared = &admitted.shared;
     let setup = || -> std::io::Result<Link> {
         let mut stream = stream?;
         stream
@@ -711,7 +760,7 @@ fn serve_quic_connection(
     };
     match setup() {
         Ok(link) => serve_link(link, peer, admitted),
-        Err(e) => tracing::warn!("QUIC connection from {peer}: {e}"),
+        Err(e) => refused(shared, peer, format!("QUIC: {e}")),
     }
 }
 
@@ -724,7 +773,7 @@ fn frames(shared: &Shared, reader: LinkReader<ConnReader>) -> ConnFrames {
 
 /// Authenticates a new connection and serves it as what it proves to be: a session's control
 /// connection (over TCP only) or one of its data streams.
-fn serve_link(link: Link, peer: SocketAddr, admitted: Admitted) {
+fn serve_link(link: Link, peer: SocketAddr, mut admitted: Admitted) {
     let Link {
         mut reader,
         mut writer,
@@ -732,7 +781,7 @@ fn serve_link(link: Link, peer: SocketAddr, admitted: Admitted) {
         encrypted,
         connection,
     } = link;
-    let shared = admitted.0.clone();
+    let shared = admitted.shared.clone();
     let shared = &*shared;
     let over_quic = matches!(connection, Connection::Quic(_));
     let (mut joined, mut tenant) = (None, 0);
@@ -765,6 +814,9 @@ fn serve_link(link: Link, peer: SocketAddr, admitted: Admitted) {
         }
     };
     let proven = auth::handshake_as_server(&mut reader, &mut writer, &channel, key_for);
+    if let Err(auth::AuthError::Wire(WireError::Io(e))) = &proven {
+        admitted.failed(e);
+    }
     drop(admitted);
     let failed = match proven {
         Ok((Role::Control, nonces)) => {
@@ -794,7 +846,6 @@ fn serve_link(link: Link, peer: SocketAddr, admitted: Admitted) {
             }
         },
         Err(e) => {
-            tracing::warn!("connection from {peer} refused: {e}");
             refused(shared, peer, e.to_string());
             false
         }
@@ -814,7 +865,6 @@ fn find_session(shared: &Shared, id: &[u8; 16]) -> Option<Arc<Session>> {
 
 /// Tells `peer` why it is refused, and logs, counts and publishes it.
 fn refuse(shared: &Shared, writer: &mut impl Write, peer: SocketAddr, reason: String) {
-    tracing::warn!("refusing {peer}: {reason}");
     let _ = wire::write_message(
         writer,
         &Message::Refused {
@@ -827,13 +877,14 @@ fn refuse(shared: &Shared, writer: &mut impl Write, peer: SocketAddr, reason: St
 /// Tells `peer` its session is refused because `limit` is reached, and logs, counts and
 /// publishes it.
 fn refuse_over(shared: &Shared, writer: &mut impl Write, peer: SocketAddr, limit: Limit) {
-    tracing::warn!("refusing {peer}: {limit}");
     let _ = wire::write_message(writer, &Message::Limited { limit });
     refused(shared, peer, limit.to_string());
 }
 
-/// Counts and publishes a refusal the peer has been told of.
+/// Logs (summarised per address, [`RefusalLog`]), counts and publishes a refusal: of a
+/// connection before or in its handshake, or of a session.
 fn refused(shared: &Shared, peer: SocketAddr, reason: String) {
+    shared.refusals.refused(peer, &reason);
     telemetry::receiver_refused();
     shared
         .events
@@ -961,6 +1012,8 @@ fn serve_session(
         .lock()
         .expect("sessions lock")
         .insert(id, session.clone());
+    // From now on the sender's address has places of its own for its streams' handshakes.
+    let _known = shared.admission.session_from(peer.ip());
     let mut announced = ManifestSoFar::default();
     let outcome = serve_control_messages(shared, &session, reader, writer, &mut announced);
     shared.sessions.lock().expect("sessions lock").remove(&id);
@@ -1218,9 +1271,6 @@ fn run_data(
         }
     }
 }
-
-/// How long a connection is kept open after its last reply so that the peer reads it.
-const LINGER: Duration = Duration::from_secs(2);
 
 /// Closes a connection once the peer has had the chance to read the last reply. After an error
 /// reply (`failed`) a TCP peer may still be sending: its data is read and discarded for a

@@ -106,11 +106,14 @@ pub(super) struct ConnReader {
     batching: bool,
     activity: Arc<Activity>,
     idle_limit: Duration,
-    what: &'static str,
+    /// Until the session is watched: when the handshake must be done, however steadily the
+    /// peer trickles bytes.
+    deadline: Option<Instant>,
 }
 
 impl ConnReader {
-    /// A reader for the handshake: it fails after `limit` without a byte.
+    /// A reader for the handshake: it fails once `limit` has passed since it was made, whether
+    /// or not bytes arrive.
     pub(super) fn new(mut source: Source, limit: Duration) -> std::io::Result<Self> {
         source.set_read_timeout(limit)?;
         Ok(ConnReader {
@@ -119,7 +122,7 @@ impl ConnReader {
             batching: false,
             activity: Activity::new(),
             idle_limit: limit,
-            what: "handshake",
+            deadline: Some(Instant::now() + limit),
         })
     }
 
@@ -132,8 +135,28 @@ impl ConnReader {
         self.source.set_read_timeout(limit.min(CONTROL_POLL))?;
         self.activity = activity;
         self.idle_limit = limit;
-        self.what = "session";
+        self.deadline = None;
         Ok(())
+    }
+
+    /// Before a read in the handshake: fails once the deadline passed, else bounds the read's
+    /// wait by what is left of it.
+    fn within_deadline(&mut self) -> std::io::Result<()> {
+        let Some(deadline) = self.deadline else {
+            return Ok(());
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                ErrorKind::TimedOut,
+                format!(
+                    "handshake not done within {:.0?} (the most a connection may take to \
+                     authenticate)",
+                    self.idle_limit
+                ),
+            ));
+        }
+        self.source.set_read_timeout(left)
     }
 
     /// Switches a TCP data stream to batched reads (after its handshake).
@@ -169,23 +192,22 @@ impl Read for ConnReader {
             self.set_lowat(buf.len().clamp(1, RECV_LOWAT_MAX));
         }
         loop {
+            self.within_deadline()?;
             match self.source.read(buf) {
                 Ok(n) => {
                     self.activity.touch();
                     return Ok(n);
                 }
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                    if self
-                        .activity
-                        .idle_for()
-                        .is_some_and(|idle| idle >= self.idle_limit)
+                    if self.deadline.is_none()
+                        && self
+                            .activity
+                            .idle_for()
+                            .is_some_and(|idle| idle >= self.idle_limit)
                     {
                         return Err(std::io::Error::new(
                             ErrorKind::TimedOut,
-                            format!(
-                                "{} idle: nothing received for {:.0?}",
-                                self.what, self.idle_limit
-                            ),
+                            format!("session idle: nothing received for {:.0?}", self.idle_limit),
                         ));
                     }
                 }
@@ -215,8 +237,39 @@ mod tests {
         let started = Instant::now();
         let err = reader.read(&mut [0u8; 8]).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::TimedOut);
-        assert!(err.to_string().contains("handshake idle"), "{err}");
+        assert!(
+            err.to_string().contains("handshake not done within"),
+            "{err}"
+        );
         assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    /// The handshake's limit is a deadline, not an idle timeout: a peer that trickles a byte
+    /// well within every idle period is still cut off once the limit has passed.
+    #[test]
+    fn a_trickling_handshake_ends_at_its_deadline() {
+        let (mut client, server) = pair();
+        let limit = Duration::from_millis(600);
+        let mut reader = ConnReader::new(Source::Tcp(server), limit).unwrap();
+        let trickle = std::thread::spawn(move || {
+            for _ in 0..20 {
+                if client.write_all(b"x").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let started = Instant::now();
+        let err = loop {
+            match reader.read(&mut [0u8; 1]) {
+                Ok(_) => {}
+                Err(e) => break e,
+            }
+        };
+        let took = started.elapsed();
+        assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
+        assert!(took >= limit && took < limit * 2, "{took:?}");
+        trickle.join().unwrap();
     }
 
     /// A quiet connection lives as long as another connection of its session receives bytes,

@@ -21,7 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     Receiver, ReceiverConfig, ReceiverError, Tenant, DEFAULT_HANDSHAKE_TIMEOUT,
-    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_SESSIONS, DEFAULT_MAX_STREAMS, DEFAULT_SESSION_MEMORY,
+    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_HANDSHAKES, DEFAULT_MAX_HANDSHAKES_PER_SOURCE,
+    DEFAULT_MAX_SESSIONS, DEFAULT_MAX_STREAMS, DEFAULT_SESSION_MEMORY,
 };
 use crate::auth::KeySetting;
 use crate::transport::Transport;
@@ -73,9 +74,15 @@ pub struct ReceiverSettings {
     /// Seconds a session may go without receiving a byte before it is closed.
     #[serde(default = "default_idle_timeout_secs")]
     pub idle_timeout_secs: f64,
-    /// Seconds a new connection may take to authenticate.
+    /// Seconds a new connection may take to authenticate ([`ReceiverConfig::handshake_timeout`]).
     #[serde(default = "default_handshake_timeout_secs")]
     pub handshake_timeout_secs: f64,
+    /// Most connections in their key handshake at once ([`ReceiverConfig::max_handshakes`]).
+    #[serde(default = "default_max_handshakes")]
+    pub max_handshakes: usize,
+    /// Most of them from one address ([`ReceiverConfig::max_handshakes_per_source`]).
+    #[serde(default = "default_max_handshakes_per_source")]
+    pub max_handshakes_per_source: usize,
     /// Seconds the sessions running when the receiver is asked to stop may take to finish
     /// ([`super::Stopper::stop`]); `xfer recv` stops so on SIGTERM or SIGINT.
     #[serde(default = "default_shutdown_grace_secs")]
@@ -181,6 +188,14 @@ fn default_handshake_timeout_secs() -> f64 {
     DEFAULT_HANDSHAKE_TIMEOUT.as_secs_f64()
 }
 
+fn default_max_handshakes() -> usize {
+    DEFAULT_MAX_HANDSHAKES
+}
+
+fn default_max_handshakes_per_source() -> usize {
+    DEFAULT_MAX_HANDSHAKES_PER_SOURCE
+}
+
 fn default_shutdown_grace_secs() -> f64 {
     60.0
 }
@@ -214,6 +229,8 @@ impl ReceiverSettings {
             session_memory: default_session_memory(),
             idle_timeout_secs: default_idle_timeout_secs(),
             handshake_timeout_secs: default_handshake_timeout_secs(),
+            max_handshakes: default_max_handshakes(),
+            max_handshakes_per_source: default_max_handshakes_per_source(),
             shutdown_grace_secs: default_shutdown_grace_secs(),
             tenants: Vec::new(),
         }
@@ -256,6 +273,8 @@ impl ReceiverSettings {
         config.idle_timeout = seconds("idle_timeout_secs", self.idle_timeout_secs, false)?;
         config.handshake_timeout =
             seconds("handshake_timeout_secs", self.handshake_timeout_secs, false)?;
+        config.max_handshakes = self.max_handshakes;
+        config.max_handshakes_per_source = self.max_handshakes_per_source;
         config.tenants = self
             .tenants
             .iter()

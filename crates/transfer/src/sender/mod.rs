@@ -1702,11 +1702,11 @@ impl Canceller {
     }
 }
 
-/// Attempts at the control connection when the receiver closes it before the key handshake
-/// is done, as a receiver does while `max_handshakes` other connections authenticate (a burst
-/// of senders): the pause between them doubles from 100 ms, plus up to as much again at random,
-/// about 3 s in all.
-const CONTROL_ATTEMPTS: u32 = 6;
+/// Attempts at the control connection when the receiver is busy authenticating others
+/// ([`Limit::Authenticating`], a burst of senders) or closes the connection before the key
+/// handshake is done: the pause between them doubles from 100 ms, plus up to as much again at
+/// random, about 6 s in all.
+const CONTROL_ATTEMPTS: u32 = 7;
 
 /// The control connection through its key handshake.
 struct ControlLink {
@@ -1723,6 +1723,8 @@ struct ControlLink {
 enum ControlFailure {
     /// The receiver closed it before the handshake was done: worth another attempt.
     Closed(std::io::Error),
+    /// The receiver is busy authenticating other connections: worth another attempt.
+    Busy(Limit),
     /// Anything else.
     Failed(SendError),
 }
@@ -1731,26 +1733,30 @@ enum ControlFailure {
 /// [`CONTROL_ATTEMPTS`] in all) when the receiver closes it first.
 fn open_control(addrs: &[SocketAddr], config: &SendConfig) -> Result<ControlLink, SendError> {
     let mut pause = Duration::from_millis(100);
-    let mut attempt = 1;
+    let mut attempt = 0;
     loop {
-        match try_control(addrs, config) {
+        attempt += 1;
+        let why = match try_control(addrs, config) {
             Ok(link) => return Ok(link),
             Err(ControlFailure::Failed(e)) => return Err(e),
             Err(ControlFailure::Closed(e)) if attempt >= CONTROL_ATTEMPTS => {
                 return Err(config.reading(WireError::Io(e)))
             }
-            Err(ControlFailure::Closed(e)) => {
-                let jitter = u64::from(u16::from_le_bytes(auth::random_bytes::<2>()));
-                let wait = pause + pause.mul_f64(jitter as f64 / f64::from(u16::MAX));
-                tracing::info!(
-                    "the receiver closed the connection before the handshake ({e}); \
-                     trying again in {wait:.1?}"
-                );
-                std::thread::sleep(wait);
-                pause *= 2;
-                attempt += 1;
+            Err(ControlFailure::Busy(limit)) if attempt >= CONTROL_ATTEMPTS => {
+                return Err(SendError::Limited {
+                    addr: config.addr.clone(),
+                    limit,
+                })
             }
-        }
+            Err(ControlFailure::Closed(e)) => {
+                format!("the receiver closed the connection before the handshake ({e})")
+            }
+            Err(ControlFailure::Busy(limit)) => limit.to_string(),
+        };
+        let wait = with_jitter(pause);
+        tracing::info!("{why}; trying again in {wait:.1?}");
+        std::thread::sleep(wait);
+        pause *= 2;
     }
 }
 
@@ -1768,6 +1774,13 @@ impl ControlFailure {
     }
 }
 
+/// `pause` plus up to as much again at random, so that senders refused together do not all
+/// come back together.
+pub(super) fn with_jitter(pause: Duration) -> Duration {
+    let jitter = u64::from(u16::from_le_bytes(auth::random_bytes::<2>()));
+    pause + pause.mul_f64(jitter as f64 / f64::from(u16::MAX))
+}
+
 /// One attempt of [`open_control`].
 fn try_control(addrs: &[SocketAddr], config: &SendConfig) -> Result<ControlLink, ControlFailure> {
     let (socket, transport, fallback) = try_connect(addrs, config.transport)
@@ -1775,8 +1788,15 @@ fn try_control(addrs: &[SocketAddr], config: &SendConfig) -> Result<ControlLink,
     socket
         .set_read_timeout(Some(config.stall_timeout))
         .map_err(|e| ControlFailure::Failed(config.lost(e)))?;
-    let (reader, mut writer, channel) = link::client(&socket, config.encrypt)
-        .map_err(|e| ControlFailure::of(e, |e| config.lost(e)))?;
+    let failure = |e| match e {
+        AuthError::Wire(WireError::Io(io)) => {
+            ControlFailure::of(io, |io| config.reading(WireError::Io(io)))
+        }
+        AuthError::Limited(limit @ Limit::Authenticating { .. }) => ControlFailure::Busy(limit),
+        other => ControlFailure::Failed(config.handshake_failed(other)),
+    };
+    let (reader, mut writer, channel) =
+        link::client(&socket, config.encrypt).map_err(|e| failure(AuthError::from_io(e)))?;
     let mut reader = FrameReader::new(std::io::BufReader::new(reader), 0);
     let welcomed = auth::handshake_as_client(
         &mut reader,
@@ -1785,12 +1805,7 @@ fn try_control(addrs: &[SocketAddr], config: &SendConfig) -> Result<ControlLink,
         &config.key,
         Role::Control,
     )
-    .map_err(|e| match e {
-        AuthError::Wire(WireError::Io(io)) => {
-            ControlFailure::of(io, |io| config.reading(WireError::Io(io)))
-        }
-        other => ControlFailure::Failed(config.handshake_failed(other)),
-    })?;
+    .map_err(failure)?;
     Ok(ControlLink {
         socket,
         transport,

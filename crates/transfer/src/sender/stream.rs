@@ -6,7 +6,7 @@ use std::io::{BufReader, Read};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::source::UnitBuffer;
 use super::{
@@ -21,7 +21,7 @@ use crate::sockopt;
 use crate::tcp_info::TcpInfo;
 use crate::telemetry;
 use crate::transport::Transport;
-use crate::wire::{self, ChunkHeader, FrameReader, Message, Role, WireError};
+use crate::wire::{self, ChunkHeader, FrameReader, Limit, Message, Role, WireError};
 
 /// Most checksum failures tolerated in one transfer before it is abandoned.
 const MAX_NACKS: u64 = 64;
@@ -31,6 +31,9 @@ const MAX_NACKS: u64 = 64;
 pub(super) enum StreamFailure {
     /// The stream broke; its units went back to the queue and another stream may replace it.
     Broken(String),
+    /// The receiver is busy authenticating other connections: no stream is opened for a while,
+    /// and the transfer goes on with those it has.
+    Busy(Limit),
     /// The transfer cannot go on (already reported through `Shared::fail`).
     Fatal,
 }
@@ -110,6 +113,56 @@ impl StreamHandle {
     }
 }
 
+/// Shortest pause in opening streams after the receiver turned one away as busy.
+const BUSY_PAUSE_MIN: Duration = Duration::from_millis(250);
+/// Longest such pause.
+const BUSY_PAUSE_MAX: Duration = Duration::from_secs(8);
+
+/// New streams the receiver turned away as busy authenticating others
+/// ([`Limit::Authenticating`]): the manager opens none for a pause that doubles from
+/// [`BUSY_PAUSE_MIN`] to [`BUSY_PAUSE_MAX`] and the transfer goes on with the streams it has,
+/// until a new stream gets through. A transfer left without any stream for the stall timeout
+/// fails with the limit.
+#[derive(Default)]
+struct BusyReceiver {
+    pause: Duration,
+    /// No stream is opened before then.
+    until: Option<Instant>,
+    /// Since when, and the newest stream turned away.
+    since: Option<(Instant, u64, Limit)>,
+}
+
+impl BusyReceiver {
+    fn turned_away(&mut self, stream: u64, limit: Limit, now: Instant) {
+        self.pause = (self.pause * 2).clamp(BUSY_PAUSE_MIN, BUSY_PAUSE_MAX);
+        self.until = Some(now + super::with_jitter(self.pause));
+        let since = self.since.map_or(now, |(since, ..)| since);
+        self.since = Some((since, stream, limit));
+    }
+
+    fn may_open(&self, now: Instant) -> bool {
+        self.until.is_none_or(|until| now >= until)
+    }
+
+    /// Forgets the refusals once a stream opened after them got through.
+    fn note_streams<'a>(&mut self, streams: impl Iterator<Item = &'a Arc<StreamHandle>>) {
+        if let Some((_, newest, _)) = self.since {
+            if streams
+                .filter(|h| h.id > newest)
+                .any(|h| h.connection.get().is_some())
+            {
+                *self = BusyReceiver::default();
+            }
+        }
+    }
+
+    /// The limit, once the transfer has had no stream for `patience` since it was first hit.
+    fn given_up(&self, connected: usize, patience: Duration, now: Instant) -> Option<Limit> {
+        let (since, _, limit) = self.since?;
+        (connected == 0 && now.duration_since(since) > patience).then_some(limit)
+    }
+}
+
 /// Keeps the number of non-retiring streams equal to the target until all units are
 /// acknowledged, closes streams that stall, and returns once the transfer is over and every
 /// stream has closed.
@@ -118,6 +171,7 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
     let mut next_id = 1u64;
     let mut failures = 0u32;
     let mut last_active = usize::MAX;
+    let mut busy = BusyReceiver::default();
     loop {
         if shared.is_over() {
             let streams = shared.streams.lock().expect("streams lock");
@@ -144,6 +198,11 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
             }
             // Streams still draining count against the receiver's limit; top up once they exit.
             let room = shared.max_streams.saturating_sub(streams.len());
+            let room = if busy.may_open(Instant::now()) {
+                room
+            } else {
+                0
+            };
             for _ in active.len()..target.min(active.len() + room) {
                 let handle = Arc::new(StreamHandle::new(next_id));
                 next_id += 1;
@@ -176,6 +235,18 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
             for handle in streams.values() {
                 handle.close_if_stalled(shared);
             }
+            busy.note_streams(streams.values());
+            let connected = streams
+                .values()
+                .filter(|h| h.connection.get().is_some())
+                .count();
+            let patience = shared.config.stall_timeout;
+            if let Some(limit) = busy.given_up(connected, patience, Instant::now()) {
+                shared.fail(SendError::Limited {
+                    addr: shared.config.addr.clone(),
+                    limit,
+                });
+            }
             streams.values().filter(|h| !h.is_retiring()).count()
         };
         if active != last_active {
@@ -191,6 +262,10 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                 shared.streams.lock().expect("streams lock").remove(&id);
                 if let Some(t) = threads.remove(&id) {
                     let _ = t.join();
+                }
+                if let Err(StreamFailure::Busy(limit)) = result {
+                    tracing::info!("stream {id} not opened: {limit}; trying again later");
+                    busy.turned_away(id, limit, Instant::now());
                 }
                 if let Err(StreamFailure::Broken(reason)) = result {
                     telemetry::sender_stream_broke();
@@ -247,8 +322,8 @@ fn open_tcp(
     socket
         .set_read_timeout(Some(shared.config.stall_timeout))
         .map_err(broken)?;
-    let (reader, mut writer, channel) =
-        link::client(&socket, shared.config.encrypt).map_err(broken)?;
+    let (reader, mut writer, channel) = link::client(&socket, shared.config.encrypt)
+        .map_err(|e| handshake_failure(shared, AuthError::from_io(e)))?;
     let mut reader = FrameReader::new(BufReader::new(reader), 0);
     prove_session(shared, &mut reader, &mut writer, &channel)?;
     socket.set_read_timeout(None).map_err(broken)?;
@@ -300,13 +375,19 @@ fn prove_session<R: Read>(
     };
     auth::handshake_as_client(reader, writer, channel, &shared.session_key, role)
         .map(drop)
-        .map_err(|e| match e {
-            // Damaged or cut off on the way: another stream may do better.
-            AuthError::Wire(w @ (WireError::Io(_) | WireError::Corrupted(_))) => {
-                StreamFailure::Broken(w.to_string())
-            }
-            other => fatal(shared, shared.config.handshake_failed(other)),
-        })
+        .map_err(|e| handshake_failure(shared, e))
+}
+
+/// What a data stream's failed setup means for the transfer.
+fn handshake_failure(shared: &Shared, e: AuthError) -> StreamFailure {
+    match e {
+        // Damaged or cut off on the way: another stream may do better.
+        AuthError::Wire(w @ (WireError::Io(_) | WireError::Corrupted(_))) => {
+            StreamFailure::Broken(w.to_string())
+        }
+        AuthError::Limited(limit @ Limit::Authenticating { .. }) => StreamFailure::Busy(limit),
+        other => fatal(shared, shared.config.handshake_failed(other)),
+    }
 }
 
 /// Ends the transfer with `e`; the stream ends as [`StreamFailure::Fatal`].
