@@ -352,6 +352,12 @@ pub struct SendArgs {
     /// Also compare a BLAKE3 hash of every whole file end to end.
     #[arg(long, conflicts_with = "mem")]
     pub verify: bool,
+    /// Compare files already at the destination by content (BLAKE3, hashed on both sides), not
+    /// by size and mtime: one rewritten with the same size and mtime is sent again, one of the
+    /// same content is kept (with the source's mode and mtime). Every source file is read once
+    /// more to hash it.
+    #[arg(long, conflicts_with = "mem")]
+    pub checksum: bool,
     /// Read the files with direct I/O (O_DIRECT), bypassing the page cache: for parallel file
     /// systems, and to keep the page cache for other work. A receiver this command starts over
     /// ssh writes with direct I/O too.

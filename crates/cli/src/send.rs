@@ -185,6 +185,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         streams: initial,
         unit_size: args.unit_size,
         verify: args.verify,
+        checksum: args.checksum,
         direct_io: args.direct_io,
         stream_rate_cap,
         unsent_limit: args.unsent_limit,

@@ -149,6 +149,9 @@ pub struct SenderSettings {
     /// Also compare a BLAKE3 hash of each whole file end to end.
     #[serde(default)]
     pub verify: bool,
+    /// Compare files already at the receiver by content ([`SendConfig::checksum`]).
+    #[serde(default)]
+    pub checksum: bool,
     /// TLS 1.3 on every connection.
     #[serde(default)]
     pub encrypt: bool,
@@ -223,6 +226,7 @@ impl SenderSettings {
             seed: 0,
             unit_size: default_unit_size(),
             verify: false,
+            checksum: false,
             encrypt: false,
             transport: Transport::default(),
             congestion: Congestion::default(),
@@ -270,6 +274,7 @@ impl SenderSettings {
             streams: self.streams,
             unit_size: self.unit_size,
             verify: self.verify,
+            checksum: self.checksum,
             direct_io: self.direct_io,
             stream_rate_cap: self.stream_rate_cap,
             unsent_limit: self.unsent_limit,

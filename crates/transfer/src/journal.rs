@@ -1,7 +1,8 @@
 //! The receiver's journal of verified chunks, one per partly received file.
 //!
 //! A file arrives as `.NAME.xfer-part` beside its final name, with `.NAME.xfer-journal` next to
-//! it. The journal starts with the identity of the source version (size and mtime) and then gets
+//! it. The journal starts with the identity of the source version (size, mtime, and the ctime
+//! and inode number nobody can set back) and then gets
 //! one fixed-size record `(offset, len, xxh3)` appended after each chunk is written. A record
 //! goes to the page cache right after its data, so a killed process loses nothing it acknowledged.
 //! On resume every record is checked again against the part file's bytes, so a record that
@@ -15,23 +16,25 @@ use std::path::{Path, PathBuf};
 
 use rangemap::RangeSet;
 
-use crate::manifest::Timestamp;
+use crate::manifest::{FileEntry, Timestamp};
 use crate::wire::chunk_checksum;
 
-const MAGIC: &[u8; 8] = b"XFERJNL1";
-const HEADER_LEN: usize = 32;
+const MAGIC: &[u8; 8] = b"XFERJNL2";
+const HEADER_LEN: usize = 48;
 const RECORD_LEN: usize = 24;
 const NAME_MAX: usize = 255;
 
-/// The source version a journal belongs to.
+/// The source version a journal belongs to: what the sender's manifest said of the file
+/// ([`FileEntry`]). A file rewritten in place with its mtime set back, or another file of the
+/// same name, size and mtime, has another ctime or inode: what was received of one version is
+/// never resumed onto another.
 ///
 /// ```
 /// use transfer::journal::SourceIdentity;
-/// use transfer::manifest::Timestamp;
 ///
 /// let metadata = std::fs::metadata("Cargo.toml").unwrap();
-/// let identity = SourceIdentity { size: metadata.len(), mtime: Timestamp::mtime_of(&metadata) };
-/// # let _ = identity;
+/// let identity = SourceIdentity::of_metadata(&metadata);
+/// assert_eq!(identity.size, metadata.len());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SourceIdentity {
@@ -39,6 +42,80 @@ pub struct SourceIdentity {
     pub size: u64,
     /// Source file mtime.
     pub mtime: Timestamp,
+    /// Source file ctime ([`Timestamp::ctime_of`]).
+    pub ctime: Timestamp,
+    /// Source file inode number.
+    pub inode: u64,
+}
+
+impl SourceIdentity {
+    /// The version a manifest entry names.
+    ///
+    /// ```
+    /// use transfer::journal::SourceIdentity;
+    /// use transfer::manifest::ManifestBatch;
+    ///
+    /// let entry = &ManifestBatch::memory(100).files[0];
+    /// assert_eq!(SourceIdentity::of(entry).size, 100);
+    /// ```
+    pub fn of(entry: &FileEntry) -> SourceIdentity {
+        SourceIdentity {
+            size: entry.size,
+            mtime: entry.mtime,
+            ctime: entry.ctime,
+            inode: entry.inode,
+        }
+    }
+
+    /// The version of a file on this host.
+    ///
+    /// ```
+    /// use transfer::journal::SourceIdentity;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    /// std::fs::write(&a, "same").unwrap();
+    /// std::fs::copy(&a, &b).unwrap();
+    /// let copy = std::fs::File::options().write(true).open(&b).unwrap();
+    /// copy.set_modified(std::fs::metadata(&a).unwrap().modified().unwrap()).unwrap();
+    /// let (a, b) = (std::fs::metadata(&a).unwrap(), std::fs::metadata(&b).unwrap());
+    /// assert_eq!((a.len(), a.modified().unwrap()), (b.len(), b.modified().unwrap()));
+    /// assert_ne!(SourceIdentity::of_metadata(&a), SourceIdentity::of_metadata(&b), "another file");
+    /// ```
+    pub fn of_metadata(meta: &std::fs::Metadata) -> SourceIdentity {
+        use std::os::unix::fs::MetadataExt;
+        SourceIdentity {
+            size: meta.len(),
+            mtime: Timestamp::mtime_of(meta),
+            ctime: Timestamp::ctime_of(meta),
+            inode: meta.ino(),
+        }
+    }
+
+    fn encode(&self) -> [u8; HEADER_LEN - 8] {
+        let mut out = [0u8; HEADER_LEN - 8];
+        out[..8].copy_from_slice(&self.size.to_le_bytes());
+        for (at, time) in [(8, self.mtime), (20, self.ctime)] {
+            out[at..at + 8].copy_from_slice(&time.secs.to_le_bytes());
+            out[at + 8..at + 12].copy_from_slice(&time.nanos.to_le_bytes());
+        }
+        out[32..].copy_from_slice(&self.inode.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8; HEADER_LEN - 8]) -> SourceIdentity {
+        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        let time_at = |i: usize| Timestamp {
+            secs: u64_at(i) as i64,
+            nanos: u32::from_le_bytes(bytes[i + 8..i + 12].try_into().expect("4 bytes")),
+        };
+        SourceIdentity {
+            size: u64_at(0),
+            mtime: time_at(8),
+            ctime: time_at(20),
+            inode: u64_at(32),
+        }
+    }
 }
 
 /// Names of the part file and journal kept beside a file's final path while it arrives.
@@ -100,7 +177,8 @@ impl PartPaths {
 /// # use transfer::wire::chunk_checksum;
 /// # let dir = tempfile::tempdir().unwrap();
 /// # let paths = PartPaths::for_final(&dir.path().join("run42.h5"));
-/// # let identity = SourceIdentity { size: 8, mtime: Timestamp { secs: 1_700_000_000, nanos: 0 } };
+/// # let t = Timestamp { secs: 1_700_000_000, nanos: 0 };
+/// # let identity = SourceIdentity { size: 8, mtime: t, ctime: t, inode: 7 };
 /// # let open = |path: &std::path::Path| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
 /// # let part = open(&paths.part);
 /// # part.set_len(8).unwrap();
@@ -127,12 +205,13 @@ impl Journal {
     /// # use transfer::wire::chunk_checksum;
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let paths = PartPaths::for_final(&dir.path().join("run42.h5"));
-    /// # let identity = SourceIdentity { size: 8, mtime: Timestamp { secs: 1_700_000_000, nanos: 0 } };
+    /// # let t = Timestamp { secs: 1_700_000_000, nanos: 0 };
+    /// # let identity = SourceIdentity { size: 8, mtime: t, ctime: t, inode: 7 };
     /// # let open = |path: &std::path::Path| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
     /// # let part = open(&paths.part);
     /// # part.set_len(8).unwrap();
     /// let journal = Journal::create(open(&paths.journal), identity).unwrap();
-    /// assert_eq!(std::fs::metadata(&paths.journal).unwrap().len(), 32, "the header alone");
+    /// assert_eq!(std::fs::metadata(&paths.journal).unwrap().len(), 48, "the header alone");
     /// # drop(journal);
     /// ```
     pub fn create(mut file: File, identity: SourceIdentity) -> std::io::Result<Journal> {
@@ -140,9 +219,7 @@ impl Journal {
         file.seek(SeekFrom::Start(0))?;
         let mut header = [0u8; HEADER_LEN];
         header[..8].copy_from_slice(MAGIC);
-        header[8..16].copy_from_slice(&identity.size.to_le_bytes());
-        header[16..24].copy_from_slice(&identity.mtime.secs.to_le_bytes());
-        header[24..28].copy_from_slice(&identity.mtime.nanos.to_le_bytes());
+        header[8..].copy_from_slice(&identity.encode());
         file.write_all(&header)?;
         Ok(Journal { file })
     }
@@ -156,14 +233,15 @@ impl Journal {
     /// # use transfer::wire::chunk_checksum;
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let paths = PartPaths::for_final(&dir.path().join("run42.h5"));
-    /// # let identity = SourceIdentity { size: 8, mtime: Timestamp { secs: 1_700_000_000, nanos: 0 } };
+    /// # let t = Timestamp { secs: 1_700_000_000, nanos: 0 };
+    /// # let identity = SourceIdentity { size: 8, mtime: t, ctime: t, inode: 7 };
     /// # let open = |path: &std::path::Path| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
     /// # let part = open(&paths.part);
     /// # part.set_len(8).unwrap();
     /// let mut journal = Journal::create(open(&paths.journal), identity).unwrap();
     /// part.write_all_at(b"efgh", 4).unwrap();
     /// journal.record(4, 4, chunk_checksum(b"efgh")).unwrap();
-    /// assert_eq!(std::fs::metadata(&paths.journal).unwrap().len(), 32 + 24);
+    /// assert_eq!(std::fs::metadata(&paths.journal).unwrap().len(), 48 + 24);
     /// ```
     pub fn record(&mut self, offset: u64, len: u64, checksum: u64) -> std::io::Result<()> {
         let mut rec = [0u8; RECORD_LEN];
@@ -183,7 +261,8 @@ impl Journal {
     /// # use transfer::wire::chunk_checksum;
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let paths = PartPaths::for_final(&dir.path().join("run42.h5"));
-    /// # let identity = SourceIdentity { size: 8, mtime: Timestamp { secs: 1_700_000_000, nanos: 0 } };
+    /// # let t = Timestamp { secs: 1_700_000_000, nanos: 0 };
+    /// # let identity = SourceIdentity { size: 8, mtime: t, ctime: t, inode: 7 };
     /// # let open = |path: &std::path::Path| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
     /// # let part = open(&paths.part);
     /// # part.set_len(8).unwrap();
@@ -209,13 +288,16 @@ impl Journal {
     /// # use transfer::wire::chunk_checksum;
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let paths = PartPaths::for_final(&dir.path().join("run42.h5"));
-    /// # let identity = SourceIdentity { size: 8, mtime: Timestamp { secs: 1_700_000_000, nanos: 0 } };
+    /// # let t = Timestamp { secs: 1_700_000_000, nanos: 0 };
+    /// # let identity = SourceIdentity { size: 8, mtime: t, ctime: t, inode: 7 };
     /// # let open = |path: &std::path::Path| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
     /// # let part = open(&paths.part);
     /// # part.set_len(8).unwrap();
     /// Journal::create(open(&paths.journal), identity).unwrap();
     /// let changed = SourceIdentity { size: 9, ..identity };
     /// assert!(Journal::resume(open(&paths.journal), &part, changed).is_none(), "the source changed");
+    /// let rewritten = SourceIdentity { ctime: Timestamp { secs: t.secs + 1, nanos: 0 }, ..identity };
+    /// assert!(Journal::resume(open(&paths.journal), &part, rewritten).is_none(), "rewritten in place");
     /// ```
     pub fn resume(
         mut file: File,
@@ -227,14 +309,7 @@ impl Journal {
         if bytes.len() < HEADER_LEN || &bytes[..8] != MAGIC {
             return None;
         }
-        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
-        let recorded = SourceIdentity {
-            size: u64_at(8),
-            mtime: Timestamp {
-                secs: u64_at(16) as i64,
-                nanos: u32::from_le_bytes(bytes[24..28].try_into().expect("4 bytes")),
-            },
-        };
+        let recorded = SourceIdentity::decode(bytes[8..HEADER_LEN].try_into().expect("header"));
         if recorded != identity {
             return None;
         }
@@ -285,6 +360,8 @@ mod tests {
         let identity = SourceIdentity {
             size: 300,
             mtime: Timestamp { secs: 5, nanos: 6 },
+            ctime: Timestamp { secs: 8, nanos: 9 },
+            inode: 42,
         };
         let part = std::fs::OpenOptions::new()
             .read(true)
@@ -313,11 +390,27 @@ mod tests {
         let len = std::fs::metadata(&paths.journal).unwrap().len() as usize;
         assert_eq!((len - HEADER_LEN) % RECORD_LEN, 0);
 
-        let other = SourceIdentity {
-            size: 300,
-            mtime: Timestamp { secs: 5, nanos: 7 },
-        };
-        assert!(Journal::resume(open_rw(&paths.journal), &part, other).is_none());
+        for other in [
+            SourceIdentity {
+                mtime: Timestamp { secs: 5, nanos: 7 },
+                ..identity
+            },
+            SourceIdentity {
+                ctime: Timestamp { secs: 8, nanos: 10 },
+                ..identity
+            },
+            SourceIdentity {
+                inode: 43,
+                ..identity
+            },
+        ] {
+            assert!(Journal::resume(open_rw(&paths.journal), &part, other).is_none());
+        }
+        // A journal of the earlier format is another version's: the file is sent again.
+        let mut old = std::fs::read(&paths.journal).unwrap();
+        old[..8].copy_from_slice(b"XFERJNL1");
+        std::fs::write(&paths.journal, old).unwrap();
+        assert!(Journal::resume(open_rw(&paths.journal), &part, identity).is_none());
     }
 
     #[test]

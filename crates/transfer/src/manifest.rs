@@ -45,6 +45,30 @@ impl Timestamp {
         }
     }
 
+    /// The status change time recorded in `meta` (ctime): when the file's data or metadata last
+    /// changed, which, unlike the mtime, nobody can set.
+    ///
+    /// ```
+    /// use transfer::manifest::Timestamp;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let file = dir.path().join("a");
+    /// std::fs::write(&file, "one").unwrap();
+    /// let before = std::fs::metadata(&file).unwrap();
+    /// std::thread::sleep(std::time::Duration::from_millis(20));
+    /// std::fs::write(&file, "two").unwrap();
+    /// std::fs::File::options().write(true).open(&file).unwrap().set_modified(before.modified().unwrap()).unwrap();
+    /// let after = std::fs::metadata(&file).unwrap();
+    /// assert_eq!(Timestamp::mtime_of(&after), Timestamp::mtime_of(&before), "the mtime set back");
+    /// assert_ne!(Timestamp::ctime_of(&after), Timestamp::ctime_of(&before), "the ctime not");
+    /// ```
+    pub fn ctime_of(meta: &std::fs::Metadata) -> Timestamp {
+        Timestamp {
+            secs: meta.ctime(),
+            nanos: meta.ctime_nsec() as u32,
+        }
+    }
+
     /// As a `SystemTime`, for setting it on a file.
     ///
     /// ```
@@ -110,8 +134,20 @@ pub struct FileEntry {
     pub size: u64,
     /// Permission bits (`0o777` part of the mode).
     pub mode: u32,
-    /// Modification time; with the size it identifies this version of the source file.
+    /// Modification time: with the size, what a later run compares to find the file already
+    /// at the receiver.
     pub mtime: Timestamp,
+    /// Status change time on the sender ([`Timestamp::ctime_of`]): with the inode number it
+    /// tells this version of the source from one rewritten in place with its mtime set back,
+    /// or from another file of the same name, size and mtime (`cp -p`, `rsync -t`, `tar x`),
+    /// so that nothing of one version is ever resumed onto another.
+    pub ctime: Timestamp,
+    /// Inode number on the sender.
+    pub inode: u64,
+    /// BLAKE3 of the content, when the sender compares files by content (`xfer send
+    /// --checksum`): a file already at the receiver is then kept only if its content hashes
+    /// the same, whatever its mtime.
+    pub content: Option<[u8; 32]>,
 }
 
 /// Where the receiver puts what arrives.
@@ -185,6 +221,9 @@ impl ManifestBatch {
                 size,
                 mode: 0,
                 mtime: Timestamp { secs: 0, nanos: 0 },
+                ctime: Timestamp { secs: 0, nanos: 0 },
+                inode: 0,
+                content: None,
             }],
             last: true,
         }
@@ -291,6 +330,8 @@ pub struct Scanner {
     sources: std::vec::IntoIter<(PathBuf, OsString, std::fs::Metadata)>,
     /// The directory source being walked, with its name at the destination.
     walk: Option<(PathBuf, OsString, walkdir::IntoIter)>,
+    /// Hash each file's content into its entry ([`FileEntry::content`]).
+    by_content: bool,
 }
 
 impl Scanner {
@@ -332,7 +373,25 @@ impl Scanner {
         Ok(Scanner {
             sources: checked.into_iter(),
             walk: None,
+            by_content: false,
         })
+    }
+
+    /// Hashes every file (BLAKE3) into its entry as it is scanned, so that the receiver keeps a
+    /// file it already has only if its content is the same ([`FileEntry::content`]).
+    ///
+    /// ```
+    /// # let src = tempfile::tempdir().unwrap();
+    /// # let file = src.path().join("notes.txt");
+    /// # std::fs::write(&file, "calibrated").unwrap();
+    /// use transfer::manifest::Scanner;
+    ///
+    /// let batch = Scanner::new(&[file]).unwrap().by_content().next_batch(8).unwrap().batch;
+    /// assert_eq!(batch.files[0].content, Some(*blake3::hash(b"calibrated").as_bytes()));
+    /// ```
+    pub fn by_content(mut self) -> Scanner {
+        self.by_content = true;
+        self
     }
 
     /// The next batch of at most `max_entries` directories and files; the one that exhausts the
@@ -355,7 +414,7 @@ impl Scanner {
         while out.batch.dirs.len() + out.batch.files.len() < max_entries.max(1) {
             if let Some((source, name, walk)) = &mut self.walk {
                 match walk.next() {
-                    Some(entry) => out.add_walked(source, name, entry)?,
+                    Some(entry) => out.add_walked(source, name, entry, self.by_content)?,
                     None => self.walk = None,
                 }
                 continue;
@@ -365,7 +424,7 @@ impl Scanner {
                 break;
             };
             if meta.is_file() {
-                out.push_file(name.as_bytes().to_vec(), source, &meta);
+                out.push_file(name.as_bytes().to_vec(), source, &meta, self.by_content)?;
             } else if meta.is_dir() {
                 let walk = walkdir::WalkDir::new(&source)
                     .follow_links(false)
@@ -390,6 +449,7 @@ impl ScannedBatch {
         source: &Path,
         name: &OsStr,
         entry: walkdir::Result<walkdir::DirEntry>,
+        by_content: bool,
     ) -> Result<(), ScanError> {
         let entry = entry.map_err(|e| ScanError::Unreadable {
             path: e.path().unwrap_or(source).display().to_string(),
@@ -425,7 +485,7 @@ impl ScannedBatch {
                 mode: m.mode() & 0o777,
                 mtime: Timestamp::mtime_of(&m),
             }),
-            Some(m) if kind.is_file() => self.push_file(path, entry.into_path(), &m),
+            Some(m) if kind.is_file() => self.push_file(path, entry.into_path(), &m, by_content)?,
             _ => self.skipped.push(format!(
                 "{}: symbolic link or special file, skipped",
                 entry.path().display()
@@ -434,14 +494,36 @@ impl ScannedBatch {
         Ok(())
     }
 
-    fn push_file(&mut self, path: Vec<u8>, local: PathBuf, meta: &std::fs::Metadata) {
+    /// Adds a file found at `local` with `meta`, its content hashed when `by_content`.
+    fn push_file(
+        &mut self,
+        path: Vec<u8>,
+        local: PathBuf,
+        meta: &std::fs::Metadata,
+        by_content: bool,
+    ) -> Result<(), ScanError> {
+        let content = if by_content {
+            let hash = std::fs::File::open(&local)
+                .and_then(|file| crate::direct_io::blake3_of(&file, false));
+            let hash = hash.map_err(|error| ScanError::Unreadable {
+                path: local.display().to_string(),
+                error,
+            })?;
+            Some(*hash.as_bytes())
+        } else {
+            None
+        };
         self.batch.files.push(FileEntry {
             path,
             size: meta.len(),
             mode: meta.mode() & 0o777,
             mtime: Timestamp::mtime_of(meta),
+            ctime: Timestamp::ctime_of(meta),
+            inode: meta.ino(),
+            content,
         });
         self.local_paths.push(local);
+        Ok(())
     }
 }
 

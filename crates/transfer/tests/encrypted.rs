@@ -33,6 +33,7 @@ fn send(addr: &str, file: &Path, encrypt: bool) -> Result<(), String> {
         streams: 3,
         unit_size: 256 << 10,
         verify: true,
+        checksum: false,
         direct_io: false,
         stream_rate_cap: None,
         unsent_limit: DEFAULT_UNSENT_LIMIT,

@@ -66,6 +66,12 @@ fn entry(path: &[u8], size: u64) -> FileEntry {
             secs: 1_600_000_000,
             nanos: 5,
         },
+        ctime: Timestamp {
+            secs: 1_600_000_001,
+            nanos: 6,
+        },
+        inode: 77,
+        content: None,
     }
 }
 

@@ -91,6 +91,7 @@ fn send(addr: SocketAddr) -> (Result<(), SendError>, Duration) {
         streams: 2,
         unit_size: 1 << 20,
         verify: false,
+        checksum: false,
         direct_io: false,
         stream_rate_cap: None,
         unsent_limit: DEFAULT_UNSENT_LIMIT,

@@ -6,13 +6,15 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use transfer::journal::{Journal, PartPaths, SourceIdentity};
-use transfer::manifest::Timestamp;
 
 use crate::common::*;
 
 const MIB: u64 = 1 << 20;
 const STREAMS: u64 = 4;
 const UNIT: u64 = MIB;
+/// Bytes of a journal's header and of each of its records ([`transfer::journal`]).
+const JOURNAL_HEADER: u64 = 48;
+const JOURNAL_RECORD: u64 = 24;
 
 /// A tree of one large, one medium and many small files; returns its total size.
 fn build_tree(dir: &Path) -> u64 {
@@ -81,10 +83,7 @@ fn bytes_held(tree: &Path, dest: &Path) -> u64 {
         let Ok(part) = std::fs::File::open(&paths.part) else {
             continue;
         };
-        let identity = SourceIdentity {
-            size: meta.len(),
-            mtime: Timestamp::mtime_of(&meta),
-        };
+        let identity = SourceIdentity::of_metadata(&meta);
         let Ok(journal) = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -218,7 +217,7 @@ fn a_source_changed_since_the_interrupted_attempt_is_sent_again_whole() {
     while std::fs::metadata(&part.journal)
         .map(|m| m.len())
         .unwrap_or(0)
-        < 32 + 24 * 4
+        < JOURNAL_HEADER + JOURNAL_RECORD * 4
     {
         assert!(Instant::now() < deadline, "no partial data arrived");
         std::thread::sleep(Duration::from_millis(20));
@@ -239,6 +238,180 @@ fn a_source_changed_since_the_interrupted_attempt_is_sent_again_whole() {
         "the changed file must be sent whole"
     );
     assert!(same_bytes(&file, &root.path().join("data.bin")));
+}
+
+/// Starts a paced send of `file` with `extra` options, waits until at least `chunks` of it
+/// are journaled at the receiver, and kills the sender.
+fn kill_after_chunks(receiver: &Receiver, file: &Path, root: &Path, chunks: u64, extra: &[&str]) {
+    let mut sender = start_paced_send(receiver, file, 2, 80, extra);
+    let part = PartPaths::for_final(&root.join(file.file_name().unwrap()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::metadata(&part.journal)
+        .map(|m| m.len())
+        .unwrap_or(0)
+        < JOURNAL_HEADER + JOURNAL_RECORD * chunks
+    {
+        assert!(Instant::now() < deadline, "no partial data arrived");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sender.kill().unwrap();
+    sender.wait().unwrap();
+    wait_for_session_end(receiver);
+}
+
+/// F3 of issue 40: a killed send of one file, then another file of the same name, size and
+/// mtime in its place (as `tar x`, `cp -p` or `rsync -t` of regenerated outputs make): the
+/// next run sends the new file whole instead of resuming one version onto the other.
+#[test]
+fn a_killed_send_is_never_resumed_onto_another_file_of_the_same_name_size_and_mtime() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let file = src.path().join("output.h5");
+    write_data(&file, 64 * MIB, 13);
+    set_mtime(&file, 1_700_000_000, 7);
+    let receiver = Receiver::start(root.path());
+    kill_after_chunks(&receiver, &file, root.path(), 4, &[]);
+
+    let regenerated = src.path().join("regenerated");
+    write_data(&regenerated, 64 * MIB, 14);
+    set_mtime(&regenerated, 1_700_000_000, 7);
+    std::fs::rename(&regenerated, &file).unwrap();
+    let out = ok(send(
+        &receiver,
+        &[file.to_str().unwrap(), &receiver.addr, "--json"],
+    ));
+    assert_eq!(
+        summary(&out)["bytes"].as_u64().unwrap(),
+        64 * MIB,
+        "another file must be sent whole"
+    );
+    assert!(same_bytes(&file, &root.path().join("output.h5")));
+}
+
+/// F3 of issue 40: a file rewritten in place while it is sent, its mtime then set back: the
+/// sender says it changed and nothing of it is put in place; the next run sends it whole.
+#[test]
+fn a_file_rewritten_in_place_with_its_mtime_set_back_never_lands_mixed() {
+    use std::os::unix::fs::FileExt;
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let file = src.path().join("table.dat");
+    write_data(&file, 32 * MIB, 15);
+    set_mtime(&file, 1_700_000_000, 3);
+    let receiver = Receiver::start(root.path());
+    let sender = start_paced_send(&receiver, &file, 1, 80, &[]);
+    std::thread::sleep(Duration::from_millis(700));
+    let new = src.path().join("new");
+    write_data(&new, 32 * MIB, 16);
+    let in_place = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    in_place
+        .write_all_at(&std::fs::read(&new).unwrap(), 0)
+        .unwrap();
+    drop(in_place);
+    set_mtime(&file, 1_700_000_000, 3);
+    let stderr = fails(sender.wait_with_output().unwrap());
+    assert!(stderr.contains("changed during the transfer"), "{stderr}");
+    assert!(
+        complete_looking_files(root.path()).is_empty(),
+        "{:?}",
+        complete_looking_files(root.path())
+    );
+    let out = ok(send(
+        &receiver,
+        &[file.to_str().unwrap(), &receiver.addr, "--json"],
+    ));
+    assert_eq!(summary(&out)["bytes"].as_u64().unwrap(), 32 * MIB);
+    assert!(same_bytes(&new, &root.path().join("table.dat")));
+}
+
+/// F3 of issue 40: with `--verify`, a file whose whole-file hash differs from the source's is
+/// kept out of place and what the receiver held of it is discarded, so the next run sends it
+/// whole and succeeds. The mismatch is made by a chunk of the part file changed behind the
+/// receiver's back together with its journal record, so that it still verifies on resume, as
+/// a chunk of another version of the source would.
+#[test]
+fn with_verify_a_file_that_fails_its_hash_is_sent_whole_by_the_next_run() {
+    use std::os::unix::fs::FileExt;
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let file = src.path().join("run.bin");
+    write_data(&file, 64 * MIB, 17);
+    let receiver = Receiver::start(root.path());
+    kill_after_chunks(&receiver, &file, root.path(), 2, &["--verify"]);
+
+    let paths = PartPaths::for_final(&root.path().join("run.bin"));
+    let journal = std::fs::read(&paths.journal).unwrap();
+    let record = &journal[JOURNAL_HEADER as usize..][..JOURNAL_RECORD as usize];
+    let offset = u64::from_le_bytes(record[..8].try_into().unwrap());
+    let len = u64::from_le_bytes(record[8..16].try_into().unwrap());
+    let part = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&paths.part)
+        .unwrap();
+    let mut chunk = vec![0u8; len as usize];
+    part.read_exact_at(&mut chunk, offset).unwrap();
+    chunk.iter_mut().for_each(|b| *b = !*b);
+    part.write_all_at(&chunk, offset).unwrap();
+    let checksum = transfer::wire::chunk_checksum(&chunk);
+    let journal_file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&paths.journal)
+        .unwrap();
+    journal_file
+        .write_all_at(&checksum.to_le_bytes(), JOURNAL_HEADER + 16)
+        .unwrap();
+
+    let args = [file.to_str().unwrap(), &receiver.addr, "--verify", "--json"];
+    let stderr = fails(send(&receiver, &args));
+    assert!(
+        stderr.contains("BLAKE3 differs") && stderr.contains("send it whole"),
+        "{stderr}"
+    );
+    assert!(!root.path().join("run.bin").exists());
+    let out = ok(send(&receiver, &args));
+    assert_eq!(summary(&out)["bytes"].as_u64().unwrap(), 64 * MIB);
+    assert!(same_bytes(&file, &root.path().join("run.bin")));
+}
+
+/// `--checksum` compares files already at the destination by content: one of the same size and
+/// mtime but other bytes is sent again (a plain run keeps it), one of the same bytes and
+/// another mtime is kept, with the source's mtime given to it.
+#[test]
+fn with_checksum_files_at_the_destination_are_compared_by_content() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let tree = src.path().join("tree");
+    std::fs::create_dir_all(&tree).unwrap();
+    let (changed, same) = (tree.join("changed.bin"), tree.join("same.bin"));
+    write_data(&changed, 3 * MIB, 21);
+    write_data(&same, 2 * MIB, 22);
+    let receiver = Receiver::start(root.path());
+    let args = [tree.to_str().unwrap(), &receiver.addr, "--json"];
+    ok(send(&receiver, &args));
+    let landed = root.path().join("tree");
+    // The destination's copy of `changed` rewritten with the same size and mtime; `same`
+    // touched to another mtime.
+    let mtime = std::fs::metadata(&changed).unwrap().modified().unwrap();
+    write_data(&landed.join("changed.bin"), 3 * MIB, 23);
+    std::fs::File::open(landed.join("changed.bin"))
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    set_mtime(&landed.join("same.bin"), 1_500_000_000, 0);
+
+    let plain = summary(&ok(send(&receiver, &args)));
+    assert_eq!(plain["bytes"].as_u64().unwrap(), 2 * MIB, "{plain}");
+    assert!(!same_bytes(&changed, &landed.join("changed.bin")));
+
+    set_mtime(&landed.join("same.bin"), 1_500_000_000, 0);
+    let by_content = summary(&ok(send(&receiver, &[&args[..], &["--checksum"]].concat())));
+    assert_eq!(
+        by_content["bytes"].as_u64().unwrap(),
+        3 * MIB,
+        "{by_content}"
+    );
+    assert_same_tree(src.path(), root.path());
 }
 
 #[test]

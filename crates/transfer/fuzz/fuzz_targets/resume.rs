@@ -35,6 +35,9 @@ fuzz_target!(|data: &[u8]| {
                 size: FILE_SIZE >> (i % 17),
                 mode: 0o644,
                 mtime,
+                ctime: mtime,
+                inode: i as u64,
+                content: None,
             })
             .collect();
         let unit_size = 1 + u32::from(which >> 1) * 512;

@@ -355,8 +355,13 @@ impl FileTree {
         }
         if let Some(expected) = expected {
             if part.blake3().map_err(&io)? != blake3::Hash::from(expected) {
+                // What it holds is no version of the source: a later run must not resume it.
+                *state = PartState::default();
+                f.remove_leftovers()?;
                 return Err(DestinationError::Refused(format!(
-                    "{}: end-to-end BLAKE3 differs from the sender's; the file was not put in place",
+                    "{}: end-to-end BLAKE3 differs from the sender's; the file was not put in \
+                     place and what the receiver held of it was discarded: run the same command \
+                     again to send it whole",
                     f.rel.display()
                 )));
             }
@@ -672,10 +677,7 @@ impl TreeFile {
     }
 
     fn identity(&self) -> SourceIdentity {
-        SourceIdentity {
-            size: self.entry.size,
-            mtime: self.entry.mtime,
-        }
+        SourceIdentity::of(&self.entry)
     }
 
     /// What survives of an earlier attempt, and the state to continue from.
@@ -693,11 +695,7 @@ impl TreeFile {
                     self.rel.display()
                 )));
             }
-            let mtime = Timestamp {
-                secs: meta.mtime(),
-                nanos: meta.mtime_nsec() as u32,
-            };
-            if meta.is_file() && meta.len() == self.entry.size && mtime == self.entry.mtime {
+            if meta.is_file() && meta.len() == self.entry.size && self.holds_entry(&meta)? {
                 // A journal may outlive its rename when the receiver died in between.
                 self.remove_leftovers()?;
                 return Ok((FileStatus::Complete, PartState::default()));
@@ -730,6 +728,36 @@ impl TreeFile {
                 Ok((FileStatus::Missing, PartState::default()))
             }
         }
+    }
+
+    /// Whether the file already under the final name, of the entry's size, is the entry's:
+    /// the same content when the sender compares content ([`FileEntry::content`]; its mode
+    /// and mtime are then made the source's, so that a later plain run finds it complete too),
+    /// else the same mtime.
+    fn holds_entry(&self, meta: &cap_std::fs::Metadata) -> Result<bool, DestinationError> {
+        let Some(content) = self.entry.content else {
+            let mtime = Timestamp {
+                secs: meta.mtime(),
+                nanos: meta.mtime_nsec() as u32,
+            };
+            return Ok(mtime == self.entry.mtime);
+        };
+        let io = io_at(&self.rel);
+        let mut options = OpenOptions::new();
+        options
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+        let file = self
+            .open_with(Path::new(&self.name), &options)
+            .map_err(&io)?;
+        if direct_io::blake3_of(&file, false).map_err(&io)? != blake3::Hash::from(content) {
+            return Ok(false);
+        }
+        file.set_permissions(std::fs::Permissions::from_mode(self.entry.mode & 0o777))
+            .map_err(&io)?;
+        file.set_modified(self.entry.mtime.to_system_time())
+            .map_err(&io)?;
+        Ok(true)
     }
 
     fn remove_leftovers(&self) -> Result<(), DestinationError> {
@@ -841,6 +869,9 @@ mod tests {
             size: 3,
             mode: 0o644,
             mtime,
+            ctime: mtime,
+            inode: 1,
+            content: None,
         };
         let batch = ManifestBatch {
             dirs: Vec::new(),

@@ -104,6 +104,7 @@ pub enum SendSource {
 ///     streams: 2,
 ///     unit_size: DEFAULT_UNIT_SIZE,
 ///     verify: false,
+///     checksum: false,
 ///     direct_io: false,
 ///     stream_rate_cap: None,
 ///     unsent_limit: DEFAULT_UNSENT_LIMIT,
@@ -128,6 +129,9 @@ pub struct SendConfig {
     pub unit_size: u32,
     /// Also compare a BLAKE3 hash of each whole file end to end.
     pub verify: bool,
+    /// Compare files already at the receiver by content (BLAKE3, hashed on both sides), not by
+    /// size and mtime: a file rewritten with the same size and mtime is sent again.
+    pub checksum: bool,
     /// Read source files with direct I/O (`O_DIRECT`), bypassing the page cache: for parallel
     /// file systems, and so that a transfer does not fill this host's page cache. A file whose
     /// file system does not support it fails the transfer with that reason.
@@ -425,6 +429,7 @@ pub struct Progress {
 ///     streams: 2,
 ///     unit_size: DEFAULT_UNIT_SIZE,
 ///     verify: false,
+///     checksum: false,
 ///     direct_io: false,
 ///     stream_rate_cap: None,
 ///     unsent_limit: DEFAULT_UNSENT_LIMIT,
@@ -476,6 +481,7 @@ pub struct StreamSample {
 /// #     streams: 2,
 /// #     unit_size: DEFAULT_UNIT_SIZE,
 /// #     verify: false,
+/// #     checksum: false,
 /// #     direct_io: false,
 /// #     stream_rate_cap: None,
 /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
@@ -864,6 +870,7 @@ impl Shared {
 /// #     streams: 2,
 /// #     unit_size: DEFAULT_UNIT_SIZE,
 /// #     verify: false,
+/// #     checksum: false,
 /// #     direct_io: false,
 /// #     stream_rate_cap: None,
 /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
@@ -915,6 +922,7 @@ impl Transfer {
     /// #     streams: 2,
     /// #     unit_size: DEFAULT_UNIT_SIZE,
     /// #     verify: false,
+    /// #     checksum: false,
     /// #     direct_io: false,
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
@@ -948,6 +956,9 @@ impl Transfer {
         let (first_batch, source_data, scanner, dest, sink) = match source {
             SendSource::Paths { paths, dest } => {
                 let mut scanner = Scanner::new(&paths)?;
+                if config.checksum {
+                    scanner = scanner.by_content();
+                }
                 let first = scanner.next_batch(wire::BATCH_ENTRIES)?;
                 (
                     first,
@@ -1101,6 +1112,7 @@ impl Transfer {
     /// #     streams: 2,
     /// #     unit_size: DEFAULT_UNIT_SIZE,
     /// #     verify: false,
+    /// #     checksum: false,
     /// #     direct_io: false,
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
@@ -1152,6 +1164,7 @@ impl Transfer {
     /// #     streams: 2,
     /// #     unit_size: DEFAULT_UNIT_SIZE,
     /// #     verify: false,
+    /// #     checksum: false,
     /// #     direct_io: false,
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
@@ -1213,6 +1226,7 @@ impl Transfer {
     /// #     streams: 2,
     /// #     unit_size: DEFAULT_UNIT_SIZE,
     /// #     verify: false,
+    /// #     checksum: false,
     /// #     direct_io: false,
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
@@ -1260,6 +1274,7 @@ impl Transfer {
     /// #     streams: 2,
     /// #     unit_size: DEFAULT_UNIT_SIZE,
     /// #     verify: false,
+    /// #     checksum: false,
     /// #     direct_io: false,
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
@@ -1301,6 +1316,7 @@ impl Transfer {
     /// #     streams: 2,
     /// #     unit_size: DEFAULT_UNIT_SIZE,
     /// #     verify: false,
+    /// #     checksum: false,
     /// #     direct_io: false,
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
@@ -1343,6 +1359,7 @@ impl Transfer {
     /// #     streams: 2,
     /// #     unit_size: DEFAULT_UNIT_SIZE,
     /// #     verify: false,
+    /// #     checksum: false,
     /// #     direct_io: false,
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
@@ -1404,6 +1421,7 @@ impl Transfer {
     /// #     streams: 2,
     /// #     unit_size: DEFAULT_UNIT_SIZE,
     /// #     verify: false,
+    /// #     checksum: false,
     /// #     direct_io: false,
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
@@ -1445,6 +1463,7 @@ impl Transfer {
     /// #     streams: 2,
     /// #     unit_size: DEFAULT_UNIT_SIZE,
     /// #     verify: false,
+    /// #     checksum: false,
     /// #     direct_io: false,
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
@@ -1485,6 +1504,7 @@ impl Transfer {
     /// #     streams: 2,
     /// #     unit_size: DEFAULT_UNIT_SIZE,
     /// #     verify: false,
+    /// #     checksum: false,
     /// #     direct_io: false,
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
@@ -1526,6 +1546,7 @@ impl Transfer {
     /// #     streams: 2,
     /// #     unit_size: DEFAULT_UNIT_SIZE,
     /// #     verify: false,
+    /// #     checksum: false,
     /// #     direct_io: false,
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
@@ -1568,6 +1589,7 @@ impl Transfer {
     /// #     streams: 2,
     /// #     unit_size: DEFAULT_UNIT_SIZE,
     /// #     verify: false,
+    /// #     checksum: false,
     /// #     direct_io: false,
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
@@ -1640,6 +1662,7 @@ impl Transfer {
 /// #     streams: 2,
 /// #     unit_size: DEFAULT_UNIT_SIZE,
 /// #     verify: false,
+/// #     checksum: false,
 /// #     direct_io: false,
 /// #     stream_rate_cap: None,
 /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
@@ -1682,6 +1705,7 @@ impl Canceller {
     /// #     streams: 2,
     /// #     unit_size: DEFAULT_UNIT_SIZE,
     /// #     verify: false,
+    /// #     checksum: false,
     /// #     direct_io: false,
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::{SendError, Unit};
 use crate::direct_io::{self, AlignedBuffer};
+use crate::journal::SourceIdentity;
 use crate::manifest::FileEntry;
 use crate::mapped::{ReadWindow, MAPPED_MIN};
 use crate::wire::chunk_checksum;
@@ -103,7 +104,8 @@ impl SourceData {
         }
     }
 
-    /// Checks that a source file is still the version in the manifest and, when asked, hashes it.
+    /// Checks that a source file is still the version in the manifest (its
+    /// [`SourceIdentity`]) and, when asked, hashes it.
     pub(crate) fn check_unchanged(
         &self,
         source: &SourceFile,
@@ -114,7 +116,9 @@ impl SourceData {
         };
         let (path, entry) = (&source.local, &source.entry);
         let meta = std::fs::metadata(path).map_err(|_| source.changed())?;
-        if meta.len() != entry.size || crate::manifest::Timestamp::mtime_of(&meta) != entry.mtime {
+        // The ctime and inode too: a file rewritten in place with its mtime set back is
+        // another version, however alike its size and mtime.
+        if SourceIdentity::of_metadata(&meta) != SourceIdentity::of(entry) {
             return Err(source.changed());
         }
         if !hash {

@@ -599,6 +599,7 @@ mod tests {
             streams: 1,
             unit_size: 1 << 20,
             verify: false,
+            checksum: false,
             direct_io: false,
             stream_rate_cap: Some(1_000_000),
             unsent_limit: 96 << 10,
