@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 
 /// Longest relative path accepted, in bytes (Linux's PATH_MAX).
 pub const MAX_PATH_LEN: usize = 4096;
+/// Largest file size accepted in a manifest: the most a file can hold (`off_t` is signed).
+pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 
 /// A file or directory timestamp: seconds and nanoseconds since the Unix epoch.
 ///

@@ -109,7 +109,12 @@ fn open_session_into(addr: &str, dest: &[u8], batch: ManifestBatch) -> (Conn, We
     };
     write_message(&mut writer, &start).unwrap();
     write_message(&mut writer, &Message::Entries(batch)).unwrap();
-    let reply = reader.read_message().unwrap();
+    let reply = loop {
+        match reader.read_message().unwrap() {
+            Message::Working => {} // the receiver's heartbeat while it prepares the batch
+            reply => break reply,
+        }
+    };
     ((reader, writer), welcomed, reply)
 }
 
@@ -806,6 +811,102 @@ fn batches_over_the_unsealed_limit_or_naming_a_path_again_are_refused() {
         matches!(&reply, Message::Refused { reason } if reason.contains("f1 appears twice")),
         "{reply:?}"
     );
+}
+
+/// Sizes beyond what any file can hold, and one path named both as a file and as a
+/// directory (in one batch, or across batches, or as the parent of another file), are refused
+/// instead of planned.
+#[test]
+fn manifests_no_file_system_could_hold_are_refused() {
+    use transfer::manifest::MAX_FILE_SIZE;
+    let root = tempfile::tempdir().unwrap();
+    let addr = start(root.path());
+    let dir = |path: &[u8]| DirEntry {
+        path: path.to_vec(),
+        mode: 0o755,
+        mtime: Timestamp { secs: 1, nanos: 0 },
+    };
+    let refused = |reply: &Message, says: &str| {
+        assert!(
+            matches!(reply, Message::Refused { reason } if reason.contains(says)),
+            "{reply:?}"
+        );
+    };
+    for size in [u64::MAX, MAX_FILE_SIZE + 1] {
+        let (_, _, reply) = open_session(&addr, manifest(vec![entry(b"huge", size)], vec![]));
+        refused(&reply, "more than any file can hold");
+    }
+    let (_, _, reply) = open_session(&addr, manifest(vec![entry(b"huge", MAX_FILE_SIZE)], vec![]));
+    assert_eq!(reply, first_plan(vec![FileStatus::Missing]));
+    for (files, dirs) in [
+        (vec![entry(b"a", 1)], vec![dir(b"a")]),
+        (vec![entry(b"a", 1), entry(b"a/b", 1)], vec![]),
+        (vec![entry(b"x/a", 1)], vec![dir(b"x"), dir(b"x/a/c")]),
+    ] {
+        let (_, _, reply) = open_session(&addr, manifest(files, dirs));
+        refused(&reply, "both as a file and as a directory");
+    }
+    // Across batches: a file, then a directory of its name; a directory, then a file of its.
+    for (first, then) in [
+        (
+            manifest(vec![entry(b"d/f", 1)], vec![]),
+            manifest(vec![entry(b"d/f/g", 1)], vec![]),
+        ),
+        (
+            manifest(vec![], vec![dir(b"e")]),
+            manifest(vec![entry(b"e", 1)], vec![]),
+        ),
+    ] {
+        let (mut control, _, plan) = open_session(
+            &addr,
+            ManifestBatch {
+                last: false,
+                ..first
+            },
+        );
+        assert!(matches!(plan, Message::Plan { .. }), "{plan:?}");
+        let (reader, writer) = &mut control;
+        write_message(writer, &Message::Entries(then)).unwrap();
+        refused(
+            &reader.read_message().unwrap(),
+            "both as a file and as a directory",
+        );
+    }
+    assert!(!root.path().join("a").exists() && !root.path().join("d/f").exists());
+}
+
+/// Files announced and unsealed are bounded across all sessions too: a batch beyond the
+/// receiver's bound waits until another session's files are given back, then is planned.
+#[test]
+fn announced_files_are_bounded_across_sessions() {
+    let root = tempfile::tempdir().unwrap();
+    let mut config = config(root.path());
+    config.max_unsealed_total = 1000;
+    let addr = start_with(config);
+    let batch = |prefix: &str| ManifestBatch {
+        last: false,
+        ..manifest(
+            (0..600)
+                .map(|i| entry(format!("{prefix}{i}").as_bytes(), 1))
+                .collect(),
+            vec![],
+        )
+    };
+    let (first, _, plan) = open_session_into(&addr, b"one", batch("f"));
+    assert!(matches!(plan, Message::Plan { .. }), "{plan:?}");
+    let second = std::thread::spawn({
+        let addr = addr.clone();
+        move || {
+            let started = Instant::now();
+            let (_control, _, plan) = open_session_into(&addr, b"two", batch("g"));
+            (plan, started.elapsed())
+        }
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    drop(first);
+    let (plan, waited) = second.join().unwrap();
+    assert!(matches!(plan, Message::Plan { .. }), "{plan:?}");
+    assert!(waited >= Duration::from_secs(2), "{waited:?}");
 }
 
 /// A 2 MiB file received through two data streams, in chunks long enough to be received

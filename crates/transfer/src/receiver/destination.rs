@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use rangemap::RangeSet;
 
-use super::announced::Announced;
+use super::announced::{Announced, Budget};
 use super::file_tree::{FileTree, MappedChunk};
-use crate::manifest::{ManifestBatch, SinkKind};
+use crate::manifest::{ManifestBatch, SinkKind, MAX_FILE_SIZE};
 use crate::wire::FileStatus;
 
 /// A failure of the destination.
@@ -103,6 +103,11 @@ impl ActivePaths {
         }
     }
 
+    /// Whether `owner` holds `rel` (a file it announced and has not settled).
+    pub(super) fn held_by(&self, rel: &Path, owner: [u8; 16]) -> bool {
+        self.paths.lock().expect("active paths lock").get(rel) == Some(&owner)
+    }
+
     /// Gives up paths a session claimed.
     pub fn release<'a>(&self, rels: impl IntoIterator<Item = &'a PathBuf>) {
         let mut paths = self.paths.lock().expect("active paths lock");
@@ -134,6 +139,8 @@ pub struct Placement<'a> {
     pub active: &'a Arc<ActivePaths>,
     /// Most files held unsealed at once.
     pub max_unsealed: usize,
+    /// The receiver's bound on the files all its sessions hold unsealed.
+    pub budget: &'a Arc<Budget>,
     /// Write files with direct I/O ([`crate::direct_io`]).
     pub direct_io: bool,
 }
@@ -143,7 +150,7 @@ impl Destination {
     pub fn open(placement: Placement<'_>, sink: SinkKind) -> Result<Destination, DestinationError> {
         Ok(match sink {
             SinkKind::Discard => Destination::Discard(DiscardSink {
-                received: Announced::new(placement.max_unsealed),
+                received: Announced::new(placement.max_unsealed, placement.budget.clone()),
             }),
             SinkKind::Files => Destination::Files(FileTree::open(placement)?),
         })
@@ -155,6 +162,13 @@ impl Destination {
         &self,
         batch: &ManifestBatch,
     ) -> Result<(u32, Vec<FileStatus>), DestinationError> {
+        if let Some(file) = batch.files.iter().find(|f| f.size > MAX_FILE_SIZE) {
+            return Err(DestinationError::Refused(format!(
+                "{}: a size of {} bytes is more than any file can hold",
+                String::from_utf8_lossy(&file.path),
+                file.size
+            )));
+        }
         match self {
             Destination::Files(t) => t.add_batch(batch),
             Destination::Discard(s) => s.add_batch(batch),
@@ -219,9 +233,9 @@ pub struct DiscardSink {
 
 impl DiscardSink {
     fn add_batch(&self, batch: &ManifestBatch) -> Result<(u32, Vec<FileStatus>), DestinationError> {
-        self.received.check_room(batch.files.len())?;
+        let room = self.received.reserve(batch.files.len())?;
         let files = batch.files.iter().map(|f| Some((f.size, Mutex::default())));
-        let first = self.received.add(files);
+        let first = room.add(files);
         Ok((first, vec![FileStatus::Missing; batch.files.len()]))
     }
 

@@ -21,6 +21,8 @@ use cap_std::fs::{Dir, MetadataExt, OpenOptions, OpenOptionsExt};
 use rangemap::RangeSet;
 
 use super::announced::Announced;
+#[cfg(test)]
+use super::announced::Budget;
 use super::destination::{
     chunk_end, require_complete, ActivePaths, DestinationError, Placement, CLAIM_WAIT,
 };
@@ -172,7 +174,7 @@ impl FileTree {
             owner: placement.owner,
             checker: Mutex::new(checker),
             dirs: Mutex::default(),
-            files: Announced::new(placement.max_unsealed),
+            files: Announced::new(placement.max_unsealed, placement.budget.clone()),
             active: placement.active.clone(),
             direct: placement.direct_io,
         })
@@ -202,7 +204,8 @@ impl FileTree {
             }
             rels.push(rel);
         }
-        self.files.check_room(rels.len())?;
+        self.check_kinds(batch, &rels)?;
+        let room = self.files.reserve(rels.len())?;
         // Claim before touching anything, so that leftovers another session is writing are
         // never taken for stale ones.
         self.active.claim(&rels, self.owner, CLAIM_WAIT)?;
@@ -221,12 +224,48 @@ impl FileTree {
                 .filter(|(status, _)| *status == FileStatus::Complete)
                 .map(|(_, file)| &file.rel),
         );
-        let first = self.files.add(
+        let first = room.add(
             prepared
                 .into_iter()
                 .map(|(status, file)| (status != FileStatus::Complete).then_some(file)),
         );
         Ok((first, plan))
+    }
+
+    /// Refuses a batch that names one path as a file and as a directory (a directory of it, or
+    /// the parent of another entry), within the batch or with what the session announced
+    /// before: no plan could place both.
+    fn check_kinds(
+        &self,
+        batch: &ManifestBatch,
+        files: &[PathBuf],
+    ) -> Result<(), DestinationError> {
+        let named: Vec<PathBuf> = batch
+            .dirs
+            .iter()
+            .map(|dir| under(&self.dest, &dir.path))
+            .collect::<Result<_, _>>()?;
+        let parents = named.iter().chain(files).flat_map(|path| {
+            path.ancestors()
+                .skip(1)
+                .take_while(|a| *a != self.dest)
+                .map(Path::to_path_buf)
+        });
+        let dirs: HashSet<PathBuf> = parents.chain(named.iter().cloned()).collect();
+        let both = |path: &Path| {
+            DestinationError::Refused(format!(
+                "{} is announced both as a file and as a directory",
+                path.display()
+            ))
+        };
+        let checker = self.checker.lock().expect("directory checker lock");
+        if let Some(file) = files.iter().find(|f| dirs.contains(*f) || checker.has(f)) {
+            return Err(both(file));
+        }
+        match dirs.iter().find(|d| self.active.held_by(d, self.owner)) {
+            Some(dir) => Err(both(dir)),
+            None => Ok(()),
+        }
     }
 
     /// Makes a batch's directories and its files' state.
@@ -844,6 +883,11 @@ impl DirChecker {
         Ok(handle)
     }
 
+    /// Whether `rel` is a directory this checker has made sure of.
+    fn has(&self, rel: &Path) -> bool {
+        self.handles.contains_key(rel)
+    }
+
     /// Whether this checker created `rel`, so that only what this session writes is in it.
     fn made(&self, rel: &Path) -> bool {
         self.made.contains(rel)
@@ -885,6 +929,7 @@ mod tests {
             owner: [0; 16],
             active: &active,
             max_unsealed: 1,
+            budget: &Budget::new(1),
             direct_io: false,
         })
         .unwrap();

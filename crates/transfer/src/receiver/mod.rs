@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use admission::{Admission, Place};
+use announced::Budget;
 pub use destination::check_root_writable;
 use destination::{ActivePaths, Destination, DestinationError, Placement};
 use events::Publisher;
@@ -110,6 +111,11 @@ pub struct ReceiverConfig {
     /// manifest to stay below [`wire::SENDER_UNSEALED`]); each costs the receiver some
     /// hundreds of bytes until its seal.
     pub max_unsealed: usize,
+    /// Most files all sessions together may have announced and not yet sealed: a batch beyond
+    /// it waits up to 30 s for other sessions to seal theirs, then is refused. It bounds the
+    /// memory announced files take however many sessions there are (about 0.5 KiB each: the
+    /// default is some 280 MiB).
+    pub max_unsealed_total: usize,
     /// Most connections from addresses without a running session that may be in their key
     /// handshake at once; an address with a running session has as many places of its own, so
     /// that its new data streams never wait behind strangers. More are refused at once with
@@ -142,7 +148,8 @@ pub struct ReceiverConfig {
 
 impl ReceiverConfig {
     /// Defaults: 256 streams per session, 16 MiB chunks, 4 GiB of buffers per session,
-    /// 32 sessions, 64 MiB manifest batches, 262,144 unsealed files, 64 connections in their
+    /// 32 sessions, 64 MiB manifest batches, 262,144 unsealed files a session and 524,288 in
+    /// all, 64 connections in their
     /// handshake (8 from one address), a 10 s handshake and a 5 min idle timeout; plain and
     /// encrypted sessions; TCP; writes through the page cache.
     ///
@@ -168,6 +175,7 @@ impl ReceiverConfig {
             session_memory: DEFAULT_SESSION_MEMORY,
             max_manifest: wire::MAX_MESSAGE_LEN,
             max_unsealed: 4 * wire::SENDER_UNSEALED,
+            max_unsealed_total: 8 * wire::SENDER_UNSEALED,
             max_handshakes: DEFAULT_MAX_HANDSHAKES,
             max_handshakes_per_source: DEFAULT_MAX_HANDSHAKES_PER_SOURCE,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
@@ -313,6 +321,8 @@ struct Shared {
     refusals: RefusalLog,
     /// Closes connections refused at their accept.
     lingering: Lingering,
+    /// Bounds the files all sessions hold announced and unsealed.
+    unsealed: Arc<Budget>,
     sessions_ended: AtomicU64,
     stop: StopState,
     events: Publisher,
@@ -409,6 +419,7 @@ impl Receiver {
             ));
         }
         let admission = Admission::new(config.max_handshakes, config.max_handshakes_per_source);
+        let unsealed = Budget::new(config.max_unsealed_total);
         let lingering = Lingering::start().map_err(|e| {
             ReceiverError::Settings(format!("cannot start a thread for refusals: {e}"))
         })?;
@@ -444,6 +455,7 @@ impl Receiver {
                 admission,
                 refusals: RefusalLog::default(),
                 lingering,
+                unsealed,
                 sessions_ended: AtomicU64::new(0),
                 stop: StopState::default(),
                 events: Publisher::default(),
@@ -977,6 +989,7 @@ fn serve_session(
         owner: id,
         active: &served.active,
         max_unsealed: config.max_unsealed,
+        budget: &shared.unsealed,
         direct_io: config.direct_io,
     };
     let dest = match Destination::open(placement, sink) {
@@ -1475,6 +1488,7 @@ pub(crate) fn prepare_for_fuzzing(
         owner: [0; 16],
         active: &active,
         max_unsealed: 1 << 10,
+        budget: &Budget::new(1 << 10),
         direct_io: false,
     };
     let destination = Destination::open(placement, crate::manifest::SinkKind::Files)
