@@ -6,10 +6,13 @@
 //! checks the receiver's proof, so it never sends data to an impostor that merely accepted the
 //! connection. A recorded handshake cannot be replayed: the receiver's nonce is new each time.
 //!
-//! The control connection's handshake also derives the session's own key (from the receiver's
-//! key, both nonces and the session id), and every data stream of the session proves that key,
-//! not the receiver's: a stream proves it belongs to this session, and a peer that holds the
-//! receiver's key but did not open the session cannot join it.
+//! Each side also sends a fresh X25519 public key (its share), which the proofs cover, and both
+//! compute the Diffie-Hellman secret of the two: nobody who only watched the handshake knows it,
+//! even with the receiver's key. The control connection's handshake derives the session's own
+//! key from the receiver's key, both nonces, that secret and the session id, and every data
+//! stream of the session proves that key, not the receiver's: a stream proves it belongs to
+//! this session, and a peer that holds the receiver's key but did not open the session (or
+//! watched it open) cannot join it.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -234,22 +237,22 @@ impl SessionKey {
     /// # });
     /// # let mut reader = FrameReader::new(client_end.try_clone().unwrap(), 0);
     /// # let mut writer = client_end;
-    /// use transfer::auth::Nonces;
+    /// use transfer::auth::Agreed;
     ///
     /// let welcomed = handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, &key, Role::Control).unwrap();
-    /// let (_, nonces): (Role, Nonces) = server.join().unwrap().unwrap();
+    /// let (_, agreed): (Role, Agreed) = server.join().unwrap().unwrap();
     /// // The receiver derives the same key for the session's data streams to prove.
-    /// let streams_key = key.for_session(&nonces, &welcomed.session);
-    /// # let _ = streams_key;
+    /// assert_eq!(key.for_session(&agreed, &welcomed.session).id(), welcomed.session_key.id());
     /// ```
-    pub fn for_session(&self, nonces: &Nonces, session: &[u8; 16]) -> SessionKey {
-        let mut material = Vec::with_capacity(32 + 64 + 16);
+    pub fn for_session(&self, agreed: &Agreed, session: &[u8; 16]) -> SessionKey {
+        let mut material = Vec::with_capacity(32 + 96 + 16);
         material.extend_from_slice(&self.mac_key);
-        material.extend_from_slice(&nonces.client);
-        material.extend_from_slice(&nonces.server);
+        material.extend_from_slice(&agreed.client_nonce);
+        material.extend_from_slice(&agreed.server_nonce);
+        material.extend_from_slice(&agreed.secret);
         material.extend_from_slice(session);
         SessionKey {
-            mac_key: blake3::derive_key("xfer v2 session of a receiver key", &material),
+            mac_key: blake3::derive_key("xfer v3 session of a receiver key", &material),
         }
     }
 
@@ -269,19 +272,21 @@ impl SessionKey {
         KeyId(id)
     }
 
+    /// The proof `who` gives of this key over everything the handshake said in the clear.
     fn proof(
         &self,
         who: &[u8],
         channel: &ChannelBinding,
-        client_nonce: &[u8; 32],
-        server_nonce: &[u8; 32],
+        said: &Said,
         role: &Role,
     ) -> blake3::Hash {
         let mut mac = blake3::Hasher::new_keyed(&self.mac_key);
         mac.update(who);
         mac.update(&channel.0);
-        mac.update(client_nonce);
-        mac.update(server_nonce);
+        mac.update(&said.client_nonce);
+        mac.update(&said.server_nonce);
+        mac.update(&said.client_share);
+        mac.update(&said.server_share);
         match role {
             Role::Control => mac.update(b"control"),
             Role::Data { session } => mac.update(b"data").update(session),
@@ -308,7 +313,9 @@ impl ChannelBinding {
     pub const PLAIN: ChannelBinding = ChannelBinding([0; 32]);
 }
 
-/// The two fresh nonces of one handshake.
+/// What one handshake agreed on: both sides' fresh nonces, and the X25519 secret only its two
+/// ends know (which keys derived from it, [`SessionKey::for_session`], are kept from anyone who
+/// watched it).
 ///
 /// ```
 /// # use std::os::unix::net::UnixStream;
@@ -330,15 +337,67 @@ impl ChannelBinding {
 /// # let mut reader = FrameReader::new(client_end.try_clone().unwrap(), 0);
 /// # let mut writer = client_end;
 /// handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, &key, Role::Control).unwrap();
-/// let (_, nonces) = server.join().unwrap().unwrap();
-/// assert_ne!(nonces.client, nonces.server);
+/// let (_, agreed) = server.join().unwrap().unwrap();
+/// assert_ne!(agreed.client_nonce, agreed.server_nonce);
+/// assert!(format!("{agreed:?}").ends_with("secret: .. }"), "never printed");
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Nonces {
-    /// The client's, from `Hello`.
-    pub client: [u8; 32],
-    /// The receiver's, from `Challenge`.
-    pub server: [u8; 32],
+#[derive(Clone, PartialEq, Eq)]
+pub struct Agreed {
+    /// The client's nonce, from `Hello`.
+    pub client_nonce: [u8; 32],
+    /// The receiver's nonce, from `Challenge`.
+    pub server_nonce: [u8; 32],
+    secret: [u8; 32],
+}
+
+impl std::fmt::Debug for Agreed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Agreed {{ client_nonce: {:02x?}, server_nonce: {:02x?}, secret: .. }}",
+            &self.client_nonce[..4],
+            &self.server_nonce[..4]
+        )
+    }
+}
+
+/// What a handshake says in the clear, which both proofs cover.
+struct Said {
+    client_nonce: [u8; 32],
+    server_nonce: [u8; 32],
+    client_share: [u8; 32],
+    server_share: [u8; 32],
+}
+
+/// One side's ephemeral X25519 key for one handshake (rustls's key exchange, which TLS uses).
+struct Exchange(Box<dyn rustls::crypto::ActiveKeyExchange>);
+
+impl Exchange {
+    fn start() -> Result<Exchange, AuthError> {
+        rustls::crypto::ring::kx_group::X25519
+            .start()
+            .map(Exchange)
+            .map_err(|e| AuthError::Protocol(format!("cannot make a key share: {e}")))
+    }
+
+    /// The public key this side sends.
+    fn share(&self) -> [u8; 32] {
+        let mut share = [0u8; 32];
+        share.copy_from_slice(self.0.pub_key());
+        share
+    }
+
+    /// The secret of this side's key and the peer's `share`; a share that makes no secret
+    /// (of low order) is refused.
+    fn finish(self, peer: &[u8; 32]) -> Result<[u8; 32], AuthError> {
+        let shared = self
+            .0
+            .complete(peer)
+            .map_err(|e| AuthError::Protocol(format!("the peer's key share is unusable: {e}")))?;
+        let mut secret = [0u8; 32];
+        secret.copy_from_slice(shared.secret_bytes());
+        Ok(secret)
+    }
 }
 
 /// What a client learns from `Welcome`.
@@ -432,6 +491,8 @@ pub fn handshake_as_client<R: Read, W: Write>(
     role: Role,
 ) -> Result<Welcomed, AuthError> {
     let client_nonce = random_bytes::<32>();
+    let exchange = Exchange::start()?;
+    let client_share = exchange.share();
     crate::wire::write_message(
         writer,
         &Message::Hello {
@@ -440,10 +501,15 @@ pub fn handshake_as_client<R: Read, W: Write>(
             role: role.clone(),
             nonce: client_nonce,
             key: key.id(),
+            share: client_share,
         },
     )?;
-    let (server_nonce, server_proof) = match reader.read_message()? {
-        Message::Challenge { nonce, proof } => (nonce, proof),
+    let (server_nonce, server_share, server_proof) = match reader.read_message()? {
+        Message::Challenge {
+            nonce,
+            share,
+            proof,
+        } => (nonce, share, proof),
         Message::Refused { reason } => return Err(AuthError::Refused(reason)),
         Message::Limited { limit } => return Err(AuthError::Limited(limit)),
         other => {
@@ -453,9 +519,13 @@ pub fn handshake_as_client<R: Read, W: Write>(
             )))
         }
     };
-    if key.proof(b"server", channel, &client_nonce, &server_nonce, &role)
-        != blake3::Hash::from(server_proof)
-    {
+    let said = Said {
+        client_nonce,
+        server_nonce,
+        client_share,
+        server_share,
+    };
+    if key.proof(b"server", channel, &said, &role) != blake3::Hash::from(server_proof) {
         // Tell the receiver why, so its log says more than that the connection closed.
         let _ = crate::wire::write_message(
             writer,
@@ -468,7 +538,12 @@ pub fn handshake_as_client<R: Read, W: Write>(
             Role::Data { .. } => "the receiver does not know this session's key".into(),
         }));
     }
-    let proof = key.proof(b"client", channel, &client_nonce, &server_nonce, &role);
+    let agreed = Agreed {
+        client_nonce,
+        server_nonce,
+        secret: exchange.finish(&server_share)?,
+    };
+    let proof = key.proof(b"client", channel, &said, &role);
     crate::wire::write_message(
         writer,
         &Message::Auth {
@@ -478,13 +553,7 @@ pub fn handshake_as_client<R: Read, W: Write>(
     match reader.read_message()? {
         Message::Welcome { session, limits } => {
             let session_key = match role {
-                Role::Control => key.for_session(
-                    &Nonces {
-                        client: client_nonce,
-                        server: server_nonce,
-                    },
-                    &session,
-                ),
+                Role::Control => key.for_session(&agreed, &session),
                 Role::Data { .. } => key.clone(),
             };
             Ok(Welcomed {
@@ -540,7 +609,7 @@ pub fn handshake_as_server<R: Read, W: Write>(
     writer: &mut W,
     channel: &ChannelBinding,
     key_for: impl FnOnce(&Role, KeyId) -> Result<SessionKey, String>,
-) -> Result<(Role, Nonces), AuthError> {
+) -> Result<(Role, Agreed), AuthError> {
     let refuse = |writer: &mut W, reason: String| {
         let _ = crate::wire::write_message(
             writer,
@@ -564,13 +633,14 @@ pub fn handshake_as_server<R: Read, W: Write>(
         }
         other => other?,
     };
-    let (role, client_nonce, key_id) = match hello {
+    let (role, client_nonce, key_id, client_share) = match hello {
         Message::Hello {
             magic,
             version,
             role,
             nonce,
             key,
+            share,
         } => {
             if magic != MAGIC {
                 return Err(AuthError::Protocol("not an xfer client".into()));
@@ -583,7 +653,7 @@ pub fn handshake_as_server<R: Read, W: Write>(
                 ),
                 )));
             }
-            (role, nonce, key)
+            (role, nonce, key, share)
         }
         other => {
             return Err(AuthError::Protocol(format!(
@@ -595,11 +665,20 @@ pub fn handshake_as_server<R: Read, W: Write>(
     let key =
         key_for(&role, key_id).map_err(|reason| AuthError::Rejected(refuse(writer, reason)))?;
     let server_nonce = random_bytes::<32>();
-    let proof = key.proof(b"server", channel, &client_nonce, &server_nonce, &role);
+    let exchange = Exchange::start()?;
+    let said = Said {
+        client_nonce,
+        server_nonce,
+        client_share,
+        server_share: exchange.share(),
+    };
+    let secret = exchange.finish(&client_share)?;
+    let proof = key.proof(b"server", channel, &said, &role);
     crate::wire::write_message(
         writer,
         &Message::Challenge {
             nonce: server_nonce,
+            share: said.server_share,
             proof: *proof.as_bytes(),
         },
     )?;
@@ -613,18 +692,15 @@ pub fn handshake_as_server<R: Read, W: Write>(
             )))
         }
     };
-    if key.proof(b"client", channel, &client_nonce, &server_nonce, &role)
-        != blake3::Hash::from(client_proof)
-    {
+    if key.proof(b"client", channel, &said, &role) != blake3::Hash::from(client_proof) {
         return Err(AuthError::Rejected(refuse(writer, "wrong key".into())));
     }
-    Ok((
-        role,
-        Nonces {
-            client: client_nonce,
-            server: server_nonce,
-        },
-    ))
+    let agreed = Agreed {
+        client_nonce,
+        server_nonce,
+        secret,
+    };
+    Ok((role, agreed))
 }
 
 /// Short name of a message for error texts (never its contents).
@@ -714,7 +790,7 @@ mod tests {
     use super::*;
     use std::os::unix::net::UnixStream;
 
-    type ServerSide = Result<(Role, Nonces), AuthError>;
+    type ServerSide = Result<(Role, Agreed), AuthError>;
 
     /// A receiver running `handshake_as_server` with `key_for` on one end of a socket pair
     /// (then `after` on its writer when it succeeds); returns the other end and the thread.
@@ -783,13 +859,13 @@ mod tests {
     #[test]
     fn same_key_authenticates_both_ways_and_both_derive_the_session_key() {
         let (server, client) = run(KEY, KEY, Role::Control);
-        let (role, nonces) = server.unwrap();
+        let (role, agreed) = server.unwrap();
         assert_eq!(role, Role::Control);
         let client = client.unwrap();
         assert_eq!(client.session, [9; 16]);
         let derived = SessionKey::from_text(KEY)
             .unwrap()
-            .for_session(&nonces, &[9; 16]);
+            .for_session(&agreed, &[9; 16]);
         assert_eq!(client.session_key.mac_key, derived.mac_key);
         assert_ne!(derived.mac_key, SessionKey::from_text(KEY).unwrap().mac_key);
     }
@@ -797,17 +873,25 @@ mod tests {
     #[test]
     fn session_keys_differ_between_sessions() {
         let key = SessionKey::from_text(KEY).unwrap();
-        let nonces = Nonces {
-            client: [1; 32],
-            server: [2; 32],
+        let agreed = Agreed {
+            client_nonce: [1; 32],
+            server_nonce: [2; 32],
+            secret: [4; 32],
         };
-        let other = Nonces {
-            server: [3; 32],
-            ..nonces
-        };
-        let a = key.for_session(&nonces, &[0; 16]).mac_key;
-        assert_ne!(a, key.for_session(&other, &[0; 16]).mac_key);
-        assert_ne!(a, key.for_session(&nonces, &[1; 16]).mac_key);
+        let a = key.for_session(&agreed, &[0; 16]).mac_key;
+        for other in [
+            Agreed {
+                server_nonce: [3; 32],
+                ..agreed.clone()
+            },
+            Agreed {
+                secret: [5; 32],
+                ..agreed.clone()
+            },
+        ] {
+            assert_ne!(a, key.for_session(&other, &[0; 16]).mac_key);
+        }
+        assert_ne!(a, key.for_session(&agreed, &[1; 16]).mac_key);
     }
 
     #[test]
@@ -861,6 +945,43 @@ mod tests {
             Ok(Message::Challenge { .. })
         ));
         assert!(matches!(reader.read_message(), Ok(Message::Refused { .. })));
+    }
+
+    /// Issue 40: a key holder who watched a plain handshake learns its nonces and shares, never
+    /// the secret behind them, so no key it can derive from what it saw (with the former
+    /// derivation from the nonces alone, or with a share taken for the secret) is the session's.
+    #[test]
+    fn watching_a_handshake_does_not_give_the_session_key() {
+        let (server, client) = run(KEY, KEY, Role::Control);
+        let (_, agreed) = server.unwrap();
+        let session_key = client.unwrap().session_key.mac_key;
+        let key = SessionKey::from_text(KEY).unwrap();
+        let mut nonces_only = key.mac_key.to_vec();
+        nonces_only.extend_from_slice(&agreed.client_nonce);
+        nonces_only.extend_from_slice(&agreed.server_nonce);
+        nonces_only.extend_from_slice(&[9; 16]);
+        assert_ne!(
+            blake3::derive_key("xfer v2 session of a receiver key", &nonces_only),
+            session_key
+        );
+        for guess in [[0; 32], agreed.client_nonce, agreed.server_nonce] {
+            let seen = Agreed {
+                secret: guess,
+                ..agreed.clone()
+            };
+            assert_ne!(key.for_session(&seen, &[9; 16]).mac_key, session_key);
+        }
+        assert_eq!(key.for_session(&agreed, &[9; 16]).mac_key, session_key);
+    }
+
+    /// A peer whose key share makes no secret (a point of low order) is refused.
+    #[test]
+    fn a_share_of_low_order_is_refused() {
+        let exchange = Exchange::start().unwrap();
+        assert!(matches!(
+            exchange.finish(&[0; 32]),
+            Err(AuthError::Protocol(e)) if e.contains("unusable")
+        ));
     }
 
     #[test]

@@ -252,12 +252,16 @@ pub enum Message {
         /// Which key the client holds ([`crate::auth::SessionKey::id`]): a receiver with a
         /// key per tenant proves the one it names.
         key: crate::auth::KeyId,
+        /// Client's fresh X25519 public key ([`crate::auth`]).
+        share: [u8; 32],
     },
     /// Receiver's answer: its nonce and its proof of knowing the key.
     Challenge {
         /// Receiver's fresh random nonce.
         nonce: [u8; 32],
-        /// MAC over both nonces proving the receiver holds the key.
+        /// Receiver's fresh X25519 public key.
+        share: [u8; 32],
+        /// MAC over both nonces and both shares proving the receiver holds the key.
         proof: [u8; 32],
     },
     /// Client's proof of knowing the key.
@@ -818,6 +822,7 @@ mod tests {
                 role: Role::Data { session: [7; 16] },
                 nonce: [1; 32],
                 key: crate::auth::KeyId([2; 8]),
+                share: [3; 32],
             },
             Message::Plan {
                 first: 1 << 20,
@@ -847,6 +852,12 @@ mod tests {
             },
             Message::Limited {
                 limit: Limit::ShuttingDown,
+            },
+            Message::Limited {
+                limit: Limit::Authenticating {
+                    from_address: 8,
+                    max: 64,
+                },
             },
             Message::QuicOffer {
                 certificate: [9; 32],

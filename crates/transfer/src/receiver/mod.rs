@@ -831,11 +831,11 @@ fn serve_link(link: Link, peer: SocketAddr, mut admitted: Admitted) {
     }
     drop(admitted);
     let failed = match proven {
-        Ok((Role::Control, nonces)) => {
+        Ok((Role::Control, agreed)) => {
             let control = ControlPeer {
                 peer,
                 served: &shared.served[tenant],
-                nonces: &nonces,
+                agreed: &agreed,
                 encrypted,
                 connection: connection.try_clone().ok(),
             };
@@ -910,8 +910,8 @@ struct ControlPeer<'a> {
     peer: SocketAddr,
     /// The key it proved: the receiver's own or a tenant's.
     served: &'a Served,
-    /// The nonces of its key handshake, which its session's key is derived from.
-    nonces: &'a auth::Nonces,
+    /// What its key handshake agreed, which its session's key is derived from.
+    agreed: &'a auth::Agreed,
     /// Whether it is TLS.
     encrypted: bool,
     /// Another handle to the connection, to close it from elsewhere.
@@ -1007,7 +1007,7 @@ fn serve_session(
     let open = telemetry::Open::receiver_session();
     let session = Arc::new(Session {
         id,
-        key: served.key.for_session(control.nonces, &id),
+        key: served.key.for_session(control.agreed, &id),
         limits: served.limits,
         name,
         encrypted: control.encrypted,
