@@ -79,6 +79,7 @@ fn settings_from_flags(args: &RecvArgs) -> anyhow::Result<ReceiverSettings> {
         usize::try_from(args.max_handshakes_per_source).unwrap_or(usize::MAX);
     settings.shutdown_grace_secs = args.shutdown_grace.as_secs_f64();
     settings.require_encryption = args.encrypt;
+    settings.require_integrity = args.integrity;
     settings.transport = args.transport;
     settings.direct_io = args.direct_io;
     Ok(settings)

@@ -190,6 +190,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         stream_rate_cap,
         unsent_limit: args.unsent_limit,
         encrypt: args.encrypt,
+        integrity: args.integrity,
         stall_timeout: args.stall_timeout,
         transport: args.transport,
         congestion,

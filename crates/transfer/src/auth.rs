@@ -14,11 +14,12 @@
 //! this session, and a peer that holds the receiver's key but did not open the session (or
 //! watched it open) cannot join it.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::seal::{FrameKey, FrameWrite};
 use crate::wire::{
     FrameReader, Limit, Message, Role, SessionLimits, WireError, MAGIC, PROTOCOL_VERSION,
 };
@@ -228,7 +229,7 @@ impl SessionKey {
     /// # let server = std::thread::spawn(move || {
     /// #     let mut reader = FrameReader::new(server_end.try_clone().unwrap(), 0);
     /// #     let mut writer = server_end;
-    /// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_, _| Ok(server_key.clone()));
+    /// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_| Ok(server_key.clone()));
     /// #     if proven.is_ok() {
     /// #         let welcome = transfer::wire::Message::Welcome { session: [9; 16], limits: transfer::wire::SessionLimits { max_streams: 8, max_chunk: 1 << 20 } };
     /// #         transfer::wire::write_message(&mut writer, &welcome).unwrap();
@@ -239,8 +240,8 @@ impl SessionKey {
     /// # let mut writer = client_end;
     /// use transfer::auth::Agreed;
     ///
-    /// let welcomed = handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, &key, Role::Control).unwrap();
-    /// let (_, agreed): (Role, Agreed) = server.join().unwrap().unwrap();
+    /// let welcomed = handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, &key, Role::Control, false).unwrap();
+    /// let (_, agreed): (_, Agreed) = server.join().unwrap().unwrap();
     /// // The receiver derives the same key for the session's data streams to prove.
     /// assert_eq!(key.for_session(&agreed, &welcomed.session).id(), welcomed.session_key.id());
     /// ```
@@ -287,6 +288,7 @@ impl SessionKey {
         mac.update(&said.server_nonce);
         mac.update(&said.client_share);
         mac.update(&said.server_share);
+        mac.update(&[u8::from(said.sealed)]);
         match role {
             Role::Control => mac.update(b"control"),
             Role::Data { session } => mac.update(b"data").update(session),
@@ -327,7 +329,7 @@ impl ChannelBinding {
 /// # let server = std::thread::spawn(move || {
 /// #     let mut reader = FrameReader::new(server_end.try_clone().unwrap(), 0);
 /// #     let mut writer = server_end;
-/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_, _| Ok(server_key.clone()));
+/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_| Ok(server_key.clone()));
 /// #     if proven.is_ok() {
 /// #         let welcome = transfer::wire::Message::Welcome { session: [9; 16], limits: transfer::wire::SessionLimits { max_streams: 8, max_chunk: 1 << 20 } };
 /// #         transfer::wire::write_message(&mut writer, &welcome).unwrap();
@@ -336,7 +338,7 @@ impl ChannelBinding {
 /// # });
 /// # let mut reader = FrameReader::new(client_end.try_clone().unwrap(), 0);
 /// # let mut writer = client_end;
-/// handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, &key, Role::Control).unwrap();
+/// handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, &key, Role::Control, false).unwrap();
 /// let (_, agreed) = server.join().unwrap().unwrap();
 /// assert_ne!(agreed.client_nonce, agreed.server_nonce);
 /// assert!(format!("{agreed:?}").ends_with("secret: .. }"), "never printed");
@@ -367,6 +369,39 @@ struct Said {
     server_nonce: [u8; 32],
     client_share: [u8; 32],
     server_share: [u8; 32],
+    /// The client asked for sealed frames ([`crate::seal`]): covered, so that nobody on the
+    /// path can turn it off.
+    sealed: bool,
+}
+
+impl Agreed {
+    /// The keys of the frames a connection whose handshake agreed this, proving `proven`,
+    /// carries once it is sealed ([`crate::seal`]): what the client sends, and what the
+    /// receiver sends.
+    pub(crate) fn frame_keys(&self, proven: &SessionKey) -> (FrameKey, FrameKey) {
+        let mut material = Vec::with_capacity(32 * 4);
+        material.extend_from_slice(&proven.mac_key);
+        material.extend_from_slice(&self.client_nonce);
+        material.extend_from_slice(&self.server_nonce);
+        material.extend_from_slice(&self.secret);
+        let key = |context: &str| FrameKey::new(blake3::derive_key(context, &material));
+        (
+            key("xfer v1 frames from the client"),
+            key("xfer v1 frames from the receiver"),
+        )
+    }
+}
+
+/// What a client's `Hello` asks, as [`handshake_as_server`] hands it to the receiver to choose
+/// the key to prove, or to refuse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Asked {
+    /// What the connection is for.
+    pub role: Role,
+    /// The key the client holds.
+    pub key: KeyId,
+    /// Whether the client seals its frames after the handshake ([`crate::seal`]).
+    pub sealed: bool,
 }
 
 /// One side's ephemeral X25519 key for one handshake (rustls's key exchange, which TLS uses).
@@ -412,7 +447,7 @@ impl Exchange {
 /// # let server = std::thread::spawn(move || {
 /// #     let mut reader = FrameReader::new(server_end.try_clone().unwrap(), 0);
 /// #     let mut writer = server_end;
-/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_, _| Ok(server_key.clone()));
+/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_| Ok(server_key.clone()));
 /// #     if proven.is_ok() {
 /// #         let welcome = transfer::wire::Message::Welcome { session: [9; 16], limits: transfer::wire::SessionLimits { max_streams: 8, max_chunk: 1 << 20 } };
 /// #         transfer::wire::write_message(&mut writer, &welcome).unwrap();
@@ -421,7 +456,7 @@ impl Exchange {
 /// # });
 /// # let mut reader = FrameReader::new(client_end.try_clone().unwrap(), 0);
 /// # let mut writer = client_end;
-/// let welcomed = handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, &key, Role::Control).unwrap();
+/// let welcomed = handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, &key, Role::Control, false).unwrap();
 /// assert_eq!((welcomed.session, welcomed.limits.max_streams), ([9; 16], 8));
 /// # server.join().unwrap().unwrap();
 /// ```
@@ -470,7 +505,7 @@ pub fn random_bytes<const N: usize>() -> [u8; N] {
 /// # let server = std::thread::spawn(move || {
 /// #     let mut reader = FrameReader::new(server_end.try_clone().unwrap(), 0);
 /// #     let mut writer = server_end;
-/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_, _| Ok(server_key.clone()));
+/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_| Ok(server_key.clone()));
 /// #     if proven.is_ok() {
 /// #         let welcome = transfer::wire::Message::Welcome { session: [9; 16], limits: transfer::wire::SessionLimits { max_streams: 8, max_chunk: 1 << 20 } };
 /// #         transfer::wire::write_message(&mut writer, &welcome).unwrap();
@@ -479,16 +514,17 @@ pub fn random_bytes<const N: usize>() -> [u8; N] {
 /// # });
 /// # let mut reader = FrameReader::new(client_end.try_clone().unwrap(), 0);
 /// # let mut writer = client_end;
-/// let welcomed = handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, &key, Role::Control).unwrap();
+/// let welcomed = handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, &key, Role::Control, false).unwrap();
 /// assert_eq!(welcomed.session, [9; 16]);
-/// assert_eq!(server.join().unwrap().unwrap().0, Role::Control);
+/// assert_eq!(server.join().unwrap().unwrap().0.role, Role::Control);
 /// ```
-pub fn handshake_as_client<R: Read, W: Write>(
+pub fn handshake_as_client<R: Read, W: FrameWrite>(
     reader: &mut FrameReader<R>,
     writer: &mut W,
     channel: &ChannelBinding,
     key: &SessionKey,
     role: Role,
+    sealed: bool,
 ) -> Result<Welcomed, AuthError> {
     let client_nonce = random_bytes::<32>();
     let exchange = Exchange::start()?;
@@ -502,6 +538,7 @@ pub fn handshake_as_client<R: Read, W: Write>(
             nonce: client_nonce,
             key: key.id(),
             share: client_share,
+            sealed,
         },
     )?;
     let (server_nonce, server_share, server_proof) = match reader.read_message()? {
@@ -524,6 +561,7 @@ pub fn handshake_as_client<R: Read, W: Write>(
         server_nonce,
         client_share,
         server_share,
+        sealed,
     };
     if key.proof(b"server", channel, &said, &role) != blake3::Hash::from(server_proof) {
         // Tell the receiver why, so its log says more than that the connection closed.
@@ -550,6 +588,11 @@ pub fn handshake_as_client<R: Read, W: Write>(
             proof: *proof.as_bytes(),
         },
     )?;
+    if sealed {
+        let (outgoing, incoming) = agreed.frame_keys(key);
+        writer.seal_with(outgoing).map_err(WireError::Io)?;
+        reader.open_sealed(incoming);
+    }
     match reader.read_message()? {
         Message::Welcome { session, limits } => {
             let session_key = match role {
@@ -571,10 +614,11 @@ pub fn handshake_as_client<R: Read, W: Write>(
     }
 }
 
-/// The receiver side of the handshake, up to (not including) `Welcome`: returns the proven role
-/// and the handshake's nonces. `key_for` gives the key a role must prove (for a control
-/// connection the receiver's key the client names by its [`KeyId`], for a data stream its
-/// session's key) or the reason to refuse it.
+/// The receiver side of the handshake, up to (not including) `Welcome`: returns what was asked
+/// and proven and what the handshake agreed. `key_for` gives the key what the client asks must
+/// prove (for a control connection the receiver's key the client names by its [`KeyId`], for a
+/// data stream its session's key) or the reason to refuse it. When the client asked for sealed
+/// frames, `reader` and `writer` seal them from here on ([`crate::seal`]).
 ///
 /// Messages are read with [`HANDSHAKE_MESSAGE_LIMIT`] in force. On a wrong proof it sends
 /// `Refused` and fails, so the caller drops the connection before reading anything else.
@@ -591,7 +635,7 @@ pub fn handshake_as_client<R: Read, W: Write>(
 /// # let server = std::thread::spawn(move || {
 /// #     let mut reader = FrameReader::new(server_end.try_clone().unwrap(), 0);
 /// #     let mut writer = server_end;
-/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_, _| Ok(server_key.clone()));
+/// #     let proven = handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |_| Ok(server_key.clone()));
 /// #     if proven.is_ok() {
 /// #         let welcome = transfer::wire::Message::Welcome { session: [9; 16], limits: transfer::wire::SessionLimits { max_streams: 8, max_chunk: 1 << 20 } };
 /// #         transfer::wire::write_message(&mut writer, &welcome).unwrap();
@@ -601,15 +645,15 @@ pub fn handshake_as_client<R: Read, W: Write>(
 /// # let mut reader = FrameReader::new(client_end.try_clone().unwrap(), 0);
 /// # let mut writer = client_end;
 /// let wrong = SessionKey::from_text("somebody-elses-key-0123456789").unwrap();
-/// assert!(handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, &wrong, Role::Control).is_err());
+/// assert!(handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, &wrong, Role::Control, false).is_err());
 /// assert!(server.join().unwrap().is_err());
 /// ```
-pub fn handshake_as_server<R: Read, W: Write>(
+pub fn handshake_as_server<R: Read, W: FrameWrite>(
     reader: &mut FrameReader<R>,
     writer: &mut W,
     channel: &ChannelBinding,
-    key_for: impl FnOnce(&Role, KeyId) -> Result<SessionKey, String>,
-) -> Result<(Role, Agreed), AuthError> {
+    key_for: impl FnOnce(&Asked) -> Result<SessionKey, String>,
+) -> Result<(Asked, Agreed), AuthError> {
     let refuse = |writer: &mut W, reason: String| {
         let _ = crate::wire::write_message(
             writer,
@@ -633,7 +677,7 @@ pub fn handshake_as_server<R: Read, W: Write>(
         }
         other => other?,
     };
-    let (role, client_nonce, key_id, client_share) = match hello {
+    let (asked, client_nonce, client_share) = match hello {
         Message::Hello {
             magic,
             version,
@@ -641,6 +685,7 @@ pub fn handshake_as_server<R: Read, W: Write>(
             nonce,
             key,
             share,
+            sealed,
         } => {
             if magic != MAGIC {
                 return Err(AuthError::Protocol("not an xfer client".into()));
@@ -653,7 +698,7 @@ pub fn handshake_as_server<R: Read, W: Write>(
                 ),
                 )));
             }
-            (role, nonce, key, share)
+            (Asked { role, key, sealed }, nonce, share)
         }
         other => {
             return Err(AuthError::Protocol(format!(
@@ -662,8 +707,8 @@ pub fn handshake_as_server<R: Read, W: Write>(
             )))
         }
     };
-    let key =
-        key_for(&role, key_id).map_err(|reason| AuthError::Rejected(refuse(writer, reason)))?;
+    let key = key_for(&asked).map_err(|reason| AuthError::Rejected(refuse(writer, reason)))?;
+    let role = &asked.role;
     let server_nonce = random_bytes::<32>();
     let exchange = Exchange::start()?;
     let said = Said {
@@ -671,9 +716,10 @@ pub fn handshake_as_server<R: Read, W: Write>(
         server_nonce,
         client_share,
         server_share: exchange.share(),
+        sealed: asked.sealed,
     };
     let secret = exchange.finish(&client_share)?;
-    let proof = key.proof(b"server", channel, &said, &role);
+    let proof = key.proof(b"server", channel, &said, role);
     crate::wire::write_message(
         writer,
         &Message::Challenge {
@@ -692,7 +738,7 @@ pub fn handshake_as_server<R: Read, W: Write>(
             )))
         }
     };
-    if key.proof(b"client", channel, &said, &role) != blake3::Hash::from(client_proof) {
+    if key.proof(b"client", channel, &said, role) != blake3::Hash::from(client_proof) {
         return Err(AuthError::Rejected(refuse(writer, "wrong key".into())));
     }
     let agreed = Agreed {
@@ -700,7 +746,12 @@ pub fn handshake_as_server<R: Read, W: Write>(
         server_nonce,
         secret,
     };
-    Ok((role, agreed))
+    if asked.sealed {
+        let (incoming, outgoing) = agreed.frame_keys(&key);
+        writer.seal_with(outgoing).map_err(WireError::Io)?;
+        reader.open_sealed(incoming);
+    }
+    Ok((asked, agreed))
 }
 
 /// Short name of a message for error texts (never its contents).
@@ -788,9 +839,10 @@ impl KeySetting {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
     use std::os::unix::net::UnixStream;
 
-    type ServerSide = Result<(Role, Agreed), AuthError>;
+    type ServerSide = Result<(Asked, Agreed), AuthError>;
 
     /// A receiver running `handshake_as_server` with `key_for` on one end of a socket pair
     /// (then `after` on its writer when it succeeds); returns the other end and the thread.
@@ -802,12 +854,10 @@ mod tests {
         let server = std::thread::spawn(move || {
             let mut reader = FrameReader::new(b.try_clone().unwrap(), 0);
             let mut writer = b;
-            let proven = handshake_as_server(
-                &mut reader,
-                &mut writer,
-                &ChannelBinding::PLAIN,
-                |role, _| key_for(role),
-            );
+            let proven =
+                handshake_as_server(&mut reader, &mut writer, &ChannelBinding::PLAIN, |asked| {
+                    key_for(&asked.role)
+                });
             if proven.is_ok() {
                 after(&mut writer);
             }
@@ -820,7 +870,14 @@ mod tests {
     fn client(socket: UnixStream, key: &SessionKey, role: Role) -> Result<Welcomed, AuthError> {
         let mut reader = FrameReader::new(socket.try_clone().unwrap(), 0);
         let mut writer = socket;
-        handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, key, role)
+        handshake_as_client(
+            &mut reader,
+            &mut writer,
+            &ChannelBinding::PLAIN,
+            key,
+            role,
+            false,
+        )
     }
 
     fn server_key() -> impl FnOnce(&Role) -> Result<SessionKey, String> {
@@ -859,8 +916,8 @@ mod tests {
     #[test]
     fn same_key_authenticates_both_ways_and_both_derive_the_session_key() {
         let (server, client) = run(KEY, KEY, Role::Control);
-        let (role, agreed) = server.unwrap();
-        assert_eq!(role, Role::Control);
+        let (asked, agreed) = server.unwrap();
+        assert_eq!(asked.role, Role::Control);
         let client = client.unwrap();
         assert_eq!(client.session, [9; 16]);
         let derived = SessionKey::from_text(KEY)
@@ -922,6 +979,7 @@ mod tests {
                 Ok(())
             }
         }
+        impl FrameWrite for Tee<'_> {}
         let key = SessionKey::from_text(KEY).unwrap();
         let mut tee = Tee(&mut recorded, a);
         // The server does not send Welcome here, so the client ends with an error after Auth.
@@ -931,9 +989,10 @@ mod tests {
             &ChannelBinding::PLAIN,
             &key,
             Role::Control,
+            false,
         );
         drop(tee);
-        assert_eq!(server.join().unwrap().unwrap().0, Role::Control);
+        assert_eq!(server.join().unwrap().unwrap().0.role, Role::Control);
 
         let (mut replayer, server) = spawn_server(server_key(), |_| {});
         replayer.write_all(&recorded).unwrap();

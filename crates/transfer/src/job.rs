@@ -155,6 +155,9 @@ pub struct SenderSettings {
     /// TLS 1.3 on every connection.
     #[serde(default)]
     pub encrypt: bool,
+    /// Seal every frame instead ([`SendConfig::integrity`]).
+    #[serde(default)]
+    pub integrity: bool,
     /// `"tcp"`, `"mptcp"` or `"quic"`.
     #[serde(default)]
     pub transport: Transport,
@@ -228,6 +231,7 @@ impl SenderSettings {
             verify: false,
             checksum: false,
             encrypt: false,
+            integrity: false,
             transport: Transport::default(),
             congestion: Congestion::default(),
             direct_io: false,
@@ -279,6 +283,7 @@ impl SenderSettings {
             stream_rate_cap: self.stream_rate_cap,
             unsent_limit: self.unsent_limit,
             encrypt: self.encrypt,
+            integrity: self.integrity,
             transport: self.transport,
             congestion: self.congestion,
             stall_timeout: Self::seconds("stall_timeout_secs", self.stall_timeout_secs)?,

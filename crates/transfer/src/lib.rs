@@ -71,6 +71,7 @@ pub mod optimizer_choice;
 pub mod policy_source;
 pub mod quic;
 pub mod receiver;
+pub mod seal;
 mod seconds;
 pub mod sender;
 pub mod session_id;

@@ -472,7 +472,10 @@ fn lock(shared: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
 /// The writing half of a TLS connection ([`connect`] has an example).
 ///
 /// ```
-/// fn send(writer: &mut transfer::tls::TlsWriter, message: &transfer::wire::Message) -> Result<(), transfer::wire::WireError> {
+/// use transfer::seal::FrameWriter;
+/// use transfer::tls::TlsWriter;
+///
+/// fn send(writer: &mut FrameWriter<TlsWriter>, message: &transfer::wire::Message) -> Result<(), transfer::wire::WireError> {
 ///     transfer::wire::write_message(writer, message)?;
 ///     std::io::Write::flush(writer)?;
 ///     Ok(())

@@ -14,12 +14,13 @@
 //! resume journal keeps it.
 
 use std::hash::Hasher;
-use std::io::{self, BufRead, IoSlice, Read, Write};
+use std::io::{self, BufRead, Read};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::manifest::{ManifestBatch, SinkKind};
+use crate::seal::{tags_match, ChunkSeal, FrameKey, FrameWrite, TAG_LEN};
 
 /// First bytes of every connection's `Hello`, so a stray client is refused at once.
 pub const MAGIC: [u8; 4] = *b"XFR1";
@@ -81,6 +82,13 @@ pub enum WireError {
          protocol version)"
     )]
     Corrupted(&'static str),
+    /// On a sealed connection ([`crate::seal`]), a frame's tag did not match: it was changed,
+    /// dropped, replayed or reordered in transit by someone without the connection's key.
+    /// Nothing of the frame was acted on.
+    #[error(
+        "a {0} frame failed its authentication tag: the connection was tampered with in transit"
+    )]
+    Unauthentic(&'static str),
 }
 
 /// Header of a data chunk: which file, where in it, and the chunk's xxh3-64 checksum.
@@ -254,6 +262,8 @@ pub enum Message {
         key: crate::auth::KeyId,
         /// Client's fresh X25519 public key ([`crate::auth`]).
         share: [u8; 32],
+        /// Every frame after the handshake carries a tag, both ways ([`crate::seal`]).
+        sealed: bool,
     },
     /// Receiver's answer: its nonce and its proof of knowing the key.
     Challenge {
@@ -369,7 +379,7 @@ pub enum Message {
 /// # let header = ChunkHeader { file: 0, offset: 0, checksum: chunk_checksum(&data) };
 /// # let mut bytes = Vec::new();
 /// # write_message(&mut bytes, &Message::Working).unwrap();
-/// # write_chunk(&mut bytes, &header, &data).unwrap();
+/// # write_chunk(&mut bytes, &header, &data, None).unwrap();
 /// # let mut reader = FrameReader::new(&bytes[..], 1 << 20);
 /// use transfer::wire::Frame;
 ///
@@ -397,7 +407,7 @@ pub enum Frame<'a> {
 /// # let header = ChunkHeader { file: 0, offset: 0, checksum: chunk_checksum(&data) };
 /// # let mut bytes = Vec::new();
 /// # write_message(&mut bytes, &Message::Working).unwrap();
-/// # write_chunk(&mut bytes, &header, &data).unwrap();
+/// # write_chunk(&mut bytes, &header, &data, None).unwrap();
 /// # let mut reader = FrameReader::new(&bytes[..], 1 << 20);
 /// use transfer::wire::Head;
 ///
@@ -421,11 +431,11 @@ pub enum Head {
 /// # let header = ChunkHeader { file: 0, offset: 0, checksum: chunk_checksum(&data) };
 /// # let mut bytes = Vec::new();
 /// # write_message(&mut bytes, &Message::Working).unwrap();
-/// # write_chunk(&mut bytes, &header, &data).unwrap();
+/// # write_chunk(&mut bytes, &header, &data, None).unwrap();
 /// # let mut reader = FrameReader::new(&bytes[..], 1 << 20);
 /// reader.read_message().unwrap();
 /// let transfer::wire::Head::Chunk(head, _) = reader.read_head().unwrap() else { panic!() };
-/// let payload = reader.read_payload().unwrap();
+/// let (payload, _) = reader.read_payload().unwrap();
 /// assert_eq!(chunk_checksum(payload), head.checksum, "what the receiver checks before writing");
 /// ```
 pub struct FrameReader<R> {
@@ -435,6 +445,10 @@ pub struct FrameReader<R> {
     max_message: usize,
     /// Payload bytes of the last chunk head still to be read.
     payload_due: usize,
+    /// On a sealed connection, the key of the frames read ([`crate::seal`]).
+    key: Option<FrameKey>,
+    /// The tag of the chunk whose head was read, hashed so far.
+    chunk_tag: Option<blake3::Hasher>,
 }
 
 impl<R: Read> FrameReader<R> {
@@ -447,7 +461,7 @@ impl<R: Read> FrameReader<R> {
     /// # let header = ChunkHeader { file: 0, offset: 0, checksum: chunk_checksum(&data) };
     /// # let mut bytes = Vec::new();
     /// # write_message(&mut bytes, &Message::Working).unwrap();
-    /// # write_chunk(&mut bytes, &header, &data).unwrap();
+    /// # write_chunk(&mut bytes, &header, &data, None).unwrap();
     /// # let mut reader = FrameReader::new(&bytes[..], 8);
     /// reader.read_message().unwrap();
     /// assert!(matches!(reader.read_head(), Err(transfer::wire::WireError::Oversized { limit: 8, .. })));
@@ -459,7 +473,25 @@ impl<R: Read> FrameReader<R> {
             max_chunk: max_chunk.min(MAX_CHUNK_LEN),
             max_message: MAX_MESSAGE_LEN,
             payload_due: 0,
+            key: None,
+            chunk_tag: None,
         }
+    }
+
+    /// From the next frame on, every frame must carry its tag under `key` ([`crate::seal`]);
+    /// a chunk's is checked by its reader, which gets it with the payload.
+    pub(crate) fn open_sealed(&mut self, key: FrameKey) {
+        self.key = Some(key);
+    }
+
+    /// Whether frames read here are sealed.
+    ///
+    /// ```
+    /// let reader = transfer::wire::FrameReader::new(&[][..], 0);
+    /// assert!(!reader.is_sealed());
+    /// ```
+    pub fn is_sealed(&self) -> bool {
+        self.key.is_some()
     }
 
     /// Refuses messages longer than `limit` bytes (at most [`MAX_MESSAGE_LEN`]) from now on.
@@ -503,7 +535,14 @@ impl<R: Read> FrameReader<R> {
     pub fn read_frame(&mut self) -> Result<Frame<'_>, WireError> {
         match self.read_head()? {
             Head::Message(m) => Ok(Frame::Message(m)),
-            Head::Chunk(header, _) => Ok(Frame::Chunk(header, self.read_payload()?)),
+            Head::Chunk(header, _) => {
+                let (payload, seal) = self.read_payload()?;
+                // A sealed chunk read whole is checked here, where its bytes are.
+                if seal.is_some_and(|seal| !seal.matches(&blake3::hash(payload))) {
+                    return Err(WireError::Unauthentic("chunk"));
+                }
+                Ok(Frame::Chunk(header, payload))
+            }
         }
     }
 
@@ -516,7 +555,7 @@ impl<R: Read> FrameReader<R> {
     /// # let header = ChunkHeader { file: 0, offset: 0, checksum: chunk_checksum(&data) };
     /// # let mut bytes = Vec::new();
     /// # write_message(&mut bytes, &Message::Working).unwrap();
-    /// # write_chunk(&mut bytes, &header, &data).unwrap();
+    /// # write_chunk(&mut bytes, &header, &data, None).unwrap();
     /// # let mut reader = FrameReader::new(std::io::BufReader::new(&bytes[..]), 1 << 20);
     /// reader.read_head().unwrap();
     /// let transfer::wire::Head::Chunk(_, len) = reader.read_head().unwrap() else { panic!() };
@@ -526,6 +565,7 @@ impl<R: Read> FrameReader<R> {
     /// ```
     pub fn read_head(&mut self) -> Result<Head, WireError> {
         assert_eq!(self.payload_due, 0, "a chunk's payload was not read");
+        let tag_len = if self.key.is_some() { TAG_LEN } else { 0 };
         let mut prefix = [0u8; FRAME_PREFIX_LEN];
         read_exact(&mut self.inner, &mut prefix)?;
         let len = u32::from_le_bytes(prefix[..4].try_into().expect("4 bytes")) as usize;
@@ -534,7 +574,7 @@ impl<R: Read> FrameReader<R> {
             .ok_or_else(|| WireError::Malformed("zero-length frame".into()))?;
         match prefix[4] {
             KIND_MESSAGE => {
-                let message_len = body_len.checked_sub(CHECK_LEN).ok_or_else(|| {
+                let message_len = body_len.checked_sub(CHECK_LEN + tag_len).ok_or_else(|| {
                     WireError::Malformed(format!("message frame of {body_len} bytes has no check"))
                 })?;
                 if message_len > self.max_message {
@@ -545,15 +585,21 @@ impl<R: Read> FrameReader<R> {
                 }
                 self.buf.resize(body_len, 0);
                 read_exact(&mut self.inner, &mut self.buf)?;
-                let (message, check) = self.buf.split_at(message_len);
+                let (checked, tag) = self.buf.split_at(message_len + CHECK_LEN);
+                let (message, check) = checked.split_at(message_len);
                 verify_check(&[&prefix, message], check, "message")?;
+                if let Some(key) = &mut self.key {
+                    if !tags_match(&key.tag(&[&prefix, checked]), tag) {
+                        return Err(WireError::Unauthentic("message"));
+                    }
+                }
                 let msg = postcard::from_bytes(message)
                     .map_err(|e| WireError::Malformed(format!("bad message: {e}")))?;
                 Ok(Head::Message(msg))
             }
             KIND_CHUNK => {
                 let data_len = body_len
-                    .checked_sub(ChunkHeader::LEN + CHECK_LEN)
+                    .checked_sub(ChunkHeader::LEN + CHECK_LEN + tag_len)
                     .ok_or_else(|| {
                         WireError::Malformed(format!(
                             "chunk frame of {body_len} bytes has no header"
@@ -570,6 +616,7 @@ impl<R: Read> FrameReader<R> {
                     });
                 }
                 self.payload_due = data_len;
+                self.chunk_tag = self.key.as_mut().map(|key| key.chunk(&[&prefix, &header]));
                 let fields = fields.try_into().expect("header length");
                 Ok(Head::Chunk(ChunkHeader::decode(fields), data_len))
             }
@@ -577,7 +624,8 @@ impl<R: Read> FrameReader<R> {
         }
     }
 
-    /// Reads the payload of the chunk whose head was just read into the reader's own buffer.
+    /// Reads the payload of the chunk whose head was just read into the reader's own buffer;
+    /// on a sealed connection also its tag, which the caller checks ([`ChunkSeal::matches`]).
     ///
     /// ```
     /// # use transfer::wire::{chunk_checksum, write_chunk, write_message, ChunkHeader, FrameReader, Message};
@@ -585,16 +633,30 @@ impl<R: Read> FrameReader<R> {
     /// # let header = ChunkHeader { file: 0, offset: 0, checksum: chunk_checksum(&data) };
     /// # let mut bytes = Vec::new();
     /// # write_message(&mut bytes, &Message::Working).unwrap();
-    /// # write_chunk(&mut bytes, &header, &data).unwrap();
+    /// # write_chunk(&mut bytes, &header, &data, None).unwrap();
     /// # let mut reader = FrameReader::new(&bytes[..], 1 << 20);
     /// reader.read_head().unwrap();
     /// reader.read_head().unwrap();
-    /// assert_eq!(reader.read_payload().unwrap(), &data[..]);
+    /// let (payload, seal) = reader.read_payload().unwrap();
+    /// assert_eq!(payload, &data[..]);
+    /// assert!(seal.is_none(), "a plain connection's chunks carry no tag");
     /// ```
-    pub fn read_payload(&mut self) -> Result<&[u8], WireError> {
+    pub fn read_payload(&mut self) -> Result<(&[u8], Option<ChunkSeal>), WireError> {
         self.buf.resize(std::mem::take(&mut self.payload_due), 0);
         read_exact(&mut self.inner, &mut self.buf)?;
-        Ok(&self.buf)
+        let seal = self.read_chunk_tag()?;
+        Ok((&self.buf, seal))
+    }
+
+    /// After a chunk's payload: on a sealed connection, reads its tag, for the chunk's reader
+    /// to check once it has hashed the payload.
+    fn read_chunk_tag(&mut self) -> Result<Option<ChunkSeal>, WireError> {
+        let Some(hasher) = self.chunk_tag.take() else {
+            return Ok(None);
+        };
+        let mut tag = [0u8; TAG_LEN];
+        read_exact(&mut self.inner, &mut tag)?;
+        Ok(Some(ChunkSeal::new(hasher, tag)))
     }
 
     /// Reads the next frame and requires it to be a message.
@@ -605,7 +667,7 @@ impl<R: Read> FrameReader<R> {
     /// # let header = ChunkHeader { file: 0, offset: 0, checksum: chunk_checksum(&data) };
     /// # let mut bytes = Vec::new();
     /// # write_message(&mut bytes, &Message::Working).unwrap();
-    /// # write_chunk(&mut bytes, &header, &data).unwrap();
+    /// # write_chunk(&mut bytes, &header, &data, None).unwrap();
     /// # let mut reader = FrameReader::new(&bytes[..], 1 << 20);
     /// assert_eq!(reader.read_message().unwrap(), Message::Working);
     /// assert!(reader.read_message().is_err(), "a chunk where a message was due");
@@ -648,7 +710,8 @@ impl<R: Read> FrameReader<io::BufReader<R>> {
     }
 
     /// Reads the payload of the chunk whose head was just read into `dest`, which must be as
-    /// long: what the buffer holds is copied, the rest is read straight into `dest`.
+    /// long: what the buffer holds is copied, the rest is read straight into `dest`. On a sealed
+    /// connection also reads the chunk's tag, which the caller checks.
     ///
     /// ```
     /// # use transfer::wire::{chunk_checksum, write_chunk, write_message, ChunkHeader, FrameReader, Message};
@@ -656,7 +719,7 @@ impl<R: Read> FrameReader<io::BufReader<R>> {
     /// # let header = ChunkHeader { file: 0, offset: 0, checksum: chunk_checksum(&data) };
     /// # let mut bytes = Vec::new();
     /// # write_message(&mut bytes, &Message::Working).unwrap();
-    /// # write_chunk(&mut bytes, &header, &data).unwrap();
+    /// # write_chunk(&mut bytes, &header, &data, None).unwrap();
     /// # let mut reader = FrameReader::new(std::io::BufReader::new(&bytes[..]), 1 << 20);
     /// reader.read_head().unwrap();
     /// reader.read_head().unwrap();
@@ -664,7 +727,7 @@ impl<R: Read> FrameReader<io::BufReader<R>> {
     /// reader.read_payload_into(&mut dest).unwrap();
     /// assert_eq!(dest, data);
     /// ```
-    pub fn read_payload_into(&mut self, dest: &mut [u8]) -> Result<(), WireError> {
+    pub fn read_payload_into(&mut self, dest: &mut [u8]) -> Result<Option<ChunkSeal>, WireError> {
         assert_eq!(dest.len(), self.payload_due, "payload length");
         self.payload_due = 0;
         let buffered = self.inner.buffer();
@@ -672,7 +735,7 @@ impl<R: Read> FrameReader<io::BufReader<R>> {
         dest[..n].copy_from_slice(&buffered[..n]);
         self.inner.consume(n);
         read_exact(self.inner.get_mut(), &mut dest[n..])?;
-        Ok(())
+        self.read_chunk_tag()
     }
 }
 
@@ -715,7 +778,7 @@ fn verify_check(parts: &[&[u8]], check: &[u8], what: &'static str) -> Result<(),
 /// write_message(&mut bytes, &Message::EndOfStream).unwrap();
 /// assert_eq!(u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize, bytes.len() - 4);
 /// ```
-pub fn write_message<W: Write>(w: &mut W, msg: &Message) -> Result<(), WireError> {
+pub fn write_message<W: FrameWrite + ?Sized>(w: &mut W, msg: &Message) -> Result<(), WireError> {
     let mut body = Vec::with_capacity(64);
     body.extend_from_slice(&[0u8; FRAME_PREFIX_LEN]);
     let mut body = postcard::to_extend(msg, body)
@@ -727,15 +790,19 @@ pub fn write_message<W: Write>(w: &mut W, msg: &Message) -> Result<(), WireError
             limit: MAX_MESSAGE_LEN,
         });
     }
-    body[..4].copy_from_slice(&((1 + len + CHECK_LEN) as u32).to_le_bytes());
+    let tag_len = if w.seals() { TAG_LEN } else { 0 };
+    body[..4].copy_from_slice(&((1 + len + CHECK_LEN + tag_len) as u32).to_le_bytes());
     body[4] = KIND_MESSAGE;
     let check = frame_check(&[&body]);
     body.extend_from_slice(&check);
-    w.write_all(&body)?;
+    w.write_frame(&[&body], &[&body])?;
     Ok(())
 }
 
-/// Writes one chunk frame with a single vectored write (header and payload are not copied together).
+/// Writes one chunk frame with a single vectored write (header and payload are not copied
+/// together). On a sealed connection its tag covers `data` through `content`, their BLAKE3
+/// hash, computed here when not given (a sender that reads the bytes from a mapped file hashes
+/// them where it reads them, [`crate::seal`]).
 ///
 /// ```
 /// use transfer::wire::{chunk_checksum, write_chunk, ChunkHeader};
@@ -743,13 +810,14 @@ pub fn write_message<W: Write>(w: &mut W, msg: &Message) -> Result<(), WireError
 /// let data = vec![1u8; 1 << 16];
 /// let header = ChunkHeader { file: 0, offset: 0, checksum: chunk_checksum(&data) };
 /// let mut bytes = Vec::new();
-/// write_chunk(&mut bytes, &header, &data).unwrap();
+/// write_chunk(&mut bytes, &header, &data, None).unwrap();
 /// assert_eq!(bytes.len(), data.len() + 4 + 1 + ChunkHeader::LEN + 8);
 /// ```
-pub fn write_chunk<W: Write>(
+pub fn write_chunk<W: FrameWrite + ?Sized>(
     w: &mut W,
     header: &ChunkHeader,
     data: &[u8],
+    content: Option<&blake3::Hash>,
 ) -> Result<(), WireError> {
     if data.len() > MAX_CHUNK_LEN {
         return Err(WireError::Oversized {
@@ -758,23 +826,26 @@ pub fn write_chunk<W: Write>(
         });
     }
     const CHECKED: usize = FRAME_PREFIX_LEN + ChunkHeader::LEN;
+    let sealed = w.seals();
+    let tag_len = if sealed { TAG_LEN } else { 0 };
     let mut prefix = [0u8; CHECKED + CHECK_LEN];
-    let len = (1 + ChunkHeader::LEN + CHECK_LEN + data.len()) as u32;
+    let len = (1 + ChunkHeader::LEN + CHECK_LEN + data.len() + tag_len) as u32;
     prefix[..4].copy_from_slice(&len.to_le_bytes());
     prefix[4] = KIND_CHUNK;
     prefix[FRAME_PREFIX_LEN..CHECKED].copy_from_slice(&header.encode());
     let check = frame_check(&[&prefix[..CHECKED]]);
     prefix[CHECKED..].copy_from_slice(&check);
-    let mut slices = [IoSlice::new(&prefix), IoSlice::new(data)];
-    let mut slices: &mut [IoSlice<'_>] = &mut slices;
-    while !slices.is_empty() {
-        match w.write_vectored(slices) {
-            Ok(0) => return Err(WireError::Io(io::ErrorKind::WriteZero.into())),
-            Ok(n) => IoSlice::advance_slices(&mut slices, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.into()),
+    let hashed;
+    let content = match content {
+        Some(content) => content,
+        None if sealed => {
+            hashed = blake3::hash(data);
+            &hashed
         }
-    }
+        None => &blake3::Hash::from_bytes([0; 32]),
+    };
+    let (head, tail) = prefix.split_at(FRAME_PREFIX_LEN);
+    w.write_frame(&[head, tail, content.as_bytes()], &[&prefix, data])?;
     Ok(())
 }
 
@@ -823,6 +894,7 @@ mod tests {
                 nonce: [1; 32],
                 key: crate::auth::KeyId([2; 8]),
                 share: [3; 32],
+                sealed: true,
             },
             Message::Plan {
                 first: 1 << 20,
@@ -876,7 +948,7 @@ mod tests {
             offset: 0,
             checksum: 0,
         };
-        write_chunk(&mut out, &header, &[0u8; 100]).unwrap();
+        write_chunk(&mut out, &header, &[0u8; 100], None).unwrap();
         let err = FrameReader::new(&out[..], 99).read_frame().unwrap_err();
         assert!(
             matches!(
@@ -899,7 +971,7 @@ mod tests {
             offset: 0,
             checksum: 0,
         };
-        write_chunk(&mut out, &header, &[7u8; 100]).unwrap();
+        write_chunk(&mut out, &header, &[7u8; 100], None).unwrap();
         let message_len = out.len() - 100 - FRAME_PREFIX_LEN - ChunkHeader::LEN - CHECK_LEN;
         // A buffer that ends one byte short of the chunk frame.
         let capacity = out.len() - 1;
@@ -920,7 +992,7 @@ mod tests {
             panic!("not the chunk")
         };
         assert!(!reader.next_frame_buffered(), "its payload is due");
-        assert_eq!(reader.read_payload().unwrap(), &[7u8; 100]);
+        assert_eq!(reader.read_payload().unwrap().0, &[7u8; 100]);
     }
 
     #[test]
@@ -955,7 +1027,7 @@ mod tests {
             checksum: chunk_checksum(data),
         };
         let message_len = frame.len();
-        write_chunk(&mut frame, &header, data).unwrap();
+        write_chunk(&mut frame, &header, data, None).unwrap();
         for bit in 0..frame.len() * 8 {
             let mut damaged = frame.clone();
             damaged[bit / 8] ^= 1 << (bit % 8);
@@ -999,7 +1071,7 @@ mod tests {
         fn chunk_roundtrip(file: u32, offset: u64, data in proptest::collection::vec(any::<u8>(), 0..4096)) {
             let header = ChunkHeader { file, offset, checksum: chunk_checksum(&data) };
             let mut out = Vec::new();
-            write_chunk(&mut out, &header, &data).unwrap();
+            write_chunk(&mut out, &header, &data, None).unwrap();
             let mut reader = FrameReader::new(&out[..], 4096);
             match reader.read_frame().unwrap() {
                 Frame::Chunk(h, d) => { prop_assert_eq!(h, header); prop_assert_eq!(d, &data[..]); }
@@ -1019,7 +1091,7 @@ mod tests {
         fn truncated_frames_are_errors(cut in 0usize..40) {
             let mut out = Vec::new();
             write_message(&mut out, &Message::Nack { file: 1, offset: 99 }).unwrap();
-            write_chunk(&mut out, &ChunkHeader { file: 1, offset: 2, checksum: 3 }, b"hello").unwrap();
+            write_chunk(&mut out, &ChunkHeader { file: 1, offset: 2, checksum: 3 }, b"hello", None).unwrap();
             let cut = cut.min(out.len() - 1);
             let mut reader = FrameReader::new(&out[..cut], 64);
             let first = reader.read_frame().map(|_| ()).is_ok();

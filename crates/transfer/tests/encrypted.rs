@@ -38,6 +38,7 @@ fn send(addr: &str, file: &Path, encrypt: bool) -> Result<(), String> {
         stream_rate_cap: None,
         unsent_limit: DEFAULT_UNSENT_LIMIT,
         encrypt,
+        integrity: false,
         stall_timeout: transfer::sender::DEFAULT_STALL_TIMEOUT,
         transport: transfer::transport::Transport::Tcp,
         congestion: transfer::quic::Congestion::Cubic,
@@ -144,7 +145,7 @@ fn a_receiver_that_requires_encryption_refuses_plain_sessions_and_streams() {
         let socket = TcpStream::connect(&addr).unwrap();
         let (reader, mut writer, channel) = link::client(&socket, encrypt).unwrap();
         let mut reader = FrameReader::new(BufReader::new(reader), 1 << 20);
-        handshake_as_client(&mut reader, &mut writer, &channel, key, role)
+        handshake_as_client(&mut reader, &mut writer, &channel, key, role, false)
             .map(|welcomed| (welcomed, reader, writer))
             .map_err(|e| e.to_string())
     };

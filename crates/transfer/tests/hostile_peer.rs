@@ -39,8 +39,15 @@ fn connect_with(addr: &str, role: Role, key: &SessionKey) -> Result<(Conn, Welco
     let socket = TcpStream::connect(addr).unwrap();
     let mut reader = FrameReader::new(BufReader::new(socket.try_clone().unwrap()), 64 << 20);
     let mut writer = socket;
-    let welcomed = handshake_as_client(&mut reader, &mut writer, &ChannelBinding::PLAIN, key, role)
-        .map_err(|e| e.to_string())?;
+    let welcomed = handshake_as_client(
+        &mut reader,
+        &mut writer,
+        &ChannelBinding::PLAIN,
+        key,
+        role,
+        false,
+    )
+    .map_err(|e| e.to_string())?;
     Ok(((reader, writer), welcomed))
 }
 
@@ -131,7 +138,7 @@ fn send_ten_bytes(
     writer: &mut TcpStream,
 ) -> [u8; 10] {
     let data = *b"0123456789";
-    write_chunk(writer, &chunk(&data, 0), &data).unwrap();
+    write_chunk(writer, &chunk(&data, 0), &data, None).unwrap();
     assert_eq!(
         reader.read_message().unwrap(),
         Message::Ack {
@@ -228,7 +235,7 @@ fn chunks_outside_their_file_or_too_large_end_the_stream_with_an_error() {
 
     let (mut reader, mut writer) = join(&addr, &welcomed).unwrap();
     let data = [7u8; 10];
-    write_chunk(&mut writer, &chunk(&data, 5), &data).unwrap();
+    write_chunk(&mut writer, &chunk(&data, 5), &data, None).unwrap();
     let reply = reader.read_message().unwrap();
     assert!(
         matches!(&reply, Message::Error { message } if message.contains("outside")),
@@ -237,7 +244,7 @@ fn chunks_outside_their_file_or_too_large_end_the_stream_with_an_error() {
 
     let (mut reader, mut writer) = join(&addr, &welcomed).unwrap();
     let big = vec![0u8; (16 << 20) + 1];
-    let _ = write_chunk(&mut writer, &chunk(&big, 0), &big);
+    let _ = write_chunk(&mut writer, &chunk(&big, 0), &big, None);
     let reply = reader.read_message().unwrap();
     assert!(
         matches!(&reply, Message::Error { message } if message.contains("oversized frame")),
@@ -257,7 +264,7 @@ fn after_a_session_failed_its_other_streams_are_told_why() {
     let (mut failing, mut failing_writer) = join(&addr, &welcomed).unwrap();
     let (mut other, mut other_writer) = join(&addr, &welcomed).unwrap();
     let data = [7u8; 10];
-    write_chunk(&mut failing_writer, &chunk(&data, 5), &data).unwrap();
+    write_chunk(&mut failing_writer, &chunk(&data, 5), &data, None).unwrap();
     let reply = failing.read_message().unwrap();
     assert!(
         matches!(&reply, Message::Error { message } if message.contains("outside")),
@@ -267,7 +274,7 @@ fn after_a_session_failed_its_other_streams_are_told_why() {
     other_writer
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    write_chunk(&mut other_writer, &chunk(&data, 0), &data).unwrap();
+    write_chunk(&mut other_writer, &chunk(&data, 0), &data, None).unwrap();
     let reply = other.read_message().expect("an answer, not silence");
     assert!(
         matches!(&reply, Message::Error { message } if message.contains("outside")),
@@ -283,12 +290,12 @@ fn corrupted_chunks_are_nacked_and_early_seals_refused() {
     let data = *b"0123456789";
     let mut wrong = chunk(&data[..5], 0);
     wrong.checksum ^= 1;
-    write_chunk(&mut writer, &wrong, &data[..5]).unwrap();
+    write_chunk(&mut writer, &wrong, &data[..5], None).unwrap();
     assert_eq!(
         reader.read_message().unwrap(),
         Message::Nack { file: 0, offset: 0 }
     );
-    write_chunk(&mut writer, &chunk(&data[..5], 0), &data[..5]).unwrap();
+    write_chunk(&mut writer, &chunk(&data[..5], 0), &data[..5], None).unwrap();
     assert_eq!(
         reader.read_message().unwrap(),
         Message::Ack {
@@ -375,6 +382,7 @@ fn a_stream_stalled_in_its_handshake_does_not_outlive_its_session() {
         nonce: [7; 32],
         key: welcomed.session_key.id(),
         share: [9; 32],
+        sealed: false,
     };
     write_message(&mut stalled, &hello).unwrap();
     assert!(matches!(
@@ -491,7 +499,7 @@ fn special_files_in_the_root_are_never_written_or_replaced() {
         let part = root.path().join(".ten.xfer-part");
         mknod(&part, mode);
         let data = *b"0123456789";
-        write_chunk(&mut writer, &chunk(&data, 0), &data).unwrap();
+        write_chunk(&mut writer, &chunk(&data, 0), &data, None).unwrap();
         let reply = reader.read_message().unwrap();
         assert!(
             matches!(&reply, Message::Error { message } if message.contains("not a regular file")),
@@ -591,7 +599,7 @@ fn unsealed_files_hold_no_descriptors() {
         checksum: chunk_checksum(&data),
     };
     for file in 0..=FILES {
-        write_chunk(&mut writer, &header(file, 0), &data).unwrap();
+        write_chunk(&mut writer, &header(file, 0), &data, None).unwrap();
     }
     for _ in 0..=FILES {
         assert!(matches!(
@@ -618,7 +626,7 @@ fn unsealed_files_hold_no_descriptors() {
         1,
         "only the unfinished file has a journal"
     );
-    write_chunk(&mut writer, &header(FILES, 10), &data).unwrap();
+    write_chunk(&mut writer, &header(FILES, 10), &data, None).unwrap();
     assert!(matches!(
         reader.read_message().unwrap(),
         Message::Ack { .. }
@@ -692,10 +700,17 @@ fn a_manifest_over_the_limit_is_refused() {
     write_message(&mut writer, &start).unwrap();
     write_message(&mut writer, &Message::Entries(manifest(files, vec![]))).unwrap();
     writer.flush().unwrap();
+    let told = loop {
+        match reader.read_message() {
+            Ok(Message::Working) => {}
+            other => break other,
+        }
+    };
     assert!(
-        reader.read_message().is_err(),
-        "an oversized manifest got an answer"
+        matches!(&told, Ok(Message::Error { message }) if message.contains("oversized frame")),
+        "{told:?}"
     );
+    assert!(reader.read_message().is_err(), "the session ended");
     let (_c, _, plan) = open_session(&addr, manifest(vec![entry(b"small", 1)], vec![]));
     assert_eq!(plan, first_plan(vec![FileStatus::Missing]));
 }
@@ -743,7 +758,7 @@ fn the_manifest_arrives_in_batches_numbered_across_them() {
         offset: 0,
         len: 10,
     };
-    write_chunk(&mut data_writer, &header, &data).unwrap();
+    write_chunk(&mut data_writer, &header, &data, None).unwrap();
     assert_eq!(data_reader.read_message().unwrap(), ack);
     let seal_b = Message::Seal {
         file: 1,
@@ -762,7 +777,7 @@ fn the_manifest_arrives_in_batches_numbered_across_them() {
         file: 1,
         ..chunk(&other, 0)
     };
-    write_chunk(&mut data_writer, &late, &other).unwrap();
+    write_chunk(&mut data_writer, &late, &other, None).unwrap();
     assert_eq!(data_reader.read_message().unwrap(), ack);
     assert_eq!(std::fs::read(root.path().join("b")).unwrap(), data);
     write_message(writer, &seal_b).unwrap();
@@ -930,7 +945,7 @@ fn copies_of_a_large_chunk_that_fail_their_checksum_never_land_over_good_ones() 
     // A frame whose payload was damaged on the way: the header's checksum is the good one.
     let damaged = |data: &[u8], offset: u64| {
         let mut frame = Vec::new();
-        write_chunk(&mut frame, &chunk(data, offset), data).unwrap();
+        write_chunk(&mut frame, &chunk(data, offset), data, None).unwrap();
         let last = frame.len() - 1;
         frame[last] ^= 0xFF;
         frame
@@ -939,7 +954,7 @@ fn copies_of_a_large_chunk_that_fail_their_checksum_never_land_over_good_ones() 
     // A damaged copy, then a good one on the other stream, then a damaged one again.
     a.write_all(&damaged(first, 0)).unwrap();
     assert_eq!(a_reader.read_message().unwrap(), nack(0));
-    write_chunk(&mut b, &chunk(first, 0), first).unwrap();
+    write_chunk(&mut b, &chunk(first, 0), first, None).unwrap();
     assert_eq!(b_reader.read_message().unwrap(), ack(0));
     a.write_all(&damaged(first, 0)).unwrap();
     assert_eq!(a_reader.read_message().unwrap(), nack(0));
@@ -949,7 +964,7 @@ fn copies_of_a_large_chunk_that_fail_their_checksum_never_land_over_good_ones() 
     let frame = damaged(second, MIB as u64);
     b.write_all(&frame[..frame.len() / 2]).unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    write_chunk(&mut a, &chunk(second, MIB as u64), second).unwrap();
+    write_chunk(&mut a, &chunk(second, MIB as u64), second, None).unwrap();
     std::thread::sleep(Duration::from_millis(200));
     b.write_all(&frame[frame.len() / 2..]).unwrap();
     assert_eq!(b_reader.read_message().unwrap(), nack(MIB as u64));
@@ -976,7 +991,7 @@ fn a_part_file_cut_short_by_another_process_fails_its_session_only() {
         open_session(&addr, manifest(vec![entry(b"big", 2 * MIB as u64)], vec![]));
     let (mut reader, mut writer) = join(&addr, &welcomed).unwrap();
     let data = vec![7u8; MIB];
-    write_chunk(&mut writer, &chunk(&data, 0), &data).unwrap();
+    write_chunk(&mut writer, &chunk(&data, 0), &data, None).unwrap();
     assert_eq!(
         reader.read_message().unwrap(),
         Message::Ack {
@@ -992,7 +1007,7 @@ fn a_part_file_cut_short_by_another_process_fails_its_session_only() {
         .unwrap()
         .set_len(1000)
         .unwrap();
-    write_chunk(&mut writer, &chunk(&data, MIB as u64), &data).unwrap();
+    write_chunk(&mut writer, &chunk(&data, MIB as u64), &data, None).unwrap();
     let reply = reader.read_message().unwrap();
     assert!(
         matches!(&reply, Message::Error { message } if message.contains("changed the size of the part file")),
@@ -1023,9 +1038,15 @@ fn a_chunk_is_acknowledged_while_the_next_one_is_still_arriving() {
     // The first chunk and the start of the second arrive together; the rest of the second
     // comes only once the first is acknowledged, as a sender may need its answers first.
     let mut frames = Vec::new();
-    write_chunk(&mut frames, &chunk(&small, 0), &small).unwrap();
+    write_chunk(&mut frames, &chunk(&small, 0), &small, None).unwrap();
     let split = frames.len() + 100;
-    write_chunk(&mut frames, &chunk(&large, small.len() as u64), &large).unwrap();
+    write_chunk(
+        &mut frames,
+        &chunk(&large, small.len() as u64),
+        &large,
+        None,
+    )
+    .unwrap();
     writer.write_all(&frames[..split]).unwrap();
     writer
         .set_read_timeout(Some(Duration::from_secs(10)))

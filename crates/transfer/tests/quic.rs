@@ -48,7 +48,7 @@ fn receiver(lie: bool) -> (SocketAddr, Arc<AtomicUsize>) {
         assert!(encrypted, "QUIC sessions encrypt their control connection");
         let mut reader = FrameReader::new(BufReader::new(reader), 1 << 20);
         let key = SessionKey::from_text(KEY).unwrap();
-        handshake_as_server(&mut reader, &mut writer, &channel, |_, _| Ok(key)).unwrap();
+        handshake_as_server(&mut reader, &mut writer, &channel, |_| Ok(key)).unwrap();
         let session = [42u8; 16];
         let limits = SessionLimits {
             max_streams: 4,
@@ -96,6 +96,7 @@ fn send(addr: SocketAddr) -> (Result<(), SendError>, Duration) {
         stream_rate_cap: None,
         unsent_limit: DEFAULT_UNSENT_LIMIT,
         encrypt: false,
+        integrity: false,
         stall_timeout: Duration::from_secs(10),
         transport: Transport::Quic,
         congestion: Congestion::Cubic,

@@ -1,6 +1,7 @@
-//! Any bytes a peer sends, read as frames the way both sides read them: each frame is a
-//! message or a chunk within the limits, or an error; never a panic, never an allocation past
-//! the limits, and every message read encodes back to one that reads the same.
+//! Any bytes a peer sends, read as frames the way both sides read them, plain or sealed (the
+//! first byte chooses): each frame is a message or a chunk within the limits, or an error; never
+//! a panic, never an allocation past the limits, and every message read encodes back to one that
+//! reads the same.
 
 #![no_main]
 
@@ -10,7 +11,14 @@ use transfer::wire::{write_message, Frame, FrameReader};
 const LIMIT: usize = 1 << 20;
 
 fuzz_target!(|data: &[u8]| {
-    let mut reader = FrameReader::new(data, LIMIT);
+    let Some((&sealed, data)) = data.split_first() else {
+        return;
+    };
+    let mut reader = if sealed & 1 == 1 {
+        transfer::fuzzing::sealed_frames(data, LIMIT)
+    } else {
+        FrameReader::new(data, LIMIT)
+    };
     reader.set_message_limit(LIMIT);
     loop {
         match reader.read_frame() {

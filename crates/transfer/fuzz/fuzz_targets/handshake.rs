@@ -7,6 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use transfer::auth::{handshake_as_client, handshake_as_server, ChannelBinding, SessionKey};
+use transfer::seal::FrameWriter;
 use transfer::wire::{FrameReader, Role};
 
 fuzz_target!(|data: &[u8]| {
@@ -15,9 +16,9 @@ fuzz_target!(|data: &[u8]| {
     };
     let key = SessionKey::from_text("fuzzing-key-0123456789abcdef").expect("a valid key");
     let mut reader = FrameReader::new(rest, 1 << 20);
-    let mut replies = Vec::new();
+    let mut replies = FrameWriter::new(Vec::new());
     if side & 1 == 0 {
-        let result = handshake_as_server(&mut reader, &mut replies, &ChannelBinding::PLAIN, |role, _| match role {
+        let result = handshake_as_server(&mut reader, &mut replies, &ChannelBinding::PLAIN, |asked| match asked.role {
             Role::Control => Ok(key.clone()),
             Role::Data { .. } => Err("no such session".into()),
         });
@@ -29,6 +30,7 @@ fuzz_target!(|data: &[u8]| {
             &ChannelBinding::PLAIN,
             &key,
             Role::Control,
+            side & 2 != 0,
         );
         assert!(result.is_err(), "a receiver without the key was believed");
     }

@@ -30,7 +30,8 @@ use crate::direct_io;
 use crate::journal::{Journal, PartPaths, SourceIdentity};
 use crate::manifest::{split_relative, DirEntry, FileEntry, ManifestBatch, PathError, Timestamp};
 use crate::mapped::{Detachable, Truncated, WriteWindow, MAPPED_MIN};
-use crate::wire::{chunk_checksum, FileStatus};
+use crate::seal::ChunkCheck;
+use crate::wire::FileStatus;
 
 /// Files smaller than this that arrive in one chunk get no journal: an interruption before
 /// their seal costs sending them again, at most this much each, and saves a journal's create,
@@ -559,18 +560,18 @@ impl MappedChunk {
         self.window.for_kernel()
     }
 
-    /// Checks the received bytes against `checksum`; when they match, records the range as
+    /// Checks the received bytes against `check`; when they match, records the range as
     /// verified. Returns whether the range is verified now. A mismatch leaves the range
     /// unverified (a good copy will overwrite it).
-    pub(super) fn commit(self, checksum: u64) -> Result<bool, DestinationError> {
+    pub(super) fn commit(self, check: &ChunkCheck) -> Result<bool, DestinationError> {
         let matched = self
             .window
-            .guard(|bytes| chunk_checksum(bytes) == checksum)
+            .guard(|bytes| check.matches(bytes))
             .map_err(|Truncated| self.claim.file.truncated())?;
         if !matched {
             return Ok(false);
         }
-        self.claim.commit(checksum)
+        self.claim.commit(check.checksum)
     }
 }
 

@@ -43,13 +43,13 @@ use crate::auth::{self, random_bytes, ChannelBinding, SessionKey};
 use crate::direct_io::AlignedBuffer;
 use crate::link::{self, Connection, LinkReader, LinkWriter};
 use crate::quic::{QuicServer, QuicStream};
+use crate::seal::{ChunkCheck, FrameWrite, FrameWriter};
 use crate::session_id::SessionId;
 use crate::telemetry;
 use crate::tls::ServerIdentity;
 use crate::transport::{self, Transport};
 use crate::wire::{
-    self, chunk_checksum, ChunkHeader, FrameReader, Head, Limit, Message, Role, SessionLimits,
-    WireError,
+    self, ChunkHeader, FrameReader, Head, Limit, Message, Role, SessionLimits, WireError,
 };
 
 /// Size of the buffer in front of each connection's socket.
@@ -132,6 +132,9 @@ pub struct ReceiverConfig {
     pub idle_timeout: Duration,
     /// Refuse sessions that are not encrypted (TLS); encrypted ones are always accepted.
     pub require_encryption: bool,
+    /// Refuse sessions whose frames are neither sealed ([`crate::seal`], `xfer send
+    /// --integrity`) nor encrypted.
+    pub require_integrity: bool,
     /// Listen for TCP, or for MPTCP (which also takes plain TCP senders; where this host
     /// cannot make MPTCP sockets the receiver listens for TCP and logs why), or for QUIC on the
     /// UDP port of the same number besides TCP (which carries every session's control
@@ -181,6 +184,7 @@ impl ReceiverConfig {
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             require_encryption: false,
+            require_integrity: false,
             transport: Transport::Tcp,
             direct_io: false,
             tenants: Vec::new(),
@@ -260,6 +264,8 @@ struct Session {
     name: String,
     /// Whether its connections are TLS (its data streams must match its control connection).
     encrypted: bool,
+    /// Whether its frames are sealed ([`crate::seal`]; its data streams must match).
+    sealed: bool,
     dest: Destination,
     activity: Arc<Activity>,
     streams: AtomicU32,
@@ -708,7 +714,7 @@ fn refuse_at_accept(shared: &Shared, stream: TcpStream, peer: SocketAddr, limit:
 /// A new connection, ready for its key handshake.
 struct Link {
     reader: ConnFrames,
-    writer: LinkWriter,
+    writer: FrameWriter<LinkWriter>,
     channel: ChannelBinding,
     /// TLS or QUIC.
     encrypted: bool,
@@ -735,7 +741,7 @@ fn serve_tcp_connection(stream: TcpStream, peer: SocketAddr, mut admitted: Admit
         let ((reader, writer, channel), encrypted) = link::server(&stream, source, &shared.tls)?;
         Ok(Link {
             reader: frames(shared, reader),
-            writer,
+            writer: FrameWriter::new(writer),
             channel,
             encrypted,
             connection: Connection::Tcp(stream.try_clone()?),
@@ -764,7 +770,7 @@ fn serve_quic_connection(
         let source = ConnReader::new(Source::Quic(stream.reader), shared.config.handshake_timeout)?;
         Ok(Link {
             reader: frames(shared, LinkReader::Plain(source)),
-            writer: LinkWriter::Quic(stream.writer),
+            writer: FrameWriter::new(LinkWriter::Quic(stream.writer)),
             channel: stream.binding,
             encrypted: true,
             connection: Connection::Quic(stream.connection),
@@ -797,17 +803,26 @@ fn serve_link(link: Link, peer: SocketAddr, mut admitted: Admitted) {
     let shared = &*shared;
     let over_quic = matches!(connection, Connection::Quic(_));
     let (mut joined, mut tenant) = (None, 0);
-    let key_for = |role: &Role, key: auth::KeyId| match role {
+    let key_for = |asked: &auth::Asked| match &asked.role {
         Role::Control if over_quic => {
             Err("control connections are TCP; QUIC carries data streams only".into())
         }
         Role::Control if shared.config.require_encryption && !encrypted => {
             Err("this receiver serves only encrypted sessions: use xfer send --encrypt".into())
         }
+        Role::Control if shared.config.require_integrity && !encrypted && !asked.sealed => Err(
+            "this receiver serves only sessions whose integrity is protected: use xfer send \
+             --integrity (or --encrypt)"
+                .into(),
+        ),
         Role::Control => {
             // A key nobody here holds is answered with the receiver's own: the sender finds
             // the proof wrong and says so, and nobody learns which keys are served.
-            tenant = shared.served.iter().position(|s| s.id == key).unwrap_or(0);
+            tenant = shared
+                .served
+                .iter()
+                .position(|s| s.id == asked.key)
+                .unwrap_or(0);
             Ok(shared.served[tenant].key.clone())
         }
         Role::Data { session } => {
@@ -817,6 +832,13 @@ fn serve_link(link: Link, peer: SocketAddr, mut admitted: Admitted) {
                     "session {} is {}encrypted, and so must its streams be",
                     session.name,
                     if session.encrypted { "" } else { "not " }
+                ));
+            }
+            if session.sealed != asked.sealed {
+                return Err(format!(
+                    "session {} is {}sealed (xfer send --integrity), and so must its streams be",
+                    session.name,
+                    if session.sealed { "" } else { "not " }
                 ));
             }
             // Only the id is kept: a peer that stalls before its proof must not hold the
@@ -831,19 +853,27 @@ fn serve_link(link: Link, peer: SocketAddr, mut admitted: Admitted) {
     }
     drop(admitted);
     let failed = match proven {
-        Ok((Role::Control, agreed)) => {
+        Ok((
+            auth::Asked {
+                role: Role::Control,
+                sealed,
+                ..
+            },
+            agreed,
+        )) => {
             let control = ControlPeer {
                 peer,
                 served: &shared.served[tenant],
                 agreed: &agreed,
                 encrypted,
+                sealed,
                 connection: connection.try_clone().ok(),
             };
             run_control(shared, &mut reader, &mut writer, control);
             shared.sessions_ended.fetch_add(1, Ordering::AcqRel);
             false
         }
-        Ok((Role::Data { .. }, _)) => match joined.and_then(|id| find_session(shared, &id)) {
+        Ok((_, _)) => match joined.and_then(|id| find_session(shared, &id)) {
             Some(session) => run_data(
                 shared,
                 &session,
@@ -862,7 +892,7 @@ fn serve_link(link: Link, peer: SocketAddr, mut admitted: Admitted) {
             false
         }
     };
-    close_after_reply(&connection, &mut writer, failed);
+    close_after_reply(&connection, writer.get_mut(), failed);
 }
 
 /// The running session with this id.
@@ -876,7 +906,7 @@ fn find_session(shared: &Shared, id: &[u8; 16]) -> Option<Arc<Session>> {
 }
 
 /// Tells `peer` why it is refused, and logs, counts and publishes it.
-fn refuse(shared: &Shared, writer: &mut impl Write, peer: SocketAddr, reason: String) {
+fn refuse(shared: &Shared, writer: &mut impl FrameWrite, peer: SocketAddr, reason: String) {
     let _ = wire::write_message(
         writer,
         &Message::Refused {
@@ -888,7 +918,7 @@ fn refuse(shared: &Shared, writer: &mut impl Write, peer: SocketAddr, reason: St
 
 /// Tells `peer` its session is refused because `limit` is reached, and logs, counts and
 /// publishes it.
-fn refuse_over(shared: &Shared, writer: &mut impl Write, peer: SocketAddr, limit: Limit) {
+fn refuse_over(shared: &Shared, writer: &mut impl FrameWrite, peer: SocketAddr, limit: Limit) {
     let _ = wire::write_message(writer, &Message::Limited { limit });
     refused(shared, peer, limit.to_string());
 }
@@ -914,6 +944,8 @@ struct ControlPeer<'a> {
     agreed: &'a auth::Agreed,
     /// Whether it is TLS.
     encrypted: bool,
+    /// Whether its frames are sealed ([`crate::seal`]).
+    sealed: bool,
     /// Another handle to the connection, to close it from elsewhere.
     connection: Option<Connection>,
 }
@@ -921,7 +953,7 @@ struct ControlPeer<'a> {
 fn run_control(
     shared: &Shared,
     reader: &mut ConnFrames,
-    writer: &mut LinkWriter,
+    writer: &mut FrameWriter<LinkWriter>,
     control: ControlPeer,
 ) {
     let config = &shared.config;
@@ -960,7 +992,7 @@ fn run_control(
 fn serve_session(
     shared: &Shared,
     reader: &mut ConnFrames,
-    writer: &mut impl Write,
+    writer: &mut impl FrameWrite,
     control: ControlPeer,
     id: [u8; 16],
 ) {
@@ -1011,6 +1043,7 @@ fn serve_session(
         limits: served.limits,
         name,
         encrypted: control.encrypted,
+        sealed: control.sealed,
         dest,
         activity: Activity::new(),
         streams: AtomicU32::new(0),
@@ -1099,7 +1132,7 @@ fn serve_control_messages(
     shared: &Shared,
     session: &Session,
     reader: &mut ConnFrames,
-    writer: &mut impl Write,
+    writer: &mut impl FrameWrite,
     announced: &mut ManifestSoFar,
 ) -> Result<(), SessionOutcome> {
     let lost = |e: &dyn std::fmt::Display| SessionOutcome::Disconnected(e.to_string());
@@ -1115,7 +1148,20 @@ fn serve_control_messages(
         .watch_session(session.activity.clone(), shared.config.idle_timeout)
         .map_err(|e| lost(&e))?;
     loop {
-        match reader.read_message().map_err(wire_error)? {
+        let message = match reader.read_message() {
+            Ok(message) => message,
+            Err(e @ WireError::Io(_)) => return Err(lost(&e)),
+            Err(e) => {
+                // A frame damaged, forged or malformed: the sender is told why before the
+                // connection closes.
+                let error = Message::Error {
+                    message: e.to_string(),
+                };
+                let _ = wire::write_message(writer, &error);
+                return Err(failed(&e));
+            }
+        };
+        match message {
             Message::Entries(batch) => {
                 if announced.complete {
                     return Err(failed(&"a batch of the manifest after its last"));
@@ -1218,7 +1264,7 @@ fn run_data(
     shared: &Shared,
     session: &Session,
     reader: &mut ConnFrames,
-    writer: &mut LinkWriter,
+    writer: &mut FrameWriter<LinkWriter>,
     connection: &Connection,
     peer: SocketAddr,
 ) -> bool {
@@ -1336,12 +1382,12 @@ fn drain_before_close(mut socket: &TcpStream) {
 fn receive_chunks(
     session: &Session,
     reader: &mut ConnFrames,
-    writer: &mut LinkWriter,
+    writer: &mut FrameWriter<LinkWriter>,
 ) -> Result<(), StreamEnd> {
     let closed = |e: std::io::Error| StreamEnd::Closed(e.to_string());
     let mut writer = BufWriter::with_capacity(REPLY_BUFFER, writer);
     let mut aligned = AlignedBuffer::default();
-    let fail = |writer: &mut BufWriter<&mut LinkWriter>, message: String| {
+    let fail = |writer: &mut BufWriter<&mut FrameWriter<LinkWriter>>, message: String| {
         session
             .failure
             .lock()
@@ -1440,13 +1486,15 @@ fn receive_chunk(
         .dest
         .map_chunk(header.file, header.offset, len)
         .map_err(ChunkError::Destination)?;
+    let check = |seal| ChunkCheck {
+        checksum: header.checksum,
+        seal,
+    };
     if let Some(mut chunk) = mapped {
-        reader
+        let seal = reader
             .read_payload_into(chunk.bytes())
             .map_err(ChunkError::Wire)?;
-        return chunk
-            .commit(header.checksum)
-            .map_err(ChunkError::Destination);
+        return chunk.commit(&check(seal)).map_err(ChunkError::Destination);
     }
     // Memory that cannot be had for direct I/O leaves the chunk to be written through the
     // page cache.
@@ -1455,14 +1503,14 @@ fn receive_chunk(
     } else {
         None
     };
-    let data = match direct {
+    let (data, seal) = match direct {
         Some(buf) => {
-            reader.read_payload_into(buf).map_err(ChunkError::Wire)?;
-            buf
+            let seal = reader.read_payload_into(buf).map_err(ChunkError::Wire)?;
+            (&*buf, seal)
         }
         None => reader.read_payload().map_err(ChunkError::Wire)?,
     };
-    if chunk_checksum(data) != header.checksum {
+    if !check(seal).matches(data) {
         return Ok(false);
     }
     session

@@ -59,6 +59,9 @@ pub struct ReceiverSettings {
     /// Serve only encrypted sessions.
     #[serde(default)]
     pub require_encryption: bool,
+    /// Serve only sessions whose integrity is protected ([`ReceiverConfig::require_integrity`]).
+    #[serde(default)]
+    pub require_integrity: bool,
     /// Write with direct I/O ([`ReceiverConfig::direct_io`]).
     #[serde(default)]
     pub direct_io: bool,
@@ -223,6 +226,7 @@ impl ReceiverSettings {
             key,
             transport: Transport::default(),
             require_encryption: false,
+            require_integrity: false,
             direct_io: false,
             max_streams: default_max_streams(),
             max_sessions: default_max_sessions(),
@@ -266,6 +270,7 @@ impl ReceiverSettings {
         let mut config = ReceiverConfig::new(self.root.clone(), key);
         config.transport = self.transport;
         config.require_encryption = self.require_encryption;
+        config.require_integrity = self.require_integrity;
         config.direct_io = self.direct_io;
         config.limits.max_streams = self.max_streams;
         config.max_sessions = self.max_sessions;

@@ -6,6 +6,7 @@ use std::io::BufReader;
 use std::net::TcpStream;
 
 use crate::link::{LinkReader, LinkWriter};
+use crate::seal::FrameWriter;
 use std::sync::mpsc;
 
 use super::manifest_stream::Planner;
@@ -17,7 +18,7 @@ use crate::wire::{self, FrameReader, Message};
 /// every file is finalised.
 pub(super) fn run_writer(
     shared: &Shared,
-    mut writer: LinkWriter,
+    mut writer: FrameWriter<LinkWriter>,
     events: mpsc::Receiver<ControlEvent>,
 ) {
     for event in events {

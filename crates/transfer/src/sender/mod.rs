@@ -34,6 +34,7 @@ use crate::link::Connection;
 use crate::manifest::{ManifestBatch, ScanError, ScannedBatch, Scanner, SinkKind};
 use crate::mptcp_info::{self, Subflow};
 use crate::quic::{Congestion, QuicClient};
+use crate::seal::{FrameWrite, FrameWriter};
 use crate::session_id::SessionId;
 use crate::tcp_info::{self, TcpInfo};
 use crate::telemetry;
@@ -109,6 +110,7 @@ pub enum SendSource {
 ///     stream_rate_cap: None,
 ///     unsent_limit: DEFAULT_UNSENT_LIMIT,
 ///     encrypt: false,
+///     integrity: false,
 ///     transport: Transport::Tcp,
 ///     congestion: Congestion::default(),
 ///     stall_timeout: DEFAULT_STALL_TIMEOUT,
@@ -147,6 +149,10 @@ pub struct SendConfig {
     pub unsent_limit: u32,
     /// TLS 1.3 on the control connection and every data stream.
     pub encrypt: bool,
+    /// Without `encrypt`: seal every frame after the key handshake with a keyed BLAKE3 tag
+    /// ([`crate::seal`]), so that nobody on the path can change, drop, replay or reorder a
+    /// chunk or a message unseen, at less cost than encryption.
+    pub integrity: bool,
     /// TCP, MPTCP or QUIC. MPTCP falls back to TCP where this host or the receiver lacks it
     /// ([`Transfer::transport`] says which is used, [`Transfer::notices`] why). QUIC encrypts
     /// everything: the control connection uses TLS as with `encrypt`.
@@ -316,6 +322,12 @@ impl SendError {
 }
 
 impl SendConfig {
+    /// Whether its connections seal their frames ([`SendConfig::integrity`]; TLS and QUIC
+    /// protect them already).
+    fn seals(&self) -> bool {
+        self.integrity && !self.encrypt && self.transport != Transport::Quic
+    }
+
     /// The connection to the receiver broke, for `reason`.
     fn lost(&self, reason: impl std::fmt::Display) -> SendError {
         SendError::Connection {
@@ -434,6 +446,7 @@ pub struct Progress {
 ///     stream_rate_cap: None,
 ///     unsent_limit: DEFAULT_UNSENT_LIMIT,
 ///     encrypt: false,
+///     integrity: false,
 ///     transport: Transport::Tcp,
 ///     congestion: Congestion::default(),
 ///     stall_timeout: DEFAULT_STALL_TIMEOUT,
@@ -486,6 +499,7 @@ pub struct StreamSample {
 /// #     stream_rate_cap: None,
 /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
 /// #     encrypt: false,
+/// #     integrity: false,
 /// #     transport: Transport::Tcp,
 /// #     congestion: Congestion::default(),
 /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
@@ -579,6 +593,8 @@ struct Shared {
     session: [u8; 16],
     /// What this session's data streams prove (derived in the control handshake).
     session_key: SessionKey,
+    /// Whether the streams seal their frames ([`SendConfig::integrity`]).
+    sealed: bool,
     /// Largest unit in bytes (the configured size within the receiver's limit).
     unit_size: u32,
     /// Files announced and not yet settled (finalised, or found complete), by number.
@@ -875,6 +891,7 @@ impl Shared {
 /// #     stream_rate_cap: None,
 /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
 /// #     encrypt: false,
+/// #     integrity: false,
 /// #     transport: Transport::Tcp,
 /// #     congestion: Congestion::default(),
 /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
@@ -927,6 +944,7 @@ impl Transfer {
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
     /// #     encrypt: false,
+    /// #     integrity: false,
     /// #     transport: Transport::Tcp,
     /// #     congestion: Congestion::default(),
     /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
@@ -1013,6 +1031,7 @@ impl Transfer {
             quic,
             session,
             session_key,
+            sealed: writer.seals(),
             files: RwLock::default(),
             unsettled: Mutex::new(0),
             settled_cv: Condvar::new(),
@@ -1117,6 +1136,7 @@ impl Transfer {
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
     /// #     encrypt: false,
+    /// #     integrity: false,
     /// #     transport: Transport::Tcp,
     /// #     congestion: Congestion::default(),
     /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
@@ -1169,6 +1189,7 @@ impl Transfer {
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
     /// #     encrypt: false,
+    /// #     integrity: false,
     /// #     transport: Transport::Tcp,
     /// #     congestion: Congestion::default(),
     /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
@@ -1231,6 +1252,7 @@ impl Transfer {
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
     /// #     encrypt: false,
+    /// #     integrity: false,
     /// #     transport: Transport::Tcp,
     /// #     congestion: Congestion::default(),
     /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
@@ -1279,6 +1301,7 @@ impl Transfer {
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
     /// #     encrypt: false,
+    /// #     integrity: false,
     /// #     transport: Transport::Tcp,
     /// #     congestion: Congestion::default(),
     /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
@@ -1321,6 +1344,7 @@ impl Transfer {
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
     /// #     encrypt: false,
+    /// #     integrity: false,
     /// #     transport: Transport::Tcp,
     /// #     congestion: Congestion::default(),
     /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
@@ -1364,6 +1388,7 @@ impl Transfer {
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
     /// #     encrypt: false,
+    /// #     integrity: false,
     /// #     transport: Transport::Tcp,
     /// #     congestion: Congestion::default(),
     /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
@@ -1426,6 +1451,7 @@ impl Transfer {
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
     /// #     encrypt: false,
+    /// #     integrity: false,
     /// #     transport: Transport::Tcp,
     /// #     congestion: Congestion::default(),
     /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
@@ -1468,6 +1494,7 @@ impl Transfer {
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
     /// #     encrypt: false,
+    /// #     integrity: false,
     /// #     transport: Transport::Tcp,
     /// #     congestion: Congestion::default(),
     /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
@@ -1509,6 +1536,7 @@ impl Transfer {
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
     /// #     encrypt: false,
+    /// #     integrity: false,
     /// #     transport: Transport::Tcp,
     /// #     congestion: Congestion::default(),
     /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
@@ -1551,6 +1579,7 @@ impl Transfer {
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
     /// #     encrypt: false,
+    /// #     integrity: false,
     /// #     transport: Transport::Tcp,
     /// #     congestion: Congestion::default(),
     /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
@@ -1594,6 +1623,7 @@ impl Transfer {
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
     /// #     encrypt: false,
+    /// #     integrity: false,
     /// #     transport: Transport::Tcp,
     /// #     congestion: Congestion::default(),
     /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
@@ -1667,6 +1697,7 @@ impl Transfer {
 /// #     stream_rate_cap: None,
 /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
 /// #     encrypt: false,
+/// #     integrity: false,
 /// #     transport: Transport::Tcp,
 /// #     congestion: Congestion::default(),
 /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
@@ -1710,6 +1741,7 @@ impl Canceller {
     /// #     stream_rate_cap: None,
     /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
     /// #     encrypt: false,
+    /// #     integrity: false,
     /// #     transport: Transport::Tcp,
     /// #     congestion: Congestion::default(),
     /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
@@ -1739,7 +1771,7 @@ struct ControlLink {
     transport: Transport,
     fallback: Option<String>,
     reader: FrameReader<std::io::BufReader<link::LinkReader<TcpStream>>>,
-    writer: link::LinkWriter,
+    writer: FrameWriter<link::LinkWriter>,
     welcomed: auth::Welcomed,
 }
 
@@ -1819,15 +1851,17 @@ fn try_control(addrs: &[SocketAddr], config: &SendConfig) -> Result<ControlLink,
         AuthError::Limited(limit @ Limit::Authenticating { .. }) => ControlFailure::Busy(limit),
         other => ControlFailure::Failed(config.handshake_failed(other)),
     };
-    let (reader, mut writer, channel) =
+    let (reader, writer, channel) =
         link::client(&socket, config.encrypt).map_err(|e| failure(AuthError::from_io(e)))?;
     let mut reader = FrameReader::new(std::io::BufReader::new(reader), 0);
+    let mut writer = FrameWriter::new(writer);
     let welcomed = auth::handshake_as_client(
         &mut reader,
         &mut writer,
         &channel,
         &config.key,
         Role::Control,
+        config.seals(),
     )
     .map_err(failure)?;
     Ok(ControlLink {
@@ -1929,7 +1963,7 @@ fn read_answer<R: std::io::Read>(
 /// makes the client that opens them, pinned to the certificate the receiver announces.
 fn ask_for_quic<R: std::io::Read>(
     reader: &mut FrameReader<R>,
-    writer: &mut impl std::io::Write,
+    writer: &mut impl FrameWrite,
     session: &[u8; 16],
     config: &SendConfig,
 ) -> Result<QuicClient, SendError> {

@@ -27,13 +27,30 @@ pub(crate) enum SourceData {
         /// Read them with direct I/O ([`crate::direct_io`]), not through the page cache.
         direct: bool,
     },
-    /// A pseudo-random block reused for every unit; its checksum is computed once.
+    /// A pseudo-random block reused for every unit; its digest is computed once.
     Pattern {
         /// The block, one unit long.
         block: Vec<u8>,
-        /// xxh3 of the whole block.
-        checksum: u64,
+        /// Of the whole block.
+        digest: Digest,
     },
+}
+
+/// What a unit's header and tag say of its bytes: their xxh3 and, on a sealed connection
+/// ([`crate::seal`]), their BLAKE3, both computed where the bytes are read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Digest {
+    pub(crate) checksum: u64,
+    pub(crate) content: Option<blake3::Hash>,
+}
+
+impl Digest {
+    fn of(bytes: &[u8], sealed: bool) -> Digest {
+        Digest {
+            checksum: chunk_checksum(bytes),
+            content: sealed.then(|| blake3::hash(bytes)),
+        }
+    }
 }
 
 impl SourceData {
@@ -43,30 +60,31 @@ impl SourceData {
         blake3::Hasher::new_derive_key("xfer generated data")
             .finalize_xof()
             .fill(&mut block);
-        let checksum = chunk_checksum(&block);
-        SourceData::Pattern { block, checksum }
+        let digest = Digest::of(&block, true);
+        SourceData::Pattern { block, digest }
     }
 
-    /// The bytes of `unit` and their checksum. `buf` and `open` are the calling stream's own
-    /// read buffer and last opened file, kept across calls; `locate` finds the unit's file when
-    /// it is not the one open.
+    /// The bytes of `unit` and their digest (with their BLAKE3 when `sealed`). `buf` and `open`
+    /// are the calling stream's own read buffer and last opened file, kept across calls;
+    /// `locate` finds the unit's file when it is not the one open.
     pub(crate) fn unit_data<'a>(
         &'a self,
         unit: Unit,
+        sealed: bool,
         buf: &'a mut UnitBuffer,
         open: &mut Option<(u32, File)>,
         locate: impl Fn() -> Result<Arc<SourceFile>, SendError>,
-    ) -> Result<(&'a [u8], u64), SendError> {
+    ) -> Result<(&'a [u8], Digest), SendError> {
         let len = unit.len as usize;
         match self {
-            SourceData::Pattern { block, checksum } if len == block.len() => {
-                Ok((&block[..], *checksum))
+            SourceData::Pattern { block, digest } if len == block.len() => {
+                Ok((&block[..], *digest))
             }
             SourceData::Pattern { block, .. } => {
                 let data = block.get(..len).ok_or_else(|| {
                     SendError::Protocol("unit longer than the generated block".into())
                 })?;
-                Ok((data, chunk_checksum(data)))
+                Ok((data, Digest::of(data, sealed)))
             }
             SourceData::Files { direct } => {
                 let opened = match open {
@@ -82,24 +100,26 @@ impl SourceData {
                     buf.window = None;
                     let data = direct_io::read_at(opened, unit.offset, len, &mut buf.aligned)
                         .map_err(|e| locate().map_or_else(|e| e, |s| s.read_error(e)))?;
-                    return Ok((data, chunk_checksum(data)));
+                    return Ok((data, Digest::of(data, sealed)));
                 }
                 if len >= MAPPED_MIN {
                     let window = ReadWindow::map(opened, unit.offset, len)
                         .map_err(|e| locate().map_or_else(|e| e, |s| s.read_error(e)))?;
-                    let checksum = window.guard(chunk_checksum).map_err(|_| match locate() {
-                        Ok(source) => source.changed(),
-                        Err(e) => e,
-                    })?;
+                    let digest = window
+                        .guard(|bytes| Digest::of(bytes, sealed))
+                        .map_err(|_| match locate() {
+                            Ok(source) => source.changed(),
+                            Err(e) => e,
+                        })?;
                     let window = buf.window.insert(window);
-                    return Ok((window.for_kernel(), checksum));
+                    return Ok((window.for_kernel(), digest));
                 }
                 buf.window = None;
                 buf.bytes.resize(len, 0);
                 if let Err(e) = opened.read_exact_at(&mut buf.bytes, unit.offset) {
                     return Err(locate()?.read_error(e));
                 }
-                Ok((&buf.bytes[..], chunk_checksum(&buf.bytes)))
+                Ok((&buf.bytes[..], Digest::of(&buf.bytes, sealed)))
             }
         }
     }

@@ -17,6 +17,7 @@ use crate::auth::{self, AuthError, ChannelBinding};
 use crate::link::{self, Connection, LinkWriter};
 use crate::mptcp_info::Subflow;
 use crate::quic::{QuicClient, QuicError, QuicReader};
+use crate::seal::{FrameWrite, FrameWriter};
 use crate::sockopt;
 use crate::tcp_info::TcpInfo;
 use crate::telemetry;
@@ -304,7 +305,7 @@ fn run_stream(shared: &Shared, handle: &StreamHandle) -> Result<(), StreamFailur
 }
 
 /// An authenticated data stream's reader and writer, and its connection.
-type Opened<R, C> = (FrameReader<BufReader<R>>, LinkWriter, C);
+type Opened<R, C> = (FrameReader<BufReader<R>>, FrameWriter<LinkWriter>, C);
 
 /// Opens a TCP or MPTCP connection for a stream (with TLS when encrypting) and proves the
 /// session on it.
@@ -322,9 +323,12 @@ fn open_tcp(
     socket
         .set_read_timeout(Some(shared.config.stall_timeout))
         .map_err(broken)?;
-    let (reader, mut writer, channel) = link::client(&socket, shared.config.encrypt)
+    let (reader, writer, channel) = link::client(&socket, shared.config.encrypt)
         .map_err(|e| handshake_failure(shared, AuthError::from_io(e)))?;
-    let mut reader = FrameReader::new(BufReader::new(reader), 0);
+    let (mut reader, mut writer) = (
+        FrameReader::new(BufReader::new(reader), 0),
+        FrameWriter::new(writer),
+    );
     prove_session(shared, &mut reader, &mut writer, &channel)?;
     socket.set_read_timeout(None).map_err(broken)?;
     Ok((reader, writer, socket))
@@ -340,7 +344,7 @@ fn open_quic(
     for &addr in &shared.addrs {
         match client.connect(addr, CONNECT_TIMEOUT, || shared.is_over()) {
             Ok(stream) => {
-                let mut writer = LinkWriter::Quic(stream.writer);
+                let mut writer = FrameWriter::new(LinkWriter::Quic(stream.writer));
                 let mut quic_reader = stream.reader;
                 quic_reader.set_read_timeout(Some(shared.config.stall_timeout));
                 let mut reader = FrameReader::new(BufReader::new(quic_reader), 0);
@@ -367,13 +371,14 @@ fn open_quic(
 fn prove_session<R: Read>(
     shared: &Shared,
     reader: &mut FrameReader<R>,
-    writer: &mut LinkWriter,
+    writer: &mut FrameWriter<LinkWriter>,
     channel: &ChannelBinding,
 ) -> Result<(), StreamFailure> {
     let role = Role::Data {
         session: shared.session,
     };
-    auth::handshake_as_client(reader, writer, channel, &shared.session_key, role)
+    let key = &shared.session_key;
+    auth::handshake_as_client(reader, writer, channel, key, role, shared.sealed)
         .map(drop)
         .map_err(|e| handshake_failure(shared, e))
 }
@@ -406,7 +411,7 @@ fn carry<R: Read + Send>(
     shared: &Shared,
     handle: &StreamHandle,
     reader: FrameReader<BufReader<R>>,
-    mut writer: LinkWriter,
+    mut writer: FrameWriter<LinkWriter>,
     connection: Connection,
 ) -> Result<(), StreamFailure> {
     let _ = handle
@@ -474,9 +479,10 @@ fn tune_data_socket(socket: &TcpStream, config: &SendConfig) -> Result<(), SendE
 fn write_units(
     shared: &Shared,
     handle: &StreamHandle,
-    writer: &mut LinkWriter,
+    writer: &mut FrameWriter<LinkWriter>,
     in_flight: &Mutex<VecDeque<Unit>>,
 ) -> Result<(), StreamFailure> {
+    let sealed = writer.seals();
     let mut buf = UnitBuffer::default();
     let mut open = None;
     let broken = |e: wire::WireError| StreamFailure::Broken(e.to_string());
@@ -491,8 +497,10 @@ fn write_units(
         in_flight_push(Some(unit));
         let read = shared
             .source
-            .unit_data(unit, &mut buf, &mut open, || shared.source_file(unit.file));
-        let (data, checksum) = match read {
+            .unit_data(unit, sealed, &mut buf, &mut open, || {
+                shared.source_file(unit.file)
+            });
+        let (data, digest) = match read {
             Ok(read) => read,
             // A copy of a straggler whose other copy was acknowledged meanwhile: its file may
             // be finalised and forgotten already, and nothing is left to send.
@@ -510,9 +518,9 @@ fn write_units(
         let header = ChunkHeader {
             file: unit.file,
             offset: unit.offset,
-            checksum,
+            checksum: digest.checksum,
         };
-        wire::write_chunk(writer, &header, data).map_err(broken)?;
+        wire::write_chunk(writer, &header, data, digest.content.as_ref()).map_err(broken)?;
         shared
             .bytes_sent
             .fetch_add(unit.len as u64, Ordering::Relaxed);
@@ -604,6 +612,7 @@ mod tests {
             stream_rate_cap: Some(1_000_000),
             unsent_limit: 96 << 10,
             encrypt: false,
+            integrity: false,
             stall_timeout: crate::sender::DEFAULT_STALL_TIMEOUT,
             transport: crate::transport::Transport::Tcp,
             congestion: crate::quic::Congestion::Cubic,
