@@ -80,7 +80,8 @@ impl AuthError {
     }
 
     /// What an I/O error of a connection's setup means for its handshake: the refusal it
-    /// carries ([`AuthError::into_io`]), or a failure of the connection.
+    /// carries (a TLS layer that met a plain refusal passes it up so), or a failure of the
+    /// connection.
     ///
     /// ```
     /// use transfer::auth::AuthError;

@@ -1,7 +1,7 @@
 //! Integrity without encryption (`xfer send --integrity`), as GridFTP's protected data channel
 //! offers it: once a connection's key handshake is done, every frame on it ends with a tag, a
 //! BLAKE3 keyed hash of the frame and of its number on the connection, under a key of the
-//! connection's and direction's own ([`crate::auth::Agreed::frame_keys`]) that only the two ends
+//! connection's and direction's own (derived from [`crate::auth::Agreed`]) that only the two ends
 //! can derive: it comes from the key the connection proved and the handshake's Diffie-Hellman
 //! secret, which nobody who watched the handshake knows, even with the receiver's key.
 //!

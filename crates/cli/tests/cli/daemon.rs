@@ -270,3 +270,63 @@ fn sender_and_receiver_serve_their_metrics_for_prometheus() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Issue 40, F1: a hundred senders at once against a daemon with every default limit. Each
+/// either completes, byte-identical, or is told to try again later; a sender after them is
+/// served; and SIGTERM still ends the receiver within its grace period. (Before the fix, the
+/// refusals gave back session slots they never took: later sessions were refused for good and
+/// SIGTERM never ended the receiver.)
+#[test]
+fn a_hundred_senders_at_once_complete_or_are_told_to_try_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut receiver = start(dir.path(), 20);
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let file = src.join("small.bin");
+    write_data(&file, 256 << 10, 40);
+    let senders: Vec<Child> = (0..100)
+        .map(|i| {
+            xfer()
+                .arg("send")
+                .arg(&file)
+                .arg(receiver.dest(&format!("s{i}")))
+                .arg("--quiet")
+                .env("XFER_KEY", "daemon-test-key-0123456789abcdef")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let (mut completed, mut told) = (0, 0);
+    for (i, sender) in senders.into_iter().enumerate() {
+        let out = sender.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            let landed = dir.path().join("root").join(format!("s{i}/small.bin"));
+            assert!(crate::common::same_bytes(&file, &landed), "sender {i}");
+            completed += 1;
+        } else {
+            assert!(stderr.contains("try again"), "sender {i}: {stderr}");
+            told += 1;
+        }
+    }
+    eprintln!("{completed} completed, {told} told to try again");
+    assert!(completed >= 32, "{completed} completed");
+    let later = xfer()
+        .arg("send")
+        .arg(&file)
+        .arg(receiver.dest("later"))
+        .arg("--quiet")
+        .env("XFER_KEY", "daemon-test-key-0123456789abcdef")
+        .output()
+        .unwrap();
+    assert!(
+        later.status.success(),
+        "{}",
+        String::from_utf8_lossy(&later.stderr)
+    );
+    sigterm(&receiver);
+    let status = exits_within(&mut receiver, Duration::from_secs(20));
+    assert!(status.success(), "{status:?}");
+}

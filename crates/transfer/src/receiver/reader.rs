@@ -260,12 +260,14 @@ mod tests {
             }
         });
         let started = Instant::now();
+        let mut got = 0;
         let err = loop {
             match reader.read(&mut [0u8; 1]) {
-                Ok(_) => {}
+                Ok(n) => got += n,
                 Err(e) => break e,
             }
         };
+        assert!(got >= 4, "the trickle arrived: {got} bytes");
         let took = started.elapsed();
         assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
         assert!(took >= limit && took < limit * 2, "{took:?}");
