@@ -151,6 +151,13 @@ fn rerun_and_check(
     assert_same_tree(src, root);
 }
 
+/// Runs `xfer send PATH ADDR --json EXTRA...` to success; the bytes it sent.
+fn bytes_sent(receiver: &Receiver, path: &Path, extra: &[&str]) -> u64 {
+    let args = [path.to_str().unwrap(), &receiver.addr, "--json"];
+    let out = ok(send(receiver, &[&args[..], extra].concat()));
+    summary(&out)["bytes"].as_u64().unwrap()
+}
+
 fn random_delay(seed: u64, lo_ms: u64, hi_ms: u64) -> Duration {
     Duration::from_millis(lo_ms + seed % (hi_ms - lo_ms))
 }
@@ -228,12 +235,8 @@ fn a_source_changed_since_the_interrupted_attempt_is_sent_again_whole() {
 
     write_data(&file, 64 * MIB, 6);
     set_mtime(&file, 1_700_000_000, 1);
-    let out = ok(send(
-        &receiver,
-        &[file.to_str().unwrap(), &receiver.addr, "--json"],
-    ));
     assert_eq!(
-        summary(&out)["bytes"].as_u64().unwrap(),
+        bytes_sent(&receiver, &file, &[]),
         64 * MIB,
         "the changed file must be sent whole"
     );
@@ -276,12 +279,8 @@ fn a_killed_send_is_never_resumed_onto_another_file_of_the_same_name_size_and_mt
     write_data(&regenerated, 64 * MIB, 14);
     set_mtime(&regenerated, 1_700_000_000, 7);
     std::fs::rename(&regenerated, &file).unwrap();
-    let out = ok(send(
-        &receiver,
-        &[file.to_str().unwrap(), &receiver.addr, "--json"],
-    ));
     assert_eq!(
-        summary(&out)["bytes"].as_u64().unwrap(),
+        bytes_sent(&receiver, &file, &[]),
         64 * MIB,
         "another file must be sent whole"
     );
@@ -316,11 +315,7 @@ fn a_file_rewritten_in_place_with_its_mtime_set_back_never_lands_mixed() {
         "{:?}",
         complete_looking_files(root.path())
     );
-    let out = ok(send(
-        &receiver,
-        &[file.to_str().unwrap(), &receiver.addr, "--json"],
-    ));
-    assert_eq!(summary(&out)["bytes"].as_u64().unwrap(), 32 * MIB);
+    assert_eq!(bytes_sent(&receiver, &file, &[]), 32 * MIB);
     assert!(same_bytes(&new, &root.path().join("table.dat")));
 }
 
@@ -362,15 +357,14 @@ fn with_verify_a_file_that_fails_its_hash_is_sent_whole_by_the_next_run() {
         .write_all_at(&checksum.to_le_bytes(), JOURNAL_HEADER + 16)
         .unwrap();
 
-    let args = [file.to_str().unwrap(), &receiver.addr, "--verify", "--json"];
+    let args = [file.to_str().unwrap(), &receiver.addr, "--verify"];
     let stderr = fails(send(&receiver, &args));
     assert!(
         stderr.contains("BLAKE3 differs") && stderr.contains("send it whole"),
         "{stderr}"
     );
     assert!(!root.path().join("run.bin").exists());
-    let out = ok(send(&receiver, &args));
-    assert_eq!(summary(&out)["bytes"].as_u64().unwrap(), 64 * MIB);
+    assert_eq!(bytes_sent(&receiver, &file, &["--verify"]), 64 * MIB);
     assert!(same_bytes(&file, &root.path().join("run.bin")));
 }
 
@@ -387,8 +381,7 @@ fn with_checksum_files_at_the_destination_are_compared_by_content() {
     write_data(&changed, 3 * MIB, 21);
     write_data(&same, 2 * MIB, 22);
     let receiver = Receiver::start(root.path());
-    let args = [tree.to_str().unwrap(), &receiver.addr, "--json"];
-    ok(send(&receiver, &args));
+    bytes_sent(&receiver, &tree, &[]);
     let landed = root.path().join("tree");
     // The destination's copy of `changed` rewritten with the same size and mtime; `same`
     // touched to another mtime.
@@ -400,17 +393,11 @@ fn with_checksum_files_at_the_destination_are_compared_by_content() {
         .unwrap();
     set_mtime(&landed.join("same.bin"), 1_500_000_000, 0);
 
-    let plain = summary(&ok(send(&receiver, &args)));
-    assert_eq!(plain["bytes"].as_u64().unwrap(), 2 * MIB, "{plain}");
+    assert_eq!(bytes_sent(&receiver, &tree, &[]), 2 * MIB);
     assert!(!same_bytes(&changed, &landed.join("changed.bin")));
 
     set_mtime(&landed.join("same.bin"), 1_500_000_000, 0);
-    let by_content = summary(&ok(send(&receiver, &[&args[..], &["--checksum"]].concat())));
-    assert_eq!(
-        by_content["bytes"].as_u64().unwrap(),
-        3 * MIB,
-        "{by_content}"
-    );
+    assert_eq!(bytes_sent(&receiver, &tree, &["--checksum"]), 3 * MIB);
     assert_same_tree(src.path(), root.path());
 }
 

@@ -71,6 +71,8 @@ fuzz_target!(|data: &[u8]| {
         let identity = SourceIdentity {
             size: FILE_SIZE,
             mtime,
+            ctime: mtime,
+            inode: 1,
         };
         if let Some((_, verified)) = Journal::resume(journal, &part, identity) {
             assert!(verified

@@ -152,9 +152,9 @@ pub struct ReceiverConfig {
 impl ReceiverConfig {
     /// Defaults: 256 streams per session, 16 MiB chunks, 4 GiB of buffers per session,
     /// 32 sessions, 64 MiB manifest batches, 262,144 unsealed files a session and 524,288 in
-    /// all, 64 connections in their
-    /// handshake (8 from one address), a 10 s handshake and a 5 min idle timeout; plain and
-    /// encrypted sessions; TCP; writes through the page cache.
+    /// all, 64 connections in their handshake (8 from one address), a 10 s handshake and a
+    /// 5 min idle timeout; plain, sealed and encrypted sessions; TCP; writes through the page
+    /// cache.
     ///
     /// ```
     /// use transfer::auth::SessionKey;
