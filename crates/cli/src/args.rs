@@ -424,9 +424,9 @@ pub struct RecvArgs {
     /// Read every setting from this TOML file instead of the flags (fields as the flags, with
     /// `_secs` for times and `key = { file = "PATH" }`; see crates/cli/systemd/recv.toml).
     #[arg(long, value_name = "FILE", conflicts_with_all = [
-        "listen", "root", "key_file", "encrypt", "integrity", "transport", "max_streams", "max_sessions",
-        "session_memory", "idle_timeout", "direct_io", "handshake_timeout", "max_handshakes",
-        "max_handshakes_per_source", "shutdown_grace", "over_ssh",
+        "listen", "root", "key_file", "encrypt", "integrity", "transport", "max_streams",
+        "max_sessions", "session_memory", "idle_timeout", "direct_io", "handshake_timeout",
+        "max_handshakes", "max_handshakes_per_source", "shutdown_grace", "over_ssh",
     ])]
     pub config: Option<PathBuf>,
     /// Address and port to listen on (one port serves control and all data streams).

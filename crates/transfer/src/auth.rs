@@ -90,11 +90,8 @@ impl AuthError {
     /// assert!(matches!(AuthError::from_io(reset), AuthError::Wire(_)));
     /// ```
     pub fn from_io(e: std::io::Error) -> AuthError {
-        if e.get_ref().is_some_and(|inner| inner.is::<AuthError>()) {
-            let inner = e.into_inner().expect("checked just above");
-            return *inner.downcast::<AuthError>().expect("checked just above");
-        }
-        AuthError::Wire(WireError::Io(e))
+        e.downcast::<AuthError>()
+            .unwrap_or_else(|e| AuthError::Wire(WireError::Io(e)))
     }
 }
 
@@ -492,7 +489,9 @@ pub fn random_bytes<const N: usize>() -> [u8; N] {
 }
 
 /// The client side of the handshake over a reader and a writer of the same connection, whose
-/// `channel` binding the proofs cover.
+/// `channel` binding the proofs cover. With `sealed`, both halves seal every frame after the
+/// client's proof ([`crate::seal`]; the writer must be able to, such as a
+/// [`crate::seal::FrameWriter`]), `Welcome` first.
 ///
 /// A client and a receiver on the two ends of a socket pair:
 ///

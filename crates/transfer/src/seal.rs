@@ -175,7 +175,6 @@ fn write_all_vectored<W: Write + ?Sized>(
     w: &mut W,
     mut slices: &mut [IoSlice<'_>],
 ) -> io::Result<()> {
-    IoSlice::advance_slices(&mut slices, 0);
     while !slices.is_empty() {
         match w.write_vectored(slices) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),

@@ -12,6 +12,9 @@
 //! the stream unnoticed. A chunk's bytes are covered by the header's own checksum, which the
 //! receiver compares before it writes anything; that checksum covers the data alone because the
 //! resume journal keeps it.
+//!
+//! On a sealed connection (`xfer send --integrity`, [`crate::seal`]) every frame also ends with
+//! a keyed tag, counted in its length, that covers the frame and its number on the connection.
 
 use std::hash::Hasher;
 use std::io::{self, BufRead, Read};
@@ -482,16 +485,6 @@ impl<R: Read> FrameReader<R> {
     /// a chunk's is checked by its reader, which gets it with the payload.
     pub(crate) fn open_sealed(&mut self, key: FrameKey) {
         self.key = Some(key);
-    }
-
-    /// Whether frames read here are sealed.
-    ///
-    /// ```
-    /// let reader = transfer::wire::FrameReader::new(&[][..], 0);
-    /// assert!(!reader.is_sealed());
-    /// ```
-    pub fn is_sealed(&self) -> bool {
-        self.key.is_some()
     }
 
     /// Refuses messages longer than `limit` bytes (at most [`MAX_MESSAGE_LEN`]) from now on.

@@ -21,8 +21,6 @@ use cap_std::fs::{Dir, MetadataExt, OpenOptions, OpenOptionsExt};
 use rangemap::RangeSet;
 
 use super::announced::Announced;
-#[cfg(test)]
-use super::announced::Budget;
 use super::destination::{
     chunk_end, require_complete, ActivePaths, DestinationError, Placement, CLAIM_WAIT,
 };
@@ -897,6 +895,7 @@ impl DirChecker {
 
 #[cfg(test)]
 mod tests {
+    use super::super::announced::Budget;
     use super::*;
 
     #[test]
