@@ -20,6 +20,10 @@ def test_scenarios_map_to_emulated_paths():
     assert (spec.rtt_ms, spec.buffer_bytes(), spec.loss, cap) == (20, 2048 << 10, 1e-5, None)
     with pytest.raises(ValueError, match="background flows"):
         calibrate.scenario_path("background-arrives")
+    with pytest.raises(ValueError, match="background flows"):
+        calibrate.scenario_path("background-leaves")
+    with pytest.raises(ValueError, match="changes during the run"):
+        calibrate.scenario_path("capacity-halves-doubles")
 
 
 def test_steady_mean_leaves_out_the_start():

@@ -67,8 +67,12 @@ def scenario_path(name: str) -> tuple[WanSpec, float | None]:
     """The emulated path of a simulator scenario (shipped, or a file), and its per-stream cap in
     Mbit/s."""
     data = tomllib.loads(scenario_file(name).read_text())
-    if any(step.get("flows", 0) for step in data.get("background", [])):
+    flows = [data.get("background_flows", 0)]
+    flows += [c.get("background_flows", 0) for c in data.get("changes", [])]
+    if any(flows):
         raise ValueError(f"{name} has background flows; calibrate on paths without them")
+    if data.get("changes"):
+        raise ValueError(f"{name} changes during the run; calibrate on paths that hold still")
     mss = float(data.get("mss", 1448))
     spec = WanSpec(
         # The scenario's capacity is goodput; the bottleneck's rate counts headers too.

@@ -97,43 +97,43 @@ def test_xfer_sim_runs_the_export_beside_the_baselines(xfer, exported, tmp_path)
     report = evaluate.evaluate(
         out, xfer, per_family=1, seeds=1, duration_s=20, out=tmp_path, first_path=7
     )
-    assert set(report["families"]) == {*evaluate.FAMILIES, "shipped"}
+    assert set(report["families"]) == {*evaluate.FAMILIES, "shipped", "changing"}
     assert "--first-path 7" in (tmp_path / "evaluation.md").read_text()
     for stats in report["families"].values():
         assert set(stats) == {"ppo", "auto", "gd", "bo", "fixed:8"}
     md = (tmp_path / "evaluation.md").read_text()
     assert "| shipped | ppo |" in md and "| shipped | auto |" in md
     assert set(report["auto_verdict"]["shipped"]) >= {"utility_close", "not_slower"}
-    for png in ["t95.png", "utility.png", "trace-paper-fig2.png"]:
+    for png in ["settle.png", "utility.png", "trace-paper-fig2.png"]:
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_verdicts_compare_ppo_with_the_faster_and_the_better_baseline():
     stats = {
-        "ppo": {"t95_mis": 3.0, "utility": 0.95},
-        "gd": {"t95_mis": 5.0, "utility": 0.94},
-        "bo": {"t95_mis": 10.0, "utility": 0.96},
+        "ppo": {"settle_mis": 3.0, "utility": 0.95},
+        "gd": {"settle_mis": 5.0, "utility": 0.94},
+        "bo": {"settle_mis": 10.0, "utility": 0.96},
     }
     v = evaluate.verdict(stats)
-    assert v["faster"] and v["t95_ratio"] == pytest.approx(0.6)
-    stats["auto"] = {"t95_mis": 9.0, "utility": 0.935}
+    assert v["faster"] and v["settle_ratio"] == pytest.approx(0.6)
+    stats["auto"] = {"settle_mis": 9.0, "utility": 0.935}
     a = evaluate.auto_verdict(stats)
     assert a["utility_close"] and a["utility_diff"] == pytest.approx(-0.025)
-    assert a["not_slower"] and a["slowest_t95_mis"] == 10.0
-    stats["auto"] = {"t95_mis": 11.0, "utility": 0.92}
+    assert a["not_slower"] and a["slowest_settle_mis"] == 10.0
+    stats["auto"] = {"settle_mis": 11.0, "utility": 0.92}
     a = evaluate.auto_verdict(stats)
     assert not a["utility_close"] and not a["not_slower"]
     assert not evaluate.verdict(stats, "auto")["faster"]
     assert not v["utility_as_high"] and v["utility_diff"] == pytest.approx(-0.01)
-    immediate = {c: {**v, "t95_mis": 0.0} for c, v in stats.items()}
+    immediate = {c: {**v, "settle_mis": 0.0} for c, v in stats.items()}
     assert evaluate.verdict(immediate)["faster"], "nobody beats 95 % from the start"
     rows = [
-        {"controller": "gd", "time_to_95": 4.0, "mean_utility_fraction": 0.9},
-        {"controller": "gd", "time_to_95": None, "mean_utility_fraction": 0.7},
+        {"controller": "gd", "settle_s": 4.0, "utility_fraction": 0.9},
+        {"controller": "gd", "settle_s": None, "utility_fraction": 0.7},
     ]
     assert evaluate.aggregate(rows, 200.0)["gd"] == {
         "runs": 2,
-        "t95_mis": 102.0,
+        "settle_mis": 102.0,
         "never": 1,
         "utility": pytest.approx(0.8),
     }

@@ -108,8 +108,10 @@ pub struct DelayLineArgs {
 )]
 pub struct SimArgs {
     /// Shipped scenarios by name (paper-fig2, chameleon-uc-tacc, cloudlab-1g, lossy-long-haul,
-    /// background-arrives, shallow-buffer), scenario TOML files, or random:FAMILY:SEED (a
-    /// random path; families mixed, capped, lossy, shallow, background, fast), separated by
+    /// background-arrives, shallow-buffer; paths that change: background-leaves,
+    /// deep-buffer-arrive-leave, capacity-halves-doubles, rtt-rises-falls, loss-comes-and-goes;
+    /// slow-connect, shallow-long-haul, lossy-80ms), scenario TOML files, or random:FAMILY:SEED
+    /// (a random path; families mixed, capped, lossy, shallow, background, fast), separated by
     /// commas; `all` is every shipped scenario.
     #[arg(long, value_delimiter = ',', required = true)]
     pub scenario: Vec<String>,

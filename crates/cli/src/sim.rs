@@ -78,6 +78,9 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     let mut groups = Vec::new();
     for scenario in &scenarios {
+        // The oracle depends on the path, the run's length and intervals, the most streams
+        // and the utility: one sweep serves every controller and seed.
+        let oracle = sim::Oracle::sweep(scenario, &base);
         for spec in &optimizers {
             let mut summaries = Vec::new();
             for seed in args.seed..args.seed + args.seeds {
@@ -87,7 +90,8 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
                     ..base
                 };
                 let mut controller = spec.build(&args.tuning, utility, seed, false)?;
-                let (rows, summary) = sim::run(scenario, controller.as_mut(), &config);
+                let (rows, summary) =
+                    sim::run_with(scenario, controller.as_mut(), &config, &oracle);
                 if runs == 1 {
                     return print_trace(&mut out, &rows, &summary, args.json);
                 }
@@ -113,47 +117,80 @@ fn print_json(out: &mut impl Write, kind: &str, value: &impl Serialize) -> anyho
     Ok(())
 }
 
-/// The means of several runs per scenario and controller, one line each.
+/// Seconds as the tables show them: `never` for `None`, `+Nx` for runs that never got there.
+fn seconds(reached: &[Option<f64>], of: impl Fn(&[f64]) -> f64) -> String {
+    let got: Vec<f64> = reached.iter().flatten().copied().collect();
+    if got.is_empty() {
+        return "never".into();
+    }
+    match reached.len() - got.len() {
+        0 => format!("{:.1}", of(&got)),
+        never => format!("{:.1}+{never}x", of(&got)),
+    }
+}
+
+/// Several runs per scenario and controller, one line each, scored against the per-phase
+/// oracle.
 fn print_table(out: &mut impl Write, groups: &[Vec<RunSummary>]) -> anyhow::Result<()> {
     writeln!(
         out,
-        "{:<20} {:<9} {:>4} {:>9} {:>8} {:>10} {:>8} {:>7} {:>7}",
-        "scenario", "optimizer", "runs", "Mbit/s", "loss", "t95(s)", "at95", "U/best", "final"
+        "{:<20} {:<9} {:>4} {:>9} {:>8} {:>9} {:>7} {:>7} {:>7} {:>10} {:>6}",
+        "scenario",
+        "optimizer",
+        "runs",
+        "Mbit/s",
+        "loss",
+        "settle(s)",
+        "U/orcl",
+        "lowest",
+        "phase",
+        "recover(s)",
+        "final"
     )?;
     for group in groups {
         let mean =
             |f: &dyn Fn(&RunSummary) -> f64| group.iter().map(f).sum::<f64>() / group.len() as f64;
-        let reached: Vec<f64> = group.iter().filter_map(|s| s.time_to_95).collect();
-        let t95 = if reached.is_empty() {
-            "never".to_string()
+        let settle: Vec<Option<f64>> = group.iter().map(|s| s.score.settle_s).collect();
+        let worst: Vec<(f64, Option<f64>)> = group.iter().map(|s| s.score.worst()).collect();
+        let recovery = if worst.iter().all(|w| w.1.is_none()) {
+            "-".to_string()
         } else {
-            let t = reached.iter().sum::<f64>() / reached.len() as f64;
-            match group.len() - reached.len() {
-                0 => format!("{t:.1}"),
-                never => format!("{t:.1}+{never}x"),
-            }
+            let recoveries: Vec<Option<f64>> = worst
+                .iter()
+                .filter_map(|w| w.1)
+                .map(|r| r.is_finite().then_some(r))
+                .collect();
+            seconds(&recoveries, |r| r.iter().copied().fold(0.0, f64::max))
         };
         let mut finals: Vec<usize> = group.iter().map(|s| s.final_streams).collect();
         finals.sort_unstable();
         writeln!(
             out,
-            "{:<20} {:<9} {:>4} {:>9.1} {:>8.5} {:>10} {:>8.2} {:>7.3} {:>7}",
+            "{:<20} {:<9} {:>4} {:>9.1} {:>8.5} {:>9} {:>7.3} {:>7.3} {:>7.3} {:>10} {:>6}",
             group[0].scenario,
             group[0].controller,
             group.len(),
             mean(&|s| s.mean_throughput_mbps),
             mean(&|s| s.mean_loss),
-            t95,
-            mean(&|s| s.time_at_95_after),
-            mean(&|s| s.mean_utility_fraction),
+            seconds(&settle, |t| t.iter().sum::<f64>() / t.len() as f64),
+            mean(&|s| s.score.utility_fraction),
+            group
+                .iter()
+                .map(|s| s.score.utility_fraction)
+                .fold(f64::INFINITY, f64::min),
+            worst.iter().map(|w| w.0).fold(f64::INFINITY, f64::min),
+            recovery,
             finals[finals.len() / 2]
         )?;
     }
     writeln!(
         out,
-        "\nMeans over the runs; t95: seconds to 95% of the best utility (+Nx: runs that never \
-         reached it); at95: share of the time at 95% or more after that; U/best: mean utility \
-         over the best; final: median final stream count."
+        "\nScored against the oracle: the best fixed count of each phase between changes of the \
+         path, utility as the streams carried it, ramp-up included. settle: mean seconds until a \
+         run stays within 95% of the oracle for 10 intervals (+Nx: runs that never did); \
+         U/orcl: mean utility over the oracle's; lowest: the lowest run; phase: the lowest phase \
+         of any run; recover: the longest time to stay within 95% again after a change, over \
+         all runs (+Nx: runs with a phase that never did); final: median final stream count."
     )?;
     Ok(())
 }
@@ -173,17 +210,17 @@ fn print_trace(
     }
     writeln!(
         out,
-        "{:>6} {:>4} {:>4} {:>10} {:>8} {:>8} {:>9} {:>6}",
-        "t(s)", "n", "best", "Mbit/s", "loss", "rtt(ms)", "U/best", "next"
+        "{:>6} {:>4} {:>6} {:>10} {:>8} {:>8} {:>9} {:>6}",
+        "t(s)", "n", "oracle", "Mbit/s", "loss", "rtt(ms)", "U/orcl", "next"
     )?;
     for row in rows {
         let o = &row.observation;
         writeln!(
             out,
-            "{:>6.1} {:>4} {:>4} {:>10.1} {:>8.5} {:>8.2} {:>9.3} {:>6}",
+            "{:>6.1} {:>4} {:>6} {:>10.1} {:>8.5} {:>8.2} {:>9.3} {:>6}",
             o.time,
             o.streams,
-            row.best_streams,
+            row.oracle_streams,
             o.throughput / 1e6,
             o.loss,
             o.rtt * 1e3,
@@ -191,20 +228,32 @@ fn print_trace(
             row.decision
         )?;
     }
-    let reached = summary
-        .time_to_95
-        .map_or("never".to_string(), |t| format!("{t:.0} s"));
+    let score = &summary.score;
+    let settled = score
+        .settle_s
+        .map_or("never".to_string(), |t| format!("after {t:.0} s"));
     writeln!(
         out,
-        "\n{} on {} (seed {}): mean {:.1} Mbit/s, loss {:.5}, 95% of the best utility after {}, \
-         final {} streams",
+        "\n{} on {} (seed {}): mean {:.1} Mbit/s, loss {:.5}, {:.3} of the oracle's utility, \
+         settled within 95% of it {}, final {} streams",
         summary.controller,
         summary.scenario,
         summary.seed,
         summary.mean_throughput_mbps,
         summary.mean_loss,
-        reached,
+        score.utility_fraction,
+        settled,
         summary.final_streams
     )?;
+    for phase in score.phases.iter().skip(1) {
+        let recovered = phase
+            .recovery_s
+            .map_or("never".to_string(), |t| format!("after {t:.0} s"));
+        writeln!(
+            out,
+            "  from {:.0} s: {:.3} of the oracle's utility ({} streams), back within 95% {}",
+            phase.start_s, phase.utility_fraction, phase.oracle_streams, recovered
+        )?;
+    }
     Ok(())
 }

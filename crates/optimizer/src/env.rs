@@ -545,7 +545,7 @@ impl SimEnv {
         let c = &self.config;
         let e = self.episode.as_mut().expect("an episode is running");
         let start = e.sim.time();
-        let stats = e.sim.step(e.streams, c.mi);
+        let stats = e.sim.step(e.streams, c.mi).measured;
         let signals = e.tracker.observe(&stats);
         let (best_streams, best) = e.sim.best(&c.utility, c.max_streams, start);
         let utility_fraction = e.sim.true_utility(&c.utility, e.streams, start) / best;

@@ -57,7 +57,7 @@ impl Default for GdParams {
 /// let mut gd = Settling::new(GradientDescent::new(GdParams::default()));
 /// let scenario = Scenario::shipped("paper-fig2").unwrap();
 /// let (trace, summary) = run(&scenario, &mut gd, &RunConfig { duration: 60.0, ..RunConfig::default() });
-/// println!("reached 95 % after {:?} s; last count {}", summary.time_to_95, summary.final_streams);
+/// println!("settled after {:?} s; last count {}", summary.score.settle_s, summary.final_streams);
 /// assert!(trace.iter().rev().take(10).all(|row| row.utility_fraction > 0.8));
 /// ```
 #[derive(Debug, Clone)]

@@ -30,9 +30,9 @@ pub const RAMP_RTTS: f64 = 10.0;
 /// let mut sim = Simulator::new(path, 1);
 /// let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
 /// let mut clock = RampClock::default();
-/// let raised = clock.observe(&tracker.observe(&sim.step(8, 1.0)));
+/// let raised = clock.observe(&tracker.observe(&sim.step(8, 1.0).measured));
 /// assert!(raised.mostly_ramp_up());
-/// let later = (0..3).map(|_| clock.observe(&tracker.observe(&sim.step(8, 1.0)))).last().unwrap();
+/// let later = (0..3).map(|_| clock.observe(&tracker.observe(&sim.step(8, 1.0).measured))).last().unwrap();
 /// assert!(!later.mostly_ramp_up());
 /// ```
 #[derive(Debug, Clone, Default)]
@@ -86,7 +86,7 @@ impl RampClock {
     /// let mut sim = Simulator::new(Scenario::shipped("paper-fig2").unwrap(), 1);
     /// let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
     /// let mut clock = RampClock::default();
-    /// let first = clock.observe(&tracker.observe(&sim.step(4, 1.0)));
+    /// let first = clock.observe(&tracker.observe(&sim.step(4, 1.0).measured));
     /// assert_eq!(first.interval, 1.0);
     /// ```
     pub fn observe(&mut self, observation: &Observation) -> IntervalRamp {
@@ -116,7 +116,7 @@ impl RampClock {
 /// let config = RunConfig { duration: 90.0, ..RunConfig::default() };
 /// let (_, settled) = run(&path, &mut Settling::new(GradientDescent::new(GdParams::default())), &config);
 /// let (_, hasty) = run(&path, &mut GradientDescent::new(GdParams::default()), &config);
-/// println!("mean utility: settled {:.2}, hasty {:.2}", settled.mean_utility_fraction, hasty.mean_utility_fraction);
+/// println!("mean utility: settled {:.2}, hasty {:.2}", settled.score.utility_fraction, hasty.score.utility_fraction);
 /// ```
 #[derive(Debug, Clone)]
 pub struct Settling<C> {

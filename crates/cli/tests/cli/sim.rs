@@ -52,7 +52,13 @@ fn gd_on_the_paper_scenario_prints_a_trace_and_a_summary() {
         ] {
             assert!(mi[key].is_number(), "{key} in {mi}");
         }
-        for key in ["utility", "reward", "decision", "best_streams"] {
+        for key in [
+            "utility",
+            "reward",
+            "decision",
+            "oracle_streams",
+            "utility_fraction",
+        ] {
             assert!(mi[key].is_number(), "{key} in {mi}");
         }
     }
@@ -225,7 +231,7 @@ fn auto_logs_who_acts_and_why_control_changed_hands() {
     assert_eq!(summary["controller"], "auto");
     // This path is the shipped policy's weakest (a deeper buffer and more background flows
     // than any training path; models/MODEL.md, "Where it is weakest"): 0.916 in this seed.
-    let utility = summary["mean_utility_fraction"].as_f64().unwrap();
+    let utility = summary["utility_fraction"].as_f64().unwrap();
     assert!(utility > 0.9, "{summary}");
 }
 
@@ -250,7 +256,7 @@ fn several_scenarios_controllers_and_seeds_give_one_summary_per_run_and_a_table(
         .iter()
         .map(|s| {
             assert_eq!(s["type"], "summary");
-            assert!(s["mean_utility_fraction"].as_f64().unwrap() > 0.3, "{s}");
+            assert!(s["utility_fraction"].as_f64().unwrap() > 0.3, "{s}");
             (
                 s["scenario"].as_str().unwrap().to_string(),
                 s["controller"].as_str().unwrap().to_string(),

@@ -239,7 +239,7 @@ pub fn signal_vector(observation: &Observation, stream_scale: f64) -> [f64; OWN_
 /// let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
 /// let mut history = FeatureHistory::new(ObservationLayout::default());
 /// for n in [1, 6, 11] {
-///     let input = history.push(&tracker.observe(&sim.step(n, 1.0)));
+///     let input = history.push(&tracker.observe(&sim.step(n, 1.0).measured));
 ///     assert_eq!(input.len(), history.layout().size);
 /// }
 /// ```

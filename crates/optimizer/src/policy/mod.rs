@@ -135,7 +135,7 @@ pub fn greedy_action(logits: &[f32]) -> usize {
 /// let mut ppo = PolicyController::new(Box::new(network), &metadata, 64, metadata.utility).unwrap();
 /// let config = RunConfig { duration: 30.0, utility: metadata.utility, ..RunConfig::default() };
 /// let (_, summary) = run(&Scenario::shipped("paper-fig2").unwrap(), &mut ppo, &config);
-/// assert!(summary.time_to_95.is_some_and(|t| t <= 10.0), "{summary:?}");
+/// assert!(summary.score.utility_fraction > 0.9, "{summary:?}");
 /// assert_eq!(ppo.failures(), 0);
 /// ```
 pub struct PolicyController {

@@ -15,6 +15,7 @@
 
 mod random;
 mod scenario;
+mod score;
 mod streams;
 
 use rand::{Rng, SeedableRng};
@@ -23,7 +24,8 @@ use rand_distr::{Distribution, Normal, Poisson};
 use serde::Serialize;
 
 pub use random::{random_scenario, Family, HELD_OUT_SEEDS};
-pub use scenario::{BackgroundStep, Scenario, ScenarioError, SHIPPED};
+pub use scenario::{Change, Conditions, Scenario, ScenarioError, SHIPPED};
+pub use score::{Oracle, OraclePhase, PhaseScore, Score, NEAR, SETTLE_INTERVALS};
 use streams::Streams;
 
 use crate::controller::{Acting, Controller};
@@ -83,19 +85,54 @@ fn burst_loss(s: &Scenario, flows: usize) -> f64 {
     BURST_LOSS * (-packets / BURST_BUFFER_PACKETS).exp() * (flows as f64).powf(BURST_FLOWS_EXPONENT)
 }
 
-/// The loss rate that limits a flow with rate cap `cap` on the path of `s`, when `burst` is
-/// the loss that unpaced flows see from bursts: a paced (capped) flow does not burst.
-fn flow_loss(s: &Scenario, cap: Option<f64>, burst: f64) -> f64 {
-    s.random_loss + if cap.is_some() { 0.0 } else { burst }
+/// A kind of flow on the path: its rate cap in Mbit/s, if any, and whether it is paced (a
+/// capped flow always is).
+#[derive(Debug, Clone, Copy)]
+struct Kind {
+    cap: Option<f64>,
+    paced: bool,
 }
 
-/// The most one flow can carry on the path of `s` at round-trip time `rtt` seconds, with rate
-/// cap `cap` in Mbit/s, whatever the other flows do, when unpaced flows lose `burst` of their
+impl Kind {
+    /// The transfer's streams of `s`: paced when capped.
+    fn streams(s: &Scenario) -> Kind {
+        Kind {
+            cap: s.stream_cap_mbps,
+            paced: s.stream_cap_mbps.is_some(),
+        }
+    }
+
+    /// The background flows of `s`.
+    fn background(s: &Scenario) -> Kind {
+        Kind {
+            cap: s.background_cap_mbps,
+            paced: s.background_paced || s.background_cap_mbps.is_some(),
+        }
+    }
+}
+
+/// How many of `count` flows of `kind` are unpaced.
+fn unpaced(count: usize, kind: Kind) -> usize {
+    if kind.paced {
+        0
+    } else {
+        count
+    }
+}
+
+/// The loss rate that limits a flow of `kind` under conditions `c`, when `burst` is the loss
+/// that unpaced flows see from bursts: a paced flow does not burst.
+fn flow_loss(c: &Conditions, kind: Kind, burst: f64) -> f64 {
+    c.random_loss + if kind.paced { 0.0 } else { burst }
+}
+
+/// The most one flow of `kind` can carry on the path of `s` under conditions `c` at round-trip
+/// time `rtt` seconds, whatever the other flows do, when unpaced flows lose `burst` of their
 /// segments to bursts: its window over the RTT, CUBIC's response to the random and burst
-/// loss, and the cap; bit/s.
-fn flow_limit(s: &Scenario, rtt: f64, cap: Option<f64>, burst: f64) -> f64 {
+/// loss, and its cap; bit/s.
+fn flow_limit(s: &Scenario, c: &Conditions, rtt: f64, kind: Kind, burst: f64) -> f64 {
     let window = s.window_kib * 1024.0 * 8.0 / rtt;
-    let loss = flow_loss(s, cap, burst);
+    let loss = flow_loss(c, kind, burst);
     let lossy = if loss > 0.0 {
         loss_limited_window(loss, rtt) * s.mss * 8.0 / rtt
     } else {
@@ -103,7 +140,7 @@ fn flow_limit(s: &Scenario, rtt: f64, cap: Option<f64>, burst: f64) -> f64 {
     };
     window
         .min(lossy)
-        .min(cap.map_or(f64::INFINITY, |c| c * 1e6))
+        .min(kind.cap.map_or(f64::INFINITY, |cap| cap * 1e6))
 }
 
 /// What the path does for `n` streams at one moment, without measurement noise.
@@ -123,6 +160,9 @@ pub struct PathState {
     pub loss: f64,
     /// Round-trip time, seconds.
     pub rtt: f64,
+    /// The most one of the transfer's streams can carry at the base RTT, whatever the others
+    /// do, bit/s.
+    pub stream_limit: f64,
 }
 
 /// The simulated path of a scenario.
@@ -135,7 +175,7 @@ pub struct PathState {
 /// let (best, _) = sim.best(&UtilityParams::default(), 64, 0.0);
 /// assert!((18..=22).contains(&best), "paper 001, Fig. 2: about 20 streams");
 /// let measured = sim.step(best, 1.0);
-/// println!("{} bytes acknowledged in the first second", measured.bytes_acked);
+/// println!("{} bytes acknowledged in the first second", measured.measured.bytes_acked);
 /// ```
 #[derive(Debug, Clone)]
 pub struct Simulator {
@@ -215,20 +255,24 @@ impl Simulator {
     /// ```
     pub fn steady_state(&self, n: usize, t: f64) -> PathState {
         let s = &self.scenario;
-        let capacity = s.capacity_mbps * 1e6;
-        let base_rtt = s.base_rtt_ms / 1e3;
-        let background = s.background_at(t) as usize;
-        let burst = self.burst_loss(n, t);
-        let limit = |rtt: f64, cap: Option<f64>| flow_limit(s, rtt, cap, burst);
-        let ours = limit(base_rtt, s.stream_cap_mbps);
-        let theirs = limit(base_rtt, s.background_cap_mbps);
+        let c = s.at(t);
+        let capacity = c.capacity_mbps * 1e6;
+        let base_rtt = c.base_rtt_ms / 1e3;
+        let background = c.background_flows as usize;
+        let (streams, others) = (Kind::streams(s), Kind::background(s));
+        let burst = burst_loss(s, unpaced(n, streams) + unpaced(background, others));
+        let limit = |rtt: f64, kind: Kind| flow_limit(s, &c, rtt, kind, burst);
+        let loss = flow_loss(&c, streams, burst);
+        let ours = limit(base_rtt, streams);
+        let stream_limit = ours * (1.0 - loss);
+        let theirs = limit(base_rtt, others);
         let demand = n as f64 * ours + background as f64 * theirs;
-        let loss = flow_loss(s, s.stream_cap_mbps, burst);
         if n == 0 || demand <= capacity {
             return PathState {
-                throughput: n as f64 * ours * (1.0 - loss),
+                throughput: n as f64 * stream_limit,
                 loss,
                 rtt: base_rtt,
+                stream_limit,
             };
         }
         // Saturated. Flows that the queueing delay itself slows down (window- or loss-limited)
@@ -236,10 +280,8 @@ impl Simulator {
         let max_queue = s.buffer_kib * 1024.0 * 8.0 / capacity;
         let flows = (n + background) as f64;
         let fill = flows / (flows + 4.0);
-        let demand_at = |rtt: f64| {
-            n as f64 * limit(rtt, s.stream_cap_mbps)
-                + background as f64 * limit(rtt, s.background_cap_mbps)
-        };
+        let demand_at =
+            |rtt: f64| n as f64 * limit(rtt, streams) + background as f64 * limit(rtt, others);
         if demand_at(base_rtt + max_queue * fill) <= capacity {
             let (mut low, mut high) = (base_rtt, base_rtt + max_queue * fill);
             for _ in 0..60 {
@@ -251,74 +293,69 @@ impl Simulator {
                 }
             }
             let rtt = high;
-            let ours = limit(rtt, s.stream_cap_mbps);
             return PathState {
-                throughput: n as f64 * ours * (1.0 - loss),
+                throughput: n as f64 * limit(rtt, streams) * (1.0 - loss),
                 loss,
                 rtt,
+                stream_limit,
             };
         }
         // Rate-capped or too many flows: the queue fills further the more flows share it, and
         // drop-tail losses hold each flow at its share.
         let rtt = base_rtt + max_queue * fill;
-        let ours = limit(rtt, s.stream_cap_mbps);
-        let theirs = limit(rtt, s.background_cap_mbps);
+        let ours = limit(rtt, streams);
+        let theirs = limit(rtt, others);
         let share = fair_share(capacity, &[(n, ours), (background, theirs)]);
         let per_stream = ours.min(share);
         // A flow held below its share by its own bursts loses what they cost it.
         let congestion = loss_for_window(share * rtt / (s.mss * 8.0), rtt);
-        let loss = (s.random_loss + congestion).max(loss).min(0.5);
+        let loss = (c.random_loss + congestion).max(loss).min(0.5);
         PathState {
             throughput: n as f64 * per_stream * (1.0 - loss),
             loss,
             rtt,
+            stream_limit,
         }
     }
 
-    /// The loss rate each unpaced flow sees from bursts with `n` of the transfer's streams at
-    /// time `t`: the unpaced flows are the streams unless they are capped and the background
-    /// flows unless theirs are.
-    fn burst_loss(&self, n: usize, t: f64) -> f64 {
-        let s = &self.scenario;
-        let unpaced = |count: usize, cap: Option<f64>| if cap.is_none() { count } else { 0 };
-        let flows = unpaced(n, s.stream_cap_mbps)
-            + unpaced(s.background_at(t) as usize, s.background_cap_mbps);
-        burst_loss(s, flows)
-    }
-
-    /// Runs one monitoring interval of `duration` seconds with `n` streams and returns what the
-    /// sender would measure.
+    /// Runs one monitoring interval of `duration` seconds with `n` streams: what the sender
+    /// would measure, and what the streams carried.
     ///
     /// ```
     /// use optimizer::sim::{Scenario, Simulator};
     ///
-    /// let mut sim = Simulator::new(Scenario::shipped("paper-fig2").unwrap(), 1);
-    /// let stats = sim.step(10, 1.0);
-    /// assert_eq!((stats.streams, stats.end), (10, 1.0));
+    /// // 10 streams paced to 50 Mbit/s, over 100 ms.
+    /// let mut path = Scenario::shipped("paper-fig2").unwrap();
+    /// path.base_rtt_ms = 100.0;
+    /// let mut sim = Simulator::new(path, 1);
+    /// let first = sim.step(10, 1.0);
+    /// assert_eq!((first.measured.streams, first.measured.end), (10, 1.0));
+    /// assert!(first.carried.throughput < 400e6, "connecting, then slow-starting");
+    /// assert!((sim.step(10, 1.0).carried.throughput - 500e6).abs() < 1e3);
     /// ```
-    pub fn step(&mut self, n: usize, duration: f64) -> MiStats {
-        let s = self.scenario.clone();
+    pub fn step(&mut self, n: usize, duration: f64) -> Interval {
+        let (noise, mss) = (self.scenario.noise, self.scenario.mss);
         let state = self.steady_state(n, self.time);
-        let burst = self.burst_loss(n, self.time);
-        let base_rtt = s.base_rtt_ms / 1e3;
         let path = streams::Path {
             rtt: state.rtt,
-            mss: s.mss,
-            start_rtts: s.start_rtts,
+            mss,
+            start_delay: self.scenario.start_rtts * state.rtt + self.scenario.connect_s,
             share: state.throughput,
-            stream_limit: flow_limit(&s, base_rtt, s.stream_cap_mbps, burst)
-                * (1.0 - flow_loss(&s, s.stream_cap_mbps, burst)),
+            stream_limit: state.stream_limit,
         };
         self.streams.set_count(n, self.time, &path);
-        let throughput = self.streams.run(self.time, duration, &path);
+        let carried = Carried {
+            throughput: self.streams.run(self.time, duration, &path),
+            loss: state.loss,
+        };
         let noisy = |rng: &mut ChaCha8Rng, value: f64, sd: f64| {
             let factor = Normal::new(1.0, sd).expect("finite sd").sample(rng);
             (value * factor).max(0.0)
         };
-        let throughput = noisy(&mut self.rng, throughput, s.noise);
-        let rtt = state.rtt * (1.0 + s.noise * self.rng.random::<f64>());
+        let throughput = noisy(&mut self.rng, carried.throughput, noise);
+        let rtt = state.rtt * (1.0 + noise * self.rng.random::<f64>());
         let bytes = (throughput * duration / 8.0) as u64;
-        let segments = (bytes as f64 / s.mss / (1.0 - state.loss)).ceil();
+        let segments = (bytes as f64 / mss / (1.0 - state.loss)).ceil();
         let retrans = if state.loss > 0.0 && segments > 0.0 {
             Poisson::new(segments * state.loss)
                 .map(|p| p.sample(&mut self.rng) as u64)
@@ -327,14 +364,17 @@ impl Simulator {
             0
         };
         self.time += duration;
-        MiStats {
-            end: self.time,
-            duration,
-            bytes_acked: bytes,
-            data_segs_out: segments as u64,
-            retrans_segs: retrans,
-            rtt: (n > 0).then_some(rtt),
-            streams: n,
+        Interval {
+            measured: MiStats {
+                end: self.time,
+                duration,
+                bytes_acked: bytes,
+                data_segs_out: segments as u64,
+                retrans_segs: retrans,
+                rtt: (n > 0).then_some(rtt),
+                streams: n,
+            },
+            carried,
         }
     }
 
@@ -371,6 +411,25 @@ impl Simulator {
         let state = self.steady_state(n, t);
         utility.utility(state.throughput, state.loss, n)
     }
+}
+
+/// One monitoring interval as the simulator ran it ([`Simulator::step`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Interval {
+    /// What the sender measured (with the scenario's noise): what a controller sees.
+    pub measured: MiStats,
+    /// What the streams carried, noise-free: what the evaluation scores.
+    pub carried: Carried,
+}
+
+/// What a transfer's streams carried during an interval, ramp-up included, without
+/// measurement noise.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Carried {
+    /// Goodput, bit/s.
+    pub throughput: f64,
+    /// Loss rate of the streams' segments.
+    pub loss: f64,
 }
 
 /// Max-min fair share level of `capacity` among groups of `(count, limit)` flows: the level
@@ -444,7 +503,7 @@ impl Default for RunConfig {
 ///
 /// let (trace, _) = run(&Scenario::shipped("paper-fig2").unwrap(), &mut Fixed(10), &RunConfig { duration: 5.0, ..RunConfig::default() });
 /// for row in &trace {
-///     println!("{:>3} s: {} streams ({:.0} % of the best utility; best {})", row.observation.time, row.observation.streams, 100.0 * row.utility_fraction, row.best_streams);
+///     println!("{:>3} s: {} streams ({:.0} % of the oracle's utility; its count {})", row.observation.time, row.observation.streams, 100.0 * row.utility_fraction, row.oracle_streams);
 /// }
 /// ```
 #[derive(Debug, Clone, Serialize)]
@@ -452,9 +511,10 @@ pub struct TraceRow {
     /// What the controller saw.
     #[serde(flatten)]
     pub observation: Observation,
-    /// The best count at this moment (noise-free).
-    pub best_streams: usize,
-    /// Noise-free utility of the count in use over the best utility.
+    /// The best fixed count of this phase of the path ([`Oracle`]).
+    pub oracle_streams: usize,
+    /// The utility the streams carried in this interval (noise-free, ramp-up included) over
+    /// the oracle's.
     pub utility_fraction: f64,
     /// The count the controller chose for the next interval.
     pub decision: usize,
@@ -481,21 +541,19 @@ pub struct RunSummary {
     pub controller: String,
     /// Noise seed.
     pub seed: u64,
-    /// Mean goodput, Mbit/s.
+    /// Mean goodput as measured, Mbit/s.
     pub mean_throughput_mbps: f64,
-    /// Mean loss rate.
+    /// Mean loss rate as measured.
     pub mean_loss: f64,
-    /// Seconds until the count in use first reached 95 % of the best utility; `None`: never.
-    pub time_to_95: Option<f64>,
-    /// Share of intervals, after the first time it was reached, spent at 95 % or more.
-    pub time_at_95_after: f64,
-    /// Mean over the intervals of the noise-free utility of the count in use over the best.
-    pub mean_utility_fraction: f64,
+    /// The run against the per-phase oracle.
+    #[serde(flatten)]
+    pub score: Score,
     /// Count at the end.
     pub final_streams: usize,
 }
 
-/// Runs `controller` on `scenario` and returns the per-interval trace and the summary.
+/// Runs `controller` on `scenario` and returns the per-interval trace and the summary, scored
+/// against the oracle of `scenario` and `config` ([`Oracle::sweep`]).
 ///
 /// ```
 /// use optimizer::sim::{run, RunConfig, Scenario};
@@ -505,7 +563,7 @@ pub struct RunSummary {
 /// for spec in [ControllerSpec::Gd, ControllerSpec::Bo] {
 ///     let mut controller = spec.clone().build(64, UtilityParams::default(), 1);
 ///     let (_, s) = run(&scenario, controller.as_mut(), &RunConfig { duration: 60.0, ..RunConfig::default() });
-///     println!("{spec}: 95 % after {:?} s, mean {:.2} of the best", s.time_to_95, s.mean_utility_fraction);
+///     println!("{spec}: settled after {:?} s, {:.2} of the oracle's utility", s.score.settle_s, s.score.utility_fraction);
 /// }
 /// ```
 pub fn run(
@@ -513,30 +571,62 @@ pub fn run(
     controller: &mut dyn Controller,
     config: &RunConfig,
 ) -> (Vec<TraceRow>, RunSummary) {
+    run_with(
+        scenario,
+        controller,
+        config,
+        &Oracle::sweep(scenario, config),
+    )
+}
+
+/// [`run`] against an oracle already swept for `scenario` and `config`, as when several
+/// controllers or seeds run on one path.
+///
+/// ```
+/// use optimizer::sim::{run_with, Oracle, RunConfig, Scenario};
+/// use optimizer::Fixed;
+///
+/// let path = Scenario::shipped("cloudlab-1g").unwrap();
+/// let config = RunConfig { duration: 30.0, ..RunConfig::default() };
+/// let oracle = Oracle::sweep(&path, &config);
+/// for n in [1, 4, 16] {
+///     let (_, s) = run_with(&path, &mut Fixed(n), &config, &oracle);
+///     println!("{n} streams: {:.2} of the oracle's {}", s.score.utility_fraction, oracle.phases()[0].streams);
+/// }
+/// ```
+pub fn run_with(
+    scenario: &Scenario,
+    controller: &mut dyn Controller,
+    config: &RunConfig,
+    oracle: &Oracle,
+) -> (Vec<TraceRow>, RunSummary) {
     let mut sim = Simulator::new(scenario.clone(), config.seed);
     let mut tracker = SignalTracker::new(config.utility, config.reward, 8);
     let mut n = config.initial_streams.clamp(1, config.max_streams.max(1));
     let mut rows = Vec::new();
+    let mut carried = Vec::new();
     while sim.has_room(config.mi, config.duration) {
-        let start = sim.time();
-        let stats = sim.step(n, config.mi);
-        let observation = tracker.observe(&stats);
-        let (best_streams, best) = sim.best(&config.utility, config.max_streams, start);
-        let utility_fraction = sim.true_utility(&config.utility, n, start) / best;
+        let i = rows.len();
+        let interval = sim.step(n, config.mi);
+        let utility = config
+            .utility
+            .utility(interval.carried.throughput, interval.carried.loss, n);
+        carried.push(utility);
+        let observation = tracker.observe(&interval.measured);
+        let best = oracle.utility(i);
         let decision = controller
             .decide(&observation)
             .clamp(1, config.max_streams.max(1));
         rows.push(TraceRow {
             observation,
-            best_streams,
-            utility_fraction,
+            oracle_streams: oracle.phase_of(i).streams,
+            utility_fraction: if best > 0.0 { utility / best } else { 1.0 },
             decision,
             acting: controller.acting(),
         });
         n = decision;
     }
     let count = rows.len().max(1) as f64;
-    let first = rows.iter().position(|r| r.utility_fraction >= 0.95);
     let summary = RunSummary {
         scenario: scenario.name.clone(),
         controller: controller.name(),
@@ -545,12 +635,7 @@ pub fn run(
             / count
             / 1e6,
         mean_loss: rows.iter().map(|r| r.observation.loss).sum::<f64>() / count,
-        time_to_95: first.map(|i| rows[i].observation.time - config.mi),
-        time_at_95_after: first.map_or(0.0, |i| {
-            let after = &rows[i..];
-            after.iter().filter(|r| r.utility_fraction >= 0.95).count() as f64 / after.len() as f64
-        }),
-        mean_utility_fraction: rows.iter().map(|r| r.utility_fraction).sum::<f64>() / count,
+        score: oracle.score(&carried),
         final_streams: rows.last().map_or(n, |r| r.observation.streams),
     };
     (rows, summary)

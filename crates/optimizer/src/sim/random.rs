@@ -14,7 +14,7 @@ use std::str::FromStr;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::scenario::{BackgroundStep, Scenario};
+use super::scenario::{Change, Scenario};
 
 /// First seed of the held-out range: training uses seeds below it.
 pub const HELD_OUT_SEEDS: u64 = 1 << 40;
@@ -140,15 +140,15 @@ pub fn random_scenario(family: Family, seed: u64, horizon_s: f64) -> Scenario {
         Family::Mixed if r.random_bool(0.3) => log_uniform(r, 1024.0, 32.0 * 1024.0),
         _ => 32.0 * 1024.0,
     };
-    let changes = match family {
+    let steps = match family {
         Family::Background => r.random_range(2..=4),
         Family::Mixed if r.random_bool(0.4) => r.random_range(1..=3),
         _ => 0,
     };
-    let mut background = Vec::new();
+    let mut changes = Vec::new();
     let mut background_cap_mbps = None;
-    if changes > 0 {
-        let mut times: Vec<f64> = (0..changes)
+    if steps > 0 {
+        let mut times: Vec<f64> = (0..steps)
             .map(|_| r.random_range(0.0..horizon_s.max(1.0)))
             .collect();
         times.sort_by(f64::total_cmp);
@@ -156,11 +156,12 @@ pub fn random_scenario(family: Family, seed: u64, horizon_s: f64) -> Scenario {
         // timeouts, which the simulator does not model (its loss would blow up).
         let bdp_segments = capacity * 1e6 * rtt / 1e3 / 8.0 / 1448.0;
         let most = ((bdp_segments / 8.0) as u32).clamp(1, 16);
-        background = times
+        changes = times
             .into_iter()
-            .map(|at_s| BackgroundStep {
+            .map(|at_s| Change {
                 at_s: at_s.round(),
-                flows: r.random_range(0..=most),
+                background_flows: Some(r.random_range(0..=most)),
+                ..Change::default()
             })
             .collect();
         if r.random_bool(0.5) {
@@ -180,9 +181,12 @@ pub fn random_scenario(family: Family, seed: u64, horizon_s: f64) -> Scenario {
         window_kib,
         mss: 1448.0,
         start_rtts,
+        connect_s: 0.0,
         noise,
+        background_flows: 0,
         background_cap_mbps,
-        background,
+        background_paced: false,
+        changes,
     }
 }
 
@@ -223,7 +227,7 @@ mod tests {
             assert!(random_scenario(Family::Lossy, seed, 100.0).random_loss >= 1e-5);
             assert!(
                 random_scenario(Family::Background, seed, 100.0)
-                    .background
+                    .changes
                     .len()
                     >= 2
             );

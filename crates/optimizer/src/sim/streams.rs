@@ -29,8 +29,8 @@ pub struct Path {
     pub rtt: f64,
     /// Segment size, bytes.
     pub mss: f64,
-    /// Round trips a new stream spends connecting before it sends.
-    pub start_rtts: f64,
+    /// Seconds a new stream spends connecting before it sends.
+    pub start_delay: f64,
     /// What the streams carry together once all have ramped up (their steady state), bit/s.
     pub share: f64,
     /// The most one stream can carry (its window, random loss, its rate cap), bit/s.
@@ -49,7 +49,7 @@ impl Streams {
     /// Opens or closes streams at `time` so that `n` are open: new ones connect and then
     /// slow-start; the newest close first (as xfer's sender retires them).
     pub fn set_count(&mut self, n: usize, time: f64, path: &Path) {
-        let sends_at = time + path.start_rtts * path.rtt;
+        let sends_at = time + path.start_delay;
         self.ramping.resize(n, Some(sends_at));
     }
 
@@ -100,7 +100,7 @@ mod tests {
         Path {
             rtt: 0.1,
             mss: 1448.0,
-            start_rtts: 3.0,
+            start_delay: 0.3,
             share: 200e6,
             stream_limit: 2.6e9,
         }
