@@ -174,8 +174,8 @@ pub struct PathState {
 /// let mut sim = Simulator::new(Scenario::shipped("paper-fig2").unwrap(), 1);
 /// let (best, _) = sim.best(&UtilityParams::default(), 64, 0.0);
 /// assert!((18..=22).contains(&best), "paper 001, Fig. 2: about 20 streams");
-/// let measured = sim.step(best, 1.0);
-/// println!("{} bytes acknowledged in the first second", measured.measured.bytes_acked);
+/// let first = sim.step(best, 1.0);
+/// println!("{} bytes acknowledged in the first second", first.measured.bytes_acked);
 /// ```
 #[derive(Debug, Clone)]
 pub struct Simulator {
