@@ -63,6 +63,27 @@ def test_a_schedule_is_split_into_its_steps_and_compared_step_by_step():
     assert steps[0].gaps == (0, 0)
     assert steps[1].emulated_first == 100 and steps[1].emulated_all == 150
     assert steps[1].gaps == (pytest.approx(1.0), pytest.approx(1 / 3))
+    # The path changing at 6 s splits the second step there.
+    split = calibrate.compare_steps(emulated, simulated, "0s:1,4s:6", 2, path_changes=[6.0])
+    assert [(s.start, s.streams) for s in split] == [(0, 1), (4, 6), (6, 6)]
+    assert split[1].emulated_all == 100 and split[2].emulated_all == 200
+
+
+def test_a_changing_path_becomes_a_timetable_for_the_emulator():
+    xfer = calibrate.DEFAULT_XFER
+    timetable = calibrate.path_timetable(xfer, "capacity-halves-doubles", 200)
+    mbit = 1514 / 1448  # line rate per Mbit/s of goodput
+    assert [(p.time, p.rate_mbit / mbit, p.rtt_ms, p.loss) for p in timetable] == [
+        (0, pytest.approx(1000), 20, 0), (70, pytest.approx(500), 20, 0),
+        (140, pytest.approx(1000), 20, 0),
+    ]  # fmt: skip
+    spec, _ = calibrate.scenario_path("capacity-halves-doubles", changing=True)
+    assert calibrate.with_timetable(spec, timetable) == spec, "the RTT holds: no delay line"
+    rtts = calibrate.path_timetable(xfer, "rtt-rises-falls", 200)
+    spec = calibrate.with_timetable(calibrate.scenario_path("rtt-rises-falls", True)[0], rtts)
+    assert spec.delay == "delay-line" and spec.rtt_schedule == ((0, 10), (70, 80), (140, 10))
+    loss = calibrate.path_timetable(xfer, "loss-comes-and-goes", 200)
+    assert [(p.time, p.loss) for p in loss] == [(0, 0), (50, 1e-4), (100, 0), (150, 1e-4)]
 
 
 def test_runs_are_binned_by_the_second_their_intervals_end_in():

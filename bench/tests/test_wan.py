@@ -137,3 +137,43 @@ def test_an_rtt_schedule_changes_the_delay_on_time():
         assert len(got) == 5, rtts
         assert want <= got[0] < want + 1, rtts
         assert got[len(got) // 2] < want + 1, rtts
+
+
+@needs_root
+def test_loss_changes_while_the_path_runs():
+    # Set up with 20 % loss, then changed to 2 %: what iperf3 sees is the new rate.
+    spec = wan.WanSpec(rate_mbit=100, rtt_ms=10, loss=0.2, delay="delay-line")
+    with wan.emulated_wan(spec, prefix="xwt") as w:
+        w.set_loss(0.02)
+        end = _iperf3(w, streams=4, seconds=3)
+        share = end["sum_sent"]["retransmits"] / (end["sum_sent"]["bytes"] / MSS)
+        w.set_loss(0)
+        chain = subprocess.run(
+            ["ip", "netns", "exec", w.router, "nft", "list", "chain", "ip", w.tag, "loss"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    assert 0.012 <= share <= 0.04, share
+    assert "numgen" not in chain and "drop" not in chain, chain
+    with pytest.raises(ValueError):
+        w.set_loss(1.5)
+
+
+@needs_root
+def test_the_rtt_schedule_restarts_when_the_transfer_starts():
+    spec = wan.WanSpec(
+        rate_mbit=100, rtt_ms=10, delay="delay-line", rtt_schedule=((0, 10), (2, 40))
+    )
+
+    def fastest(w: wan.Wan) -> float:
+        argv = ["ping", "-n", "-c", "3", "-i", "0.05", wan.RECEIVER_ADDR]
+        out = subprocess.run(w.sender_cmd(0, argv), capture_output=True, text=True).stdout
+        return min(float(m) for m in re.findall(r"time=([\d.]+) ms", out))
+
+    with wan.emulated_wan(spec, prefix="xwt") as w:
+        time.sleep(2.5)
+        late = fastest(w)
+        w.restart_rtt_schedule()
+        again = fastest(w)
+        time.sleep(2.5)
+        after = fastest(w)
+    assert 40 <= late < 41 and 10 <= again < 11 and 40 <= after < 41, (late, again, after)

@@ -16,17 +16,27 @@ files as well as shipped names (`bench/calibration/` holds paths for this):
 
     xfer-bench-calibrate --scenarios bench/calibration/long-deep.toml \
         --schedule 0s:1,15s:6,40s:1 --seconds 65
+
+With `--schedule`, a scenario's path may also change during the run (its `changes` of
+capacity, RTT and random loss; not background flows): the emulator plays the same timetable
+from the moment each transfer starts (the bottleneck's rate and the loss changed in place, the
+delay line's RTT schedule restarted), ramps as a step each second, as `xfer sim` follows them:
+
+    xfer-bench-calibrate --scenarios capacity-halves-doubles --schedule 0s:20 --seconds 200
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,7 +44,7 @@ from pathlib import Path
 
 from xfer_bench import dataplane, supervise
 from xfer_bench.netns import tear_down_on_signals
-from xfer_bench.wan import DEFAULT_XFER, WanSpec, emulated_wan
+from xfer_bench.wan import DEFAULT_XFER, Wan, WanSpec, emulated_wan
 from xfer_bench.wan_commands import cpu_busy
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "crates" / "optimizer" / "scenarios"
@@ -63,20 +73,24 @@ def scenario_file(name: str) -> Path:
     return Path(name) if name.endswith(".toml") else SCENARIOS / f"{name}.toml"
 
 
-def scenario_path(name: str) -> tuple[WanSpec, float | None]:
-    """The emulated path of a simulator scenario (shipped, or a file), and its per-stream cap in
-    Mbit/s."""
+def line_rate(capacity_mbps: float, mss: float) -> float:
+    """The bottleneck's rate for a scenario's capacity, which is goodput: headers count too."""
+    return capacity_mbps * (mss + HEADERS) / mss
+
+
+def scenario_path(name: str, changing: bool = False) -> tuple[WanSpec, float | None]:
+    """The emulated path of a simulator scenario (shipped, or a file) as it starts, and its
+    per-stream cap in Mbit/s. A scenario whose path changes is refused unless `changing`."""
     data = tomllib.loads(scenario_file(name).read_text())
     flows = [data.get("background_flows", 0)]
     flows += [c.get("background_flows", 0) for c in data.get("changes", [])]
     if any(flows):
         raise ValueError(f"{name} has background flows; calibrate on paths without them")
-    if data.get("changes"):
-        raise ValueError(f"{name} changes during the run; calibrate on paths that hold still")
+    if data.get("changes") and not changing:
+        raise ValueError(f"{name} changes during the run; calibrate it with --schedule")
     mss = float(data.get("mss", 1448))
     spec = WanSpec(
-        # The scenario's capacity is goodput; the bottleneck's rate counts headers too.
-        rate_mbit=float(data["capacity_mbps"]) * (mss + HEADERS) / mss,
+        rate_mbit=line_rate(float(data["capacity_mbps"]), mss),
         rtt_ms=float(data["base_rtt_ms"]),
         buffer=f"{data['buffer_kib']}KiB",
         loss=float(data.get("random_loss", 0.0)),
@@ -122,11 +136,60 @@ def seconds_for_losses(mbit: float, loss: float, streams: int) -> float:
     return MIN_LOSS_EVENTS / (loss * segments_per_s) if loss > 0 and mbit > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class PathAt:
+    """The emulated path's values from `time` seconds after a transfer's start."""
+
+    time: float
+    rate_mbit: float
+    rtt_ms: float
+    loss: float
+
+
+def path_timetable(xfer: Path, name: str, seconds: float) -> list[PathAt]:
+    """The path of scenario `name` at its start and at every interval of a run of `seconds` in
+    which it differs from the interval before, as `xfer sim` follows it (a ramp moves each
+    interval)."""
+    mss = float(tomllib.loads(scenario_file(name).read_text()).get("mss", 1448))
+    timetable: list[PathAt] = []
+    start = 0.0
+    for r in simulated_intervals(xfer, name, "fixed:1", seconds):
+        at = PathAt(start, line_rate(r["capacity_mbps"], mss), r["base_rtt_ms"], r["random_loss"])
+        if not timetable or dataclasses.replace(timetable[-1], time=start) != at:
+            timetable.append(at)
+        start = r["time"]
+    return timetable
+
+
+def with_timetable(spec: WanSpec, timetable: Sequence[PathAt]) -> WanSpec:
+    """`spec` with the RTT schedule of `timetable`, on the delay line if the RTT changes."""
+    rtts = [(p.time, p.rtt_ms) for p in timetable]
+    if len({rtt for _, rtt in rtts}) == 1:
+        return spec
+    changes = [step for i, step in enumerate(rtts) if i == 0 or step[1] != rtts[i - 1][1]]
+    return dataclasses.replace(spec, delay="delay-line", rtt_schedule=tuple(changes))
+
+
+def play(wan: Wan, timetable: Sequence[PathAt], stop: threading.Event) -> None:
+    """Changes the bottleneck's rate and loss as `timetable` says, counting from now, until the
+    timetable ends or `stop` is set; the RTT follows the delay line's schedule."""
+    start = time.monotonic()
+    for before, step in zip(timetable, timetable[1:], strict=False):
+        if stop.wait(max(0.0, start + step.time - time.monotonic())):
+            return
+        if step.rate_mbit != before.rate_mbit:
+            wan.set_rate(step.rate_mbit)
+        if step.loss != before.loss:
+            wan.set_loss(step.loss)
+
+
 def emulated_runs(
     xfer: Path, spec: WanSpec, cap: float | None, optimizers: Sequence[str], seconds: float,
+    timetable: Sequence[PathAt] = (),
 ) -> list[list[dict]]:  # fmt: skip
     """The MI log of a memory-to-memory transfer of `seconds` under each of `optimizers` in
-    turn, through one emulated path and receiver."""
+    turn, through one emulated path and receiver; with a `timetable`, the path changes as it
+    says from each transfer's start, and is set back before the next."""
     logs = []
     with tempfile.TemporaryDirectory() as tmp, emulated_wan(spec, xfer) as wan:
         topo = wan.topology()
@@ -139,10 +202,15 @@ def emulated_runs(
                     xfer, rx, ["--mem", str(size)], optimizer, log, key, stream_rate_cap_mbit=cap
                 )
                 err = Path(tmp) / f"send-{i}.stderr"
+                stop = threading.Event()
+                player = threading.Thread(target=play, args=(wan, timetable, stop), daemon=True)
                 with err.open("w") as stderr:
                     proc = supervise.start(
                         topo.sender_cmd(supervise.supervised(argv)), None, stderr
                     )
+                    if timetable:
+                        wan.restart_rtt_schedule()
+                        player.start()
                     try:
                         proc.wait(timeout=seconds)
                     except subprocess.TimeoutExpired:
@@ -150,6 +218,11 @@ def emulated_runs(
                     finally:
                         # Also when the sweep is interrupted: no sender outlives it.
                         supervise.stop(proc)
+                        if timetable:
+                            stop.set()
+                            player.join()
+                            wan.set_rate(timetable[0].rate_mbit)
+                            wan.set_loss(timetable[0].loss)
                 try:
                     logs.append(dataplane.read_mi_log(log))
                 except OSError as e:
@@ -209,8 +282,8 @@ def schedule_steps(schedule: str, seconds: float) -> list[tuple[float, int, floa
     """`(start, count, end)` of each step of a `TIME:COUNT,...` schedule within `seconds`."""
     steps = []
     for part in schedule.split(","):
-        time, count = part.split(":")
-        steps.append((float(time.strip().removesuffix("s")), int(count)))
+        when, count = part.split(":")
+        steps.append((float(when.strip().removesuffix("s")), int(count)))
     ends = [t for t, _ in steps[1:]] + [seconds]
     return [
         (t, n, min(end, seconds)) for (t, n), end in zip(steps, ends, strict=True) if t < seconds
@@ -218,15 +291,19 @@ def schedule_steps(schedule: str, seconds: float) -> list[tuple[float, int, floa
 
 
 def compare_steps(
-    emulated: Sequence[float], simulated: Sequence[float], schedule: str, window: int
-) -> list[Step]:
-    """Each step of `schedule` with its means on both sides (per-second throughputs)."""
+    emulated: Sequence[float], simulated: Sequence[float], schedule: str, window: int,
+    path_changes: Sequence[float] = (),
+) -> list[Step]:  # fmt: skip
+    """Each step of `schedule`, split where the path changes (seconds since the start), with
+    its means on both sides (per-second throughputs)."""
     out = []
     for start, n, end in schedule_steps(schedule, len(emulated)):
-        first, last = int(start), int(end)
-        head = slice(first, min(first + window, last))
-        out.append(Step(start, n, _mean(emulated[head]), _mean(simulated[head]),
-                        _mean(emulated[first:last]), _mean(simulated[first:last])))  # fmt: skip
+        cuts = [start, *sorted(t for t in path_changes if start < t < end), end]
+        for begin, stop in zip(cuts, cuts[1:], strict=False):
+            first, last = int(begin), int(stop)
+            head = slice(first, min(first + window, last))
+            out.append(Step(begin, n, _mean(emulated[head]), _mean(simulated[head]),
+                            _mean(emulated[first:last]), _mean(simulated[first:last])))  # fmt: skip
     return out
 
 
@@ -237,9 +314,12 @@ def _mean(values: Sequence[float]) -> float:
 def transient(args: argparse.Namespace, name: str) -> list[Step]:
     """Runs `args.schedule` on scenario `name` on both sides, prints the per-second table and
     returns each step's comparison."""
-    spec, cap = scenario_path(name)
+    spec, cap = scenario_path(name, changing=True)
+    timetable = path_timetable(args.xfer, name, args.seconds)
+    spec = with_timetable(spec, timetable)
     optimizer = f"schedule:{args.schedule}"
-    logs = emulated_runs(args.xfer, spec, cap, [optimizer] * args.repetitions, args.seconds)
+    runs = [optimizer] * args.repetitions
+    logs = emulated_runs(args.xfer, spec, cap, runs, args.seconds, timetable)
     emulated = per_interval(logs, args.seconds)
     simulated = per_interval(
         [simulated_intervals(args.xfer, name, optimizer, args.seconds, seed)
@@ -251,7 +331,8 @@ def transient(args: argparse.Namespace, name: str) -> list[Step]:
     print("|---:|---:|---:|")
     for second, (e, s) in enumerate(zip(emulated, simulated, strict=True)):
         print(f"| {second + 1} | {e:.0f} | {s:.0f} |")
-    return compare_steps(emulated, simulated, args.schedule, args.window)
+    changes = [p.time for p in timetable[1:]]
+    return compare_steps(emulated, simulated, args.schedule, args.window, changes)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -328,7 +409,7 @@ def transient_main(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     gap exceeds the tolerance."""
     rows: list[tuple[str, Step]] = []
     for name in args.scenarios.split(","):
-        print(f"{name}: {scenario_path(name)[0]}", file=sys.stderr)
+        print(f"{name}: {scenario_path(name, changing=True)[0]}", file=sys.stderr)
         rows += [(name, step) for step in transient(args, name)]
     print(f"\nreproduce: {reproduce(argv)}\n")
     print(f"| scenario | from | streams | emulated, first {args.window} s | simulated | gap | "

@@ -132,6 +132,30 @@ class Wan:
         """Changes the bottleneck rate now (for schedules); the buffer keeps its size."""
         _tc(self.router, "class", "change", *_htb_class(self._bottleneck_dev, rate_mbit))
 
+    def set_loss(self, loss: float) -> None:
+        """Drops this share of the data segments at random from now on (nftables, on the way
+        into the bottleneck's buffer); 0 drops none."""
+        if not 0 <= loss < 1:
+            raise ValueError(f"loss {loss} is not a rate between 0 and 1")
+        threshold = round(loss * 1_000_000)
+        rules = (
+            f"table ip {self.tag} {{\n chain loss {{\n"
+            "  type filter hook forward priority 0;\n }\n}\n"
+            f"flush chain ip {self.tag} loss\n"
+        )
+        if threshold > 0:
+            rules += (
+                f'add rule ip {self.tag} loss oifname "{self._bottleneck_dev}" '
+                f"numgen random mod 1000000 < {threshold} drop\n"
+            )
+        _run(self.router, "nft", "-f", "-", stdin=rules)
+
+    def restart_rtt_schedule(self) -> None:
+        """Makes the delay line count its RTT schedule's times from now (when the transfer it
+        measures starts); without a delay line there is no schedule to restart."""
+        if self.delay_line_pid is not None:
+            os.kill(self.delay_line_pid, signal.SIGUSR1)
+
     @property
     def _bottleneck_dev(self) -> str:
         return f"{self.tag}rc"
@@ -289,13 +313,7 @@ def emulated_wan(spec: WanSpec, xfer: Path = DEFAULT_XFER, prefix: str = "xw") -
         _tc(router, "qdisc", "add", "dev", rc_dev, "parent", "1:1", "handle", "10:", "bfifo",
             "limit", str(spec.buffer_bytes()))  # fmt: skip
         if spec.loss > 0:
-            threshold = round(spec.loss * 1_000_000)
-            rules = (
-                f"table ip {tag} {{\n chain loss {{\n"
-                "  type filter hook forward priority 0;\n"
-                f'  oifname "{rc_dev}" numgen random mod 1000000 < {threshold} drop\n }}\n}}\n'
-            )
-            _run(router, "nft", "-f", "-", stdin=rules)
+            wan.set_loss(spec.loss)
         if mode == "netem":
             _ip("-n", receiver, "route", "add", "10.212.0.0/16", "via", "10.212.200.2")
             for i in range(spec.senders):

@@ -33,7 +33,7 @@ from .env import DEFAULT_XFER  # noqa: E402
 
 #: First seed of the held-out range (HELD_OUT_SEEDS in crates/optimizer/src/sim/random.rs).
 HELD_OUT_SEEDS = 1 << 40
-FAMILIES = ["mixed", "capped", "lossy", "shallow", "background", "fast"]
+FAMILIES = ["mixed", "capped", "lossy", "shallow", "background", "fast", "changing"]
 SHIPPED = [
     "paper-fig2",
     "chameleon-uc-tacc",

@@ -303,8 +303,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--family",
         default="all",
-        help="random scenario family to train on (all: every one); a comma list gives the "
-        "environments their families in turn",
+        help="random scenario family to train on (all: the six the shipped policies were "
+        "trained on, all but changing); a comma list gives the environments their families "
+        "in turn",
     )
     p.add_argument("--episode-s", type=float, default=100.0, help="simulated seconds/episode")
     p.add_argument(

@@ -87,7 +87,8 @@ pub struct DelayLineArgs {
     /// Delay added to every packet.
     #[arg(long, default_value = "0ms", value_parser = parse_delay)]
     pub delay: Duration,
-    /// Delay changing over time instead, e.g. "0s:50ms,60s:100ms" (times since the start).
+    /// Delay changing over time instead, e.g. "0s:50ms,60s:100ms" (times since the start, or
+    /// since the last SIGUSR1: the harness sends one when the transfer it measures starts).
     #[arg(long, value_parser = parse_delay_schedule, conflicts_with = "delay")]
     pub schedule: Option<Schedule<Duration>>,
     /// Pin the delay line to this CPU.
@@ -111,8 +112,8 @@ pub struct SimArgs {
     /// background-arrives, shallow-buffer; paths that change: background-leaves,
     /// deep-buffer-arrive-leave, capacity-halves-doubles, rtt-rises-falls, loss-comes-and-goes;
     /// slow-connect, shallow-long-haul, lossy-80ms), scenario TOML files, or random:FAMILY:SEED
-    /// (a random path; families mixed, capped, lossy, shallow, background, fast), separated by
-    /// commas; `all` is every shipped scenario.
+    /// (a random path; families mixed, capped, lossy, shallow, background, fast, changing),
+    /// separated by commas; `all` is every shipped scenario.
     #[arg(long, value_delimiter = ',', required = true)]
     pub scenario: Vec<String>,
     /// Controllers, separated by commas: gd, bo, fixed:N, schedule:TIME:N,... (counts on a
@@ -157,8 +158,9 @@ pub struct EnvArgs {
     /// Every episode on a new random scenario; SEED draws the seeds of resets that bring none.
     #[arg(long, value_name = "SEED")]
     pub randomize: Option<u64>,
-    /// Family of the random scenarios: mixed, capped, lossy, shallow, background, fast, or
-    /// all (each episode's family drawn from its seed).
+    /// Family of the random scenarios: mixed, capped, lossy, shallow, background, fast,
+    /// changing, or all (each episode's family drawn from its seed among the first six, those
+    /// the shipped policies were trained on).
     #[arg(long, default_value = "all", requires = "randomize", value_parser = parse_family)]
     pub family: FamilyChoice,
     /// Simulated time per episode.

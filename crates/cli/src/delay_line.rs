@@ -262,6 +262,11 @@ pub fn run(args: DelayLineArgs) -> anyhow::Result<()> {
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
     }
+    // The harness starts the path before the transfer it measures: SIGUSR1 tells the delay
+    // line that the transfer starts now, so the schedule's times count from there.
+    let restart = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGUSR1, restart.clone())
+        .context("installing signal handlers")?;
     tune_thread(args.realtime, args.cpu)?;
     let schedule = args
         .schedule
@@ -270,8 +275,7 @@ pub fn run(args: DelayLineArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "ready")?;
     out.flush()?;
-    let start = Instant::now();
-    serve(&mut links, &schedule, start, &stop)?;
+    serve(&mut links, &schedule, &restart, &stop)?;
     for link in &links {
         serde_json::to_writer(&mut out, &link.stats)?;
         writeln!(out)?;
@@ -279,13 +283,15 @@ pub fn run(args: DelayLineArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Moves packets until `stop` is set.
+/// Moves packets until `stop` is set, delaying them as `schedule` says for the time since the
+/// start or since `restart` was last set.
 fn serve(
     links: &mut [Link],
     schedule: &Schedule<Duration>,
-    start: Instant,
+    restart: &AtomicBool,
     stop: &AtomicBool,
 ) -> anyhow::Result<()> {
+    let mut start = Instant::now();
     let mut polls: Vec<libc::pollfd> = links
         .iter()
         .map(|l| libc::pollfd {
@@ -325,6 +331,9 @@ fn serve(
             return Err(e).context("waiting for packets");
         }
         let now = Instant::now();
+        if restart.swap(false, Ordering::Relaxed) {
+            start = now;
+        }
         let delay = schedule.at(now - start).unwrap_or_default();
         for (link, poll) in links.iter_mut().zip(&polls) {
             if poll.revents & libc::POLLIN != 0 {

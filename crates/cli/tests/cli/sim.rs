@@ -58,6 +58,10 @@ fn gd_on_the_paper_scenario_prints_a_trace_and_a_summary() {
             "decision",
             "oracle_streams",
             "utility_fraction",
+            "capacity_mbps",
+            "base_rtt_ms",
+            "random_loss",
+            "background_flows",
         ] {
             assert!(mi[key].is_number(), "{key} in {mi}");
         }

@@ -511,6 +511,9 @@ pub struct TraceRow {
     /// What the controller saw.
     #[serde(flatten)]
     pub observation: Observation,
+    /// The path as the interval began.
+    #[serde(flatten)]
+    pub path: Conditions,
     /// The best fixed count of this phase of the path ([`Oracle`]).
     pub oracle_streams: usize,
     /// The utility the streams carried in this interval (noise-free, ramp-up included) over
@@ -607,6 +610,7 @@ pub fn run_with(
     let mut carried = Vec::new();
     while sim.has_room(config.mi, config.duration) {
         let i = rows.len();
+        let path = scenario.at(sim.time());
         let interval = sim.step(n, config.mi);
         let utility = config
             .utility
@@ -619,6 +623,7 @@ pub fn run_with(
             .clamp(1, config.max_streams.max(1));
         rows.push(TraceRow {
             observation,
+            path,
             oracle_streams: oracle.phase_of(i).streams,
             utility_fraction: if best > 0.0 { utility / best } else { 1.0 },
             decision,

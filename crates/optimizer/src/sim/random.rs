@@ -1,7 +1,9 @@
 //! Random scenarios for training and held-out evaluation of learned policies: links from
 //! 100 Mbit/s to 100 Gbit/s, RTT 1-300 ms, random loss up to 1 %, buffers from a twentieth of
 //! the bandwidth-delay product to twice it, per-stream caps, socket-buffer limits, and
-//! background traffic that changes over time.
+//! background traffic that changes over time; and paths whose capacity, RTT and loss change
+//! too, behind buffers of a tenth to ten bandwidth-delay products, with streams slow to
+//! connect (`changing`).
 //!
 //! A scenario is a pure function of its family, seed and horizon (the run's length, within
 //! which background traffic changes), so `random:lossy:7` is the same path in every run of
@@ -25,7 +27,7 @@ pub const HELD_OUT_SEEDS: u64 = 1 << 40;
 /// use optimizer::sim::Family;
 ///
 /// assert_eq!("shallow".parse::<Family>().unwrap(), Family::Shallow);
-/// assert_eq!(Family::ALL.len(), 6);
+/// assert_eq!(Family::ALL.len(), 7);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Family {
@@ -45,11 +47,29 @@ pub enum Family {
     Background,
     /// 10-100 Gbit/s links with socket-buffer (window) limits.
     Fast,
+    /// Paths that change during the run: capacity and RTT stepping or ramping, random loss
+    /// that comes and goes, paced or unpaced background flows arriving and leaving, behind
+    /// buffers of a tenth to ten bandwidth-delay products; streams take 3 or 4 round trips
+    /// and sometimes seconds more to connect.
+    Changing,
 }
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 6] = [
+    pub const ALL: [Family; 7] = [
+        Family::Mixed,
+        Family::Capped,
+        Family::Lossy,
+        Family::Shallow,
+        Family::Background,
+        Family::Fast,
+        Family::Changing,
+    ];
+
+    /// The families a training environment without a family of its own draws from (`xfer env
+    /// --family all`): those the shipped policies were trained on, so their recipes still draw
+    /// the same paths. `Changing` joins them with the first policy trained for it (issue 41).
+    pub const TRAINING: [Family; 6] = [
         Family::Mixed,
         Family::Capped,
         Family::Lossy,
@@ -66,6 +86,7 @@ impl Family {
             Family::Shallow => "shallow",
             Family::Background => "background",
             Family::Fast => "fast",
+            Family::Changing => "changing",
         }
     }
 }
@@ -108,6 +129,9 @@ fn log_uniform(rng: &mut ChaCha8Rng, low: f64, high: f64) -> f64 {
 /// assert_eq!(lossy, random_scenario(Family::Lossy, 1000, 200.0), "the same seed, the same path");
 /// ```
 pub fn random_scenario(family: Family, seed: u64, horizon_s: f64) -> Scenario {
+    if family == Family::Changing {
+        return changing_scenario(seed, horizon_s);
+    }
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (family as u64).wrapping_mul(0x9e37_79b9));
     let r = &mut rng;
     let capacity = match family {
@@ -190,6 +214,95 @@ pub fn random_scenario(family: Family, seed: u64, horizon_s: f64) -> Scenario {
     }
 }
 
+/// The `changing` family's scenario of `seed`: a path, then one to four changes of its
+/// capacity, RTT, random loss or background traffic within `horizon_s` seconds.
+fn changing_scenario(seed: u64, horizon_s: f64) -> Scenario {
+    let mut rng =
+        ChaCha8Rng::seed_from_u64(seed ^ (Family::Changing as u64).wrapping_mul(0x9e37_79b9));
+    let r = &mut rng;
+    let capacity = log_uniform(r, 100.0, 40_000.0);
+    let rtt = log_uniform(r, 2.0, 250.0);
+    let random_loss = if r.random_bool(0.5) {
+        log_uniform(r, 1e-6, 1e-4)
+    } else {
+        0.0
+    };
+    let bdp_kib = capacity * 1e6 * rtt / 1e3 / 8.0 / 1024.0;
+    let buffer_kib = (bdp_kib * log_uniform(r, 0.1, 10.0)).max(64.0);
+    let stream_cap_mbps = r
+        .random_bool(0.3)
+        .then(|| capacity / r.random_range(4.0..48.0));
+    // No more background flows than leave each a window of 8 segments at the base RTT (past
+    // that TCP lives on timeouts, which the simulator does not model).
+    let most = ((capacity * 1e6 * rtt / 1e3 / 8.0 / 1448.0 / 8.0) as u32).clamp(1, 16);
+    let background_flows = if r.random_bool(0.4) {
+        r.random_range(1..=most)
+    } else {
+        0
+    };
+    let background_cap_mbps = r
+        .random_bool(0.3)
+        .then(|| capacity / r.random_range(4.0..40.0));
+    let background_paced = r.random_bool(0.5);
+    // Changes at least 10 s apart, each ramp ending before the next change begins.
+    let count = r.random_range(1..=4usize);
+    let span = horizon_s.max(20.0);
+    let mut times: Vec<f64> = (0..count)
+        .map(|_| r.random_range(5.0..span).round())
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times.dedup_by(|later, earlier| *later - *earlier < 10.0);
+    let mut changes = Vec::new();
+    for (i, &at_s) in times.iter().enumerate() {
+        let room = times.get(i + 1).map_or(span - at_s, |next| next - at_s);
+        let ramp_s = if r.random_bool(0.3) {
+            r.random_range(0.0..room.clamp(1.0, 30.0)).floor()
+        } else {
+            0.0
+        };
+        let mut change = Change {
+            at_s,
+            ramp_s,
+            ..Change::default()
+        };
+        match r.random_range(0..4) {
+            0 => change.capacity_mbps = Some(capacity * log_uniform(r, 0.3, 3.0)),
+            1 => change.base_rtt_ms = Some(rtt * log_uniform(r, 0.3, 4.0)),
+            2 => {
+                change.random_loss = Some(if r.random_bool(0.5) {
+                    log_uniform(r, 1e-5, 1e-3)
+                } else {
+                    random_loss
+                })
+            }
+            _ => change.background_flows = Some(r.random_range(0..=most)),
+        }
+        changes.push(change);
+    }
+    Scenario {
+        name: format!("random:changing:{seed}"),
+        description: format!("random changing path, seed {seed}"),
+        capacity_mbps: capacity,
+        base_rtt_ms: rtt,
+        buffer_kib,
+        random_loss,
+        stream_cap_mbps,
+        window_kib: 32.0 * 1024.0,
+        mss: 1448.0,
+        start_rtts: if r.random_bool(0.3) { 4.0 } else { 3.0 },
+        connect_s: if r.random_bool(0.2) {
+            r.random_range(0.0..2.0)
+        } else {
+            0.0
+        },
+        noise: r.random_range(0.01..0.05),
+        background_flows,
+        background_cap_mbps,
+        background_paced,
+        changes,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,6 +345,14 @@ mod tests {
                     >= 2
             );
             assert!(random_scenario(Family::Fast, seed, 100.0).capacity_mbps >= 10_000.0);
+            let changing = random_scenario(Family::Changing, seed, 100.0);
+            assert!(!changing.changes.is_empty(), "{changing:?}");
+            let ratio = changing.buffer_kib * 1024.0 * 8.0
+                / (changing.capacity_mbps * 1e6 * changing.base_rtt_ms / 1e3);
+            assert!(
+                changing.buffer_kib == 64.0 || (0.1..=10.0).contains(&ratio),
+                "{ratio}"
+            );
         }
         assert_eq!("lossy".parse::<Family>(), Ok(Family::Lossy));
         assert!("nope".parse::<Family>().unwrap_err().contains("shallow"));

@@ -118,7 +118,7 @@ fn is_zero(value: &f64) -> bool {
 }
 
 /// The values of a path that change during a run, at one moment ([`Scenario::at`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Conditions {
     /// Bottleneck capacity, Mbit/s.
     pub capacity_mbps: f64,
