@@ -114,6 +114,19 @@ impl FromStr for Family {
     }
 }
 
+/// The generator of `family`'s scenario of `seed`.
+fn family_rng(family: Family, seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed ^ (family as u64).wrapping_mul(0x9e37_79b9))
+}
+
+/// The most background flows a random path of `capacity_mbps` and `rtt_ms` gets: no more than
+/// leave each a window of 8 segments (past that TCP lives on timeouts, which the simulator
+/// does not model: its loss would blow up), and at most 16.
+fn most_background_flows(capacity_mbps: f64, rtt_ms: f64) -> u32 {
+    let bdp_segments = capacity_mbps * 1e6 * rtt_ms / 1e3 / 8.0 / 1448.0;
+    ((bdp_segments / 8.0) as u32).clamp(1, 16)
+}
+
 /// Draws from `[low, high]` uniformly on a log scale.
 fn log_uniform(rng: &mut ChaCha8Rng, low: f64, high: f64) -> f64 {
     (rng.random_range(low.ln()..=high.ln())).exp()
@@ -132,7 +145,7 @@ pub fn random_scenario(family: Family, seed: u64, horizon_s: f64) -> Scenario {
     if family == Family::Changing {
         return changing_scenario(seed, horizon_s);
     }
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (family as u64).wrapping_mul(0x9e37_79b9));
+    let mut rng = family_rng(family, seed);
     let r = &mut rng;
     let capacity = match family {
         Family::Fast => log_uniform(r, 10_000.0, 100_000.0),
@@ -176,10 +189,7 @@ pub fn random_scenario(family: Family, seed: u64, horizon_s: f64) -> Scenario {
             .map(|_| r.random_range(0.0..horizon_s.max(1.0)))
             .collect();
         times.sort_by(f64::total_cmp);
-        // No more flows than leave each a window of 8 segments: past that TCP lives on
-        // timeouts, which the simulator does not model (its loss would blow up).
-        let bdp_segments = capacity * 1e6 * rtt / 1e3 / 8.0 / 1448.0;
-        let most = ((bdp_segments / 8.0) as u32).clamp(1, 16);
+        let most = most_background_flows(capacity, rtt);
         changes = times
             .into_iter()
             .map(|at_s| Change {
@@ -217,8 +227,7 @@ pub fn random_scenario(family: Family, seed: u64, horizon_s: f64) -> Scenario {
 /// The `changing` family's scenario of `seed`: a path, then one to four changes of its
 /// capacity, RTT, random loss or background traffic within `horizon_s` seconds.
 fn changing_scenario(seed: u64, horizon_s: f64) -> Scenario {
-    let mut rng =
-        ChaCha8Rng::seed_from_u64(seed ^ (Family::Changing as u64).wrapping_mul(0x9e37_79b9));
+    let mut rng = family_rng(Family::Changing, seed);
     let r = &mut rng;
     let capacity = log_uniform(r, 100.0, 40_000.0);
     let rtt = log_uniform(r, 2.0, 250.0);
@@ -232,9 +241,7 @@ fn changing_scenario(seed: u64, horizon_s: f64) -> Scenario {
     let stream_cap_mbps = r
         .random_bool(0.3)
         .then(|| capacity / r.random_range(4.0..48.0));
-    // No more background flows than leave each a window of 8 segments at the base RTT (past
-    // that TCP lives on timeouts, which the simulator does not model).
-    let most = ((capacity * 1e6 * rtt / 1e3 / 8.0 / 1448.0 / 8.0) as u32).clamp(1, 16);
+    let most = most_background_flows(capacity, rtt);
     let background_flows = if r.random_bool(0.4) {
         r.random_range(1..=most)
     } else {
