@@ -40,7 +40,8 @@ pub struct RampClock {
     /// The count of the last interval and the time it ended.
     last: Option<(usize, f64)>,
     /// When the interval in which the count last rose began (the first interval counts as a
-    /// rise from none, at the transfer's start: time 0).
+    /// rise from none, at the transfer's start: time 0), or the end of the last interval that
+    /// ended with streams still connecting.
     raised_at: f64,
 }
 
@@ -95,6 +96,10 @@ impl RampClock {
         let start = o.time - interval;
         if self.last.is_none_or(|(n, _)| o.streams > n) {
             self.raised_at = start;
+        }
+        if o.connecting > 0 {
+            // Streams still connecting ramp up once they connect, after this interval.
+            self.raised_at = o.time;
         }
         self.last = Some((o.streams, o.time));
         IntervalRamp {

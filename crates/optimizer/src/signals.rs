@@ -13,7 +13,7 @@ use crate::utility::{RewardParams, UtilityParams};
 /// use optimizer::MiStats;
 ///
 /// // One second in which 4 streams had 125 MB acknowledged and retransmitted 9 of 90,000 segments.
-/// let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4 };
+/// let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4, connecting: 0 };
 /// assert_eq!(stats.bytes_acked as f64 * 8.0 / stats.duration, 1e9);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
@@ -31,8 +31,13 @@ pub struct MiStats {
     /// Mean smoothed RTT over the streams in seconds, weighted by bytes; `None` when no stream
     /// reported one.
     pub rtt: Option<f64>,
-    /// Streams that were active during the interval.
+    /// Streams that were active during the interval, those still connecting included.
     pub streams: usize,
+    /// Of `streams`, those still connecting at the end of the interval (no connection to
+    /// measure yet): the count is not measured until they carry data. Absent (0) in records
+    /// from before it was measured.
+    #[serde(default)]
+    pub connecting: usize,
 }
 
 /// The signals of one interval, as controllers and learned policies see them.
@@ -41,7 +46,7 @@ pub struct MiStats {
 /// use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
 ///
 /// let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
-/// let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4 };
+/// let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4, connecting: 0 };
 /// let o = tracker.observe(&stats);
 /// assert_eq!(o.throughput, 1e9);
 /// assert!((o.loss - 1e-4).abs() < 1e-12);
@@ -55,6 +60,10 @@ pub struct Observation {
     pub mi: u64,
     /// Streams active during the interval (`n`).
     pub streams: usize,
+    /// Streams asked for that had not carried data yet at the end of the interval
+    /// ([`MiStats::connecting`]).
+    #[serde(default)]
+    pub connecting: usize,
     /// Goodput in bit/s (`T`).
     pub throughput: f64,
     /// Retransmitted over sent data segments (`L`), 0 when nothing was sent.
@@ -84,7 +93,7 @@ impl Observation {
     /// use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
     ///
     /// let mut tracker = SignalTracker::new(UtilityParams { k: 1.0, b: 0.0 }, RewardParams::default(), 8);
-    /// let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 1000, data_segs_out: 1, retrans_segs: 0, rtt: Some(0.01), streams: 1 };
+    /// let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 1000, data_segs_out: 1, retrans_segs: 0, rtt: Some(0.01), streams: 1, connecting: 0 };
     /// assert_eq!(tracker.observe(&stats).utility_ratio(), 1.0, "no cost: the utility is the best throughput");
     /// ```
     pub fn utility_ratio(&self) -> f64 {
@@ -102,7 +111,7 @@ impl Observation {
     /// use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
     ///
     /// let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
-    /// let second = |end, bytes_acked| MiStats { end, duration: 1.0, bytes_acked, data_segs_out: 1, retrans_segs: 0, rtt: Some(0.01), streams: 2 };
+    /// let second = |end, bytes_acked| MiStats { end, duration: 1.0, bytes_acked, data_segs_out: 1, retrans_segs: 0, rtt: Some(0.01), streams: 2, connecting: 0 };
     /// tracker.observe(&second(1.0, 2000));
     /// let o = tracker.observe(&second(2.0, 1000));
     /// assert_eq!(o.best_throughput(), 16_000.0);
@@ -123,7 +132,7 @@ impl Observation {
 /// use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
 ///
 /// let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
-/// let interval = |end, streams, rtt| MiStats { end, duration: 1.0, bytes_acked: 1 << 20, data_segs_out: 800, retrans_segs: 0, rtt: Some(rtt), streams };
+/// let interval = |end, streams, rtt| MiStats { end, duration: 1.0, bytes_acked: 1 << 20, data_segs_out: 800, retrans_segs: 0, rtt: Some(rtt), streams, connecting: 0 };
 /// tracker.observe(&interval(1.0, 2, 0.050));
 /// let o = tracker.observe(&interval(2.0, 7, 0.060));
 /// assert_eq!(o.actions.last(), Some(&5), "the count rose by 5");
@@ -243,6 +252,7 @@ impl SignalTracker {
             time: stats.end,
             mi: self.mi,
             streams: stats.streams,
+            connecting: stats.connecting,
             throughput,
             loss,
             rtt,
@@ -267,6 +277,7 @@ impl Observation {
             time: (mi + 1) as f64,
             mi,
             streams,
+            connecting: 0,
             throughput: utility,
             loss: 0.0,
             rtt,
@@ -293,6 +304,7 @@ mod tests {
             retrans_segs: retrans,
             rtt: Some(rtt),
             streams: n,
+            connecting: 0,
         }
     }
 

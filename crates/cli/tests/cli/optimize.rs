@@ -117,6 +117,7 @@ fn optimized_transfer(optimizer: Option<&str>) -> Vec<serde_json::Value> {
         assert_eq!(r["controller"], optimizer.unwrap_or("auto"));
         for key in [
             "time",
+            "connecting",
             "throughput",
             "loss",
             "rtt",

@@ -44,6 +44,7 @@ fn gd_on_the_paper_scenario_prints_a_trace_and_a_summary() {
         assert_eq!(mi["mi"], i as u64);
         for key in [
             "streams",
+            "connecting",
             "throughput",
             "loss",
             "rtt",

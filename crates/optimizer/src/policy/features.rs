@@ -210,7 +210,7 @@ impl ObservationLayout {
 /// ```
 /// # use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
 /// # let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
-/// # let observation = tracker.observe(&MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4 });
+/// # let observation = tracker.observe(&MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4, connecting: 0 });
 /// use optimizer::policy::signal_vector;
 ///
 /// let own = signal_vector(&observation, 64.0);
@@ -292,7 +292,7 @@ impl FeatureHistory {
     /// ```
     /// # use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
     /// # let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
-    /// # let observation = tracker.observe(&MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4 });
+    /// # let observation = tracker.observe(&MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4, connecting: 0 });
     /// use optimizer::policy::{FeatureHistory, ObservationLayout, SIGNALS};
     ///
     /// let layout = ObservationLayout::new(3, 3);

@@ -17,7 +17,7 @@ mod torch;
 pub use features::{
     signal_vector, FeatureHistory, ObservationLayout, ACTIONS, LAYOUT_VERSION, SIGNALS,
 };
-pub use memory::{Measured, UtilityMemory};
+pub use memory::{Measured, UtilityMemory, SAMPLES};
 pub use metadata::{PolicyMetadata, MODEL_FORMAT};
 pub use onnx::OnnxModel;
 #[cfg(feature = "tch")]

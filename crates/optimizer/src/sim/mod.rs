@@ -373,6 +373,7 @@ impl Simulator {
                 retrans_segs: retrans,
                 rtt: (n > 0).then_some(rtt),
                 streams: n,
+                connecting: self.streams.connecting(self.time),
             },
             carried,
         }

@@ -53,6 +53,14 @@ impl Streams {
         self.ramping.resize(n, Some(sends_at));
     }
 
+    /// Streams that have not begun to send at `time`.
+    pub fn connecting(&self, time: f64) -> usize {
+        self.ramping
+            .iter()
+            .filter(|s| s.is_some_and(|sends_at| sends_at > time))
+            .count()
+    }
+
     /// What the streams carry from `start` for `duration` seconds on `path`, on average,
     /// bit/s.
     pub fn run(&mut self, start: f64, duration: f64, path: &Path) -> f64 {

@@ -149,6 +149,8 @@ impl IntervalMeter {
             data_segs_out: total.data_segs_out,
             retrans_segs: total.retrans_segs,
             rtt: total.rtt(),
+            // The meter sees only open streams; the sender adds those still connecting.
+            connecting: 0,
         };
         let paths = paths
             .into_iter()

@@ -832,6 +832,16 @@ impl Shared {
         self.notify_manager(ManagerEvent::TargetChanged);
     }
 
+    /// Streams open or opening, not counting those being retired.
+    fn active_streams(&self) -> usize {
+        self.streams
+            .lock()
+            .expect("streams lock")
+            .values()
+            .filter(|h| !h.is_retiring())
+            .count()
+    }
+
     fn sample_streams(&self) -> Vec<StreamSample> {
         let handles: Vec<_> = self
             .streams
@@ -1411,13 +1421,7 @@ impl Transfer {
             bytes_sent: s.bytes_sent.load(Ordering::Relaxed),
             files_total: s.files_total.load(Ordering::Acquire),
             files_done: s.files_done.load(Ordering::Relaxed),
-            streams_active: s
-                .streams
-                .lock()
-                .expect("streams lock")
-                .values()
-                .filter(|h| !h.is_retiring())
-                .count(),
+            streams_active: s.active_streams(),
             streams_target: s.target.load(Ordering::Acquire),
         }
     }

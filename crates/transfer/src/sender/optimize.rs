@@ -120,11 +120,16 @@ fn sample_intervals(shared: &Shared, settings: OptimizerSettings, tx: mpsc::Send
     let mut deadline = last + interval;
     while !shared.wait_over_until(deadline) {
         let now = Instant::now();
-        let (stats, paths) = meter.measure(
+        let (mut stats, paths) = meter.measure(
             &shared.sample_streams(),
             now.duration_since(shared.start).as_secs_f64(),
             now.duration_since(last).as_secs_f64(),
         );
+        // Streams with a handle but no connection to sample yet are still connecting; they
+        // count among the streams, as the simulator counts them.
+        let active = shared.active_streams().max(stats.streams);
+        stats.connecting = active - stats.streams;
+        stats.streams = active;
         last = now;
         // Intervals stay on a fixed grid; one that overran is not made up for.
         while deadline <= now {
