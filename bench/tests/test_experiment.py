@@ -152,6 +152,66 @@ def test_the_report_compares_runs_on_the_best_utility_any_of_them_sustained(tmp_
     assert "| fast | T1 | 2 | 0.750 (0.500-1.000) | 1.0 | 1 |" in table, table
 
 
+def test_each_phase_is_scored_against_the_best_fixed_count_of_that_phase():
+    # 30 s; at 10 s capacity halves (the best count falls from 20 to 10), at 20 s it is back.
+    def result(label: str, mbit) -> TransferResult:
+        return TransferResult(label, 0, [Sample(t, *mbit(t)) for t in range(1, 31)])
+
+    def fixed(n: int, per_stream: float):
+        return result(
+            f"T1 fixed:{n}", lambda t: (min(n * per_stream, 500 if 10 < t <= 20 else 1000), n, 0)
+        )
+
+    oracles = [fixed(10, 50), fixed(20, 50)]
+    # A controller at 20 throughout that only comes down to 10 at 17 s.
+    late = result(
+        "T1 auto", lambda t: (500 if 10 < t <= 20 else 1000, 10 if 16 < t <= 20 else 20, 0)
+    )
+    bounds = metrics.phases(30, [10, 20, 45])
+    assert bounds == [(0, 10), (10, 20), (20, 30)]
+    scores = metrics.phase_scores(late, oracles, bounds)
+    assert [p.oracle for p in scores] == ["T1 fixed:20", "T1 fixed:10", "T1 fixed:20"]
+    assert scores[0].utility_fraction == pytest.approx(1) and scores[0].recovery_s == 0
+    # 6 intervals at 500/K^20 against 500/K^10, then 4 at the best: the phase is too short
+    # to stay near for 10, so near means the whole phase: never.
+    expected = (6 * metrics.K**-20 + 4 * metrics.K**-10) / 10 / metrics.K**-10
+    assert scores[1].utility_fraction == pytest.approx(expected)
+    assert scores[1].recovery_s is None
+    assert scores[2].recovery_s == 0
+    # A phase no oracle measured is left out; a run without samples in a phase has no score.
+    assert metrics.phase_scores(late, oracles, [(30, 40)]) == []
+    quiet = TransferResult("T1 quiet", 0, [])
+    assert metrics.phase_scores(quiet, oracles, bounds)[0].utility_fraction is None
+
+
+def test_an_oracle_adds_fixed_count_variants_and_the_phases_follow_every_change(tmp_path):
+    exp = experiment.parse(
+        SMOKE.replace("rtt_ms = 10", "rtt_ms = 10\nloss_schedule = [[3, 1e-4], [6, 0]]")
+        .replace('name = "smoke"', 'name = "smoke"\noracle = [1, 4]')
+        .replace('tool = ["xfer", "iperf3", "gridftp"]', "")
+    )
+    assert [v.name for v in exp.variants] == ["mixed", "fixed:1", "fixed:4"]
+    assert [t.optimizer for t in exp.variants[2].transfers] == ["fixed:4"] * 3
+    assert exp.loss_schedule == ((3, 1e-4), (6, 0))
+    # The loss changes, and the other transfers starting (2 s) and stopping (8 s, the end).
+    assert exp.phase_changes() == [0, 2, 3, 6, 8]
+    assert metrics.phases(exp.duration_s, exp.phase_changes()) == [(0, 2), (2, 3), (3, 6), (6, 8)]
+
+    def run(variant: str, mbit: float, streams: int) -> RunResult:
+        samples = [Sample(t / 2, mbit, streams, 0) for t in range(1, 17)]
+        return RunResult(
+            variant, 0, [TransferResult(f"T1 {variant}", 0, samples)], [], 0.5, 0, tmp_path
+        )
+
+    table = "\n".join(
+        report._per_phase(exp, [run("mixed", 90, 4), run("fixed:1", 20, 1), run("fixed:4", 100, 4)])
+    )
+    assert "| mixed | 1 | 0-2 | T1 fixed:4 | 0.900 | never |" in table, table
+    assert "fixed:1 | 1 |" not in table, "the oracle is not scored against itself"
+    with pytest.raises(ValueError, match="loss_schedule"):
+        experiment.parse(SMOKE.replace("rtt_ms = 10", "rtt_ms = 10\nloss_schedule = [[3, 2]]"))
+
+
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
 

@@ -8,6 +8,7 @@
     rate_mbit = 1000
     rtt_ms = 20
     rate_schedule = [[0, 1000], [100, 500]]   # optional: capacity changing over time
+    loss_schedule = [[50, 1e-4], [100, 0]]    # optional: random loss changing over time
     [[transfers]]               # each from its own sender namespace
     start_s = 0
     stop_s = 200                # default: duration_s
@@ -31,6 +32,11 @@
                                 # Debian's GridFTP server); also a scalar or a list
     seed = 7                    # top level, optional: xfer's --seed is seed + repetition
                                 # (the controller's random choices); default 0
+    oracle = [1, 5, 10, 20, 40] # top level, optional: fixed counts run as variants of their
+                                # own (`fixed:N`: the first variant with its xfer transfers
+                                # at N streams) to score each phase of the path
+                                # (between changes of its rate, loss or RTT and the arrivals
+                                # and departures of other transfers) against the best of them
 """
 
 from __future__ import annotations
@@ -132,6 +138,22 @@ class Experiment:
     rate_schedule: tuple[tuple[float, float], ...]
     variants: tuple[Variant, ...]
     source: Path | None = field(default=None, compare=False)
+    #: Random loss changing at given seconds: ((50, 1e-4), (100, 0)).
+    loss_schedule: tuple[tuple[float, float], ...] = ()
+    #: Fixed counts whose variants (`fixed:N`) are the per-phase oracle.
+    oracle: tuple[int, ...] = ()
+
+    def phase_changes(self) -> list[float]:
+        """When the path changes for the first transfer: its rate, loss or RTT, or another
+        transfer (of the first variant) starting or stopping."""
+        others = {when for t in self.variants[0].transfers[1:] for when in (t.start_s, t.stop_s)}
+        steps = [*self.rate_schedule, *self.loss_schedule, *self.path.rtt_schedule]
+        return sorted({when for when, _ in steps} | others)
+
+    def oracle_variants(self) -> tuple[Variant, ...]:
+        """The fixed-count variants of the oracle."""
+        names = {f"fixed:{n}" for n in self.oracle}
+        return tuple(v for v in self.variants if v.name in names)
 
 
 def _pick(value: Any, index: int, count: int, what: str) -> Any:
@@ -166,6 +188,7 @@ def parse(text: str, source: Path | None = None) -> Experiment:
             "path",
             "transfers",
             "variants",
+            "oracle",
         },
         "experiment",
     )
@@ -177,6 +200,9 @@ def parse(text: str, source: Path | None = None) -> Experiment:
         raise ValueError("duration_s must be positive")
     path = dict(data["path"])
     schedule = tuple((float(t), float(r)) for t, r in path.pop("rate_schedule", []))
+    losses = tuple((float(t), float(loss)) for t, loss in path.pop("loss_schedule", []))
+    if any(not 0 <= loss < 1 for _, loss in losses):
+        raise ValueError("path.loss_schedule: each loss must be a rate from 0 to below 1")
     path["rtt_schedule"] = tuple(tuple(step) for step in path.get("rtt_schedule", ()))
     path.setdefault("senders", len(data["transfers"]))
     try:
@@ -233,7 +259,10 @@ def parse(text: str, source: Path | None = None) -> Experiment:
         variants.append(Variant(str(v["name"]), tuple(transfers)))
     if not variants:
         raise ValueError("at least one variant")
-    return Experiment(
+    oracle = tuple(int(n) for n in data.get("oracle", []))
+    if any(n < 1 for n in oracle):
+        raise ValueError("oracle: stream counts must be at least 1")
+    exp = Experiment(
         name=str(data["name"]),
         description=str(data.get("description", "")),
         duration_s=duration,
@@ -244,7 +273,24 @@ def parse(text: str, source: Path | None = None) -> Experiment:
         rate_schedule=schedule,
         variants=tuple(variants),
         source=source,
+        loss_schedule=losses,
+        oracle=oracle,
     )
+    # The oracle runs the first variant's transfers (other traffic included) with the xfer
+    # ones at a fixed count.
+    fixed = tuple(
+        Variant(
+            f"fixed:{n}",
+            tuple(
+                dataclasses.replace(t, optimizer=f"fixed:{n}") if t.tool == "xfer" else t
+                for t in variants[0].transfers
+            ),
+        )
+        for n in oracle
+    )
+    if clash := {v.name for v in fixed} & {v.name for v in variants}:
+        raise ValueError(f"oracle: variants named {sorted(clash)} already exist")
+    return dataclasses.replace(exp, variants=(*exp.variants, *fixed))
 
 
 def with_variant(exp: Experiment, name: str, optimizer: str) -> Experiment:

@@ -223,6 +223,10 @@ class HostsNetwork:
         """A real path's capacity cannot be changed."""
         raise RuntimeError("a real network cannot follow a rate schedule")
 
+    def set_loss(self, loss: float) -> None:
+        """A real path's loss cannot be changed."""
+        raise RuntimeError("a real network cannot follow a loss schedule")
+
     def busy(self) -> float:
         """The largest share of CPUs busy on any of the hosts, just now."""
         return max(h.busy() for h in self.scratch)

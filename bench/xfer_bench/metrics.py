@@ -1,6 +1,7 @@
 """What a run measured: each transfer's throughput over time, and the figures derived from it
 (mean throughput, loss, time to 95 % of the best utility, Jain's fairness index over the windows
-in which transfers overlap, link utilisation)."""
+in which transfers overlap, link utilisation, and the score of each phase of a path that changes
+against the best fixed stream count of that phase)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ from dataclasses import dataclass, field
 
 #: Utility parameters (U = T/K^n - T*L*B), as xfer's optimisers use by default.
 K, B = 1.02, 10.0
+
+#: A sample counts as near a phase's oracle at this fraction of its mean utility, and a run has
+#: recovered after a change once SETTLE_SAMPLES samples in a row (the whole phase, if shorter)
+#: are near: the simulator's rule (`crates/optimizer/src/sim/score.rs`).
+NEAR = 0.95
+SETTLE_SAMPLES = 10
 
 
 @dataclass(frozen=True)
@@ -151,3 +158,70 @@ def link_utilisation(results: Sequence[TransferResult], rate_mbit: float) -> flo
     """Mean over the seconds in which anything was sent of the summed throughput over the rate."""
     totals = per_second_totals(results)
     return sum(totals.values()) / len(totals) / rate_mbit if totals else 0.0
+
+
+def phases(duration_s: float, changes: Sequence[float]) -> list[tuple[float, float]]:
+    """The stretches between the changes of a path (times in seconds from the run's start;
+    those outside the run are ignored), as (start, end) pairs covering the whole run."""
+    times = sorted({t for t in changes if 0 < t < duration_s})
+    edges = [0.0, *times, duration_s]
+    return list(zip(edges, edges[1:], strict=False))
+
+
+@dataclass(frozen=True)
+class PhaseScore:
+    """One phase of a run against the best fixed stream count of the same phase."""
+
+    start_s: float
+    end_s: float
+    #: The label of the fixed-count run with the best mean utility in the phase.
+    oracle: str
+    #: Its mean utility there.
+    oracle_utility: float
+    #: The run's mean utility in the phase over the oracle's; None without samples in it.
+    utility_fraction: float | None
+    #: Seconds from the phase's start to the first sample of the first SETTLE_SAMPLES in a row
+    #: near the oracle (the whole phase's, if it is shorter); None: never.
+    recovery_s: float | None
+
+
+def _in_phase(result: TransferResult, start: float, end: float) -> list[tuple[Sample, float]]:
+    """The samples ending within (start, end], with their utilities."""
+    return [
+        (s, u)
+        for s, u in zip(result.samples, result.utilities(), strict=True)
+        if start < s.t <= end
+    ]
+
+
+def phase_scores(
+    result: TransferResult,
+    oracles: Sequence[TransferResult],
+    bounds: Sequence[tuple[float, float]],
+) -> list[PhaseScore]:
+    """`result` scored in each phase of `bounds` against the best of the fixed-count runs
+    `oracles` of the same schedule (those without samples in a phase do not count there).
+    Utility is as measured, ramp-up included; a phase no oracle measured is left out."""
+    scores = []
+    for start, end in bounds:
+        means = [
+            (sum(u for _, u in got) / len(got), o.label)
+            for o in oracles
+            if not o.error and (got := _in_phase(o, start, end))
+        ]
+        if not means:
+            continue
+        best, label = max(means)
+        got = _in_phase(result, start, end)
+        fraction = recovery = None
+        if got and best > 0:
+            fraction = sum(u for _, u in got) / len(got) / best
+            near = [u >= NEAR * best for _, u in got]
+            window = min(SETTLE_SAMPLES, len(near))
+            first = next(
+                (i for i in range(len(near) - window + 1) if all(near[i : i + window])), None
+            )
+            if first is not None:
+                recovery = (got[first - 1][0].t if first > 0 else start) - start
+        scores.append(PhaseScore(start, end, label, best, fraction, recovery))
+    return scores

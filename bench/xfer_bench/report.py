@@ -1,4 +1,5 @@
-"""The report of an experiment: a markdown file with the tables of every run, the fairness
+"""The report of an experiment: a markdown file with the tables of every run, the per-phase
+scores against the best fixed count (when the experiment names an oracle), the fairness
 windows, and PNG plots (throughput and stream count over time per run, like paper 001's
 Fig. 2/4/5; box plots over repetitions, like its Fig. 3)."""
 
@@ -15,7 +16,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from xfer_bench.experiment import Experiment  # noqa: E402
 from xfer_bench.hosts import Hosts  # noqa: E402
-from xfer_bench.metrics import per_second_totals  # noqa: E402
+from xfer_bench.metrics import (  # noqa: E402
+    NEAR,
+    SETTLE_SAMPLES,
+    per_second_totals,
+    phase_scores,
+    phases,
+)
 from xfer_bench.runner import RunResult, bottleneck_mbit  # noqa: E402
 
 
@@ -148,6 +155,42 @@ def _across_runs(runs: Sequence[RunResult]) -> list[str]:
     ]
 
 
+def _per_phase(exp: Experiment, runs: Sequence[RunResult]) -> list[str]:
+    """The first transfer of each run that is not the oracle's, phase by phase, against the
+    best of the oracle's fixed-count runs (every repetition's) in the same phase."""
+    names = {v.name for v in exp.oracle_variants()}
+    oracles = [r.transfers[0] for r in runs if r.variant in names and r.transfers]
+    if not oracles:
+        return []
+    bounds = phases(exp.duration_s, exp.phase_changes())
+    lines = [
+        "## Per phase, against the best fixed count",
+        "",
+        "| variant | rep | phase s | best fixed | U / best | recovery s |",
+        "|---|---:|---|---|---:|---:|",
+    ]
+    for r in runs:
+        if r.variant in names or not r.transfers or r.transfers[0].error:
+            continue
+        for p in phase_scores(r.transfers[0], oracles, bounds):
+            lines.append(
+                f"| {r.variant} | {r.repetition + 1} | {p.start_s:g}-{p.end_s:g} | "
+                f"{p.oracle} | {_fmt(p.utility_fraction, '.3f')} | "
+                f"{_fmt(p.recovery_s, '.0f') if p.recovery_s is not None else 'never'} |"
+            )
+    changes = ", ".join(f"{t:g} s" for t in exp.phase_changes()) or "none"
+    return lines + [
+        "",
+        f"Phases run between the path's changes ({changes}). "
+        f"Best fixed: the run of `--optimizer fixed:N` (N in {list(exp.oracle)}, any repetition) "
+        "with the highest mean utility in the phase; U / best: the first transfer's mean "
+        "utility there over it, ramp-up included; recovery: seconds from the phase's start until "
+        f"{SETTLE_SAMPLES} intervals in a row (the whole phase, if shorter) stayed at "
+        f"{NEAR:.0%} of it.",
+        "",
+    ]
+
+
 def write(
     exp: Experiment, runs: Sequence[RunResult], out: Path, command: str, hosts: Hosts | None = None
 ) -> Path:
@@ -199,6 +242,7 @@ def write(
         "",
     ]
     lines += _across_runs(runs)
+    lines += _per_phase(exp, runs)
     overlaps = [(r, w) for r in runs for w in r.windows if len(w.labels) > 1]
     if overlaps:
         lines += [

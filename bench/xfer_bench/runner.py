@@ -104,6 +104,10 @@ class Network(Protocol):
         """Changes the bottleneck's rate now."""
         ...
 
+    def set_loss(self, loss: float) -> None:
+        """Changes the path's random loss now."""
+        ...
+
     def busy(self) -> float:
         """The largest share of CPUs busy on any machine of the run, just now (something else
         running skews the figures)."""
@@ -154,6 +158,10 @@ class EmulatedNetwork:
     def set_rate(self, rate_mbit: float) -> None:
         """The bottleneck's htb rate."""
         self.wan.set_rate(rate_mbit)
+
+    def set_loss(self, loss: float) -> None:
+        """The nftables rule dropping data segments at random."""
+        self.wan.set_loss(loss)
 
     def busy(self) -> float:
         """Share of this machine's CPUs busy just now."""
@@ -421,10 +429,11 @@ def _timeline(
     logs: Path,
     results: dict[int, TransferResult],
 ) -> None:
-    """Starts and stops the transfers and applies capacity changes on time."""
+    """Starts and stops the transfers and applies capacity and loss changes on time."""
     running: dict[int, tuple[subprocess.Popen[bytes], float]] = {}
     done: set[int] = set()
     rates = list(exp.rate_schedule)
+    losses = list(exp.loss_schedule)
     start = time.monotonic()
     next_progress = 0.0
     try:
@@ -432,6 +441,8 @@ def _timeline(
             now = time.monotonic() - start
             while rates and rates[0][0] <= now:
                 setup.net.set_rate(rates.pop(0)[1])
+            while losses and losses[0][0] <= now:
+                setup.net.set_loss(losses.pop(0)[1])
             for t in variant.transfers:
                 i = t.index
                 if i not in running and i not in done and t.start_s <= now:
@@ -533,9 +544,9 @@ def run(
     if any(t.tool == "gridftp" and t.stream_rate_cap_mbit for v in chosen for t in v.transfers):
         tools.add("paced-gridftp")
     if hosts is not None:
-        if exp.rate_schedule or exp.path.rtt_schedule:
+        if exp.rate_schedule or exp.loss_schedule or exp.path.rtt_schedule:
             raise ValueError(
-                "a real network cannot follow the experiment's rate or RTT schedule; "
+                "a real network cannot follow the experiment's rate, loss or RTT schedule; "
                 "run it on the emulated WAN"
             )
         check(hosts, exp.path.senders, tools)

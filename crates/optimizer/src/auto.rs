@@ -23,13 +23,13 @@
 //! upwards stops where the throughput reaches the best seen. Control goes back to the policy
 //! when it keeps asking for another count whose neighbour towards it the tuner measured no
 //! worse (a gain smaller than the noise, which the tuner cannot see); it keeps it while it
-//! holds a count or improves, and loses it when a count measures clearly below the best
+//! holds a count or improves, and loses it when its count measures clearly below the best
 //! remembered or when it held nothing within its turn. It goes to the tuner early when the
 //! policy keeps reversing itself without getting anywhere (a failed convergence). While
 //! streams are still connecting the policy's count is held: nothing measured it yet. The
 //! policy sees every interval, whoever acts, so its input is current when it takes over
-//! again. Each switch and its reason is reported through [`Controller::acting`], the policy's
-//! part under the name `ppo`.
+//! again. Each switch and its reason is reported through [`Controller::acting`], the
+//! policy's part under the name `ppo`.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -108,7 +108,7 @@ impl Default for AutoParams {
             cliff: 0.25,
             change: 0.2,
             queue_change: 0.4,
-            explore_factor: 4.0,
+            explore_factor: 8.0,
             memory: 32,
             policy_turn: 8,
             oscillation_reversals: 4,
@@ -753,17 +753,16 @@ impl Auto {
     }
 
     /// An exploration's trial measured no better than its base: narrow down towards it when
-    /// the exploration already moved this way, else turn to the other direction once; then the
-    /// tuner holds the best count found and probes by single streams.
+    /// the exploration already moved this way or turned to it (a large step may have passed
+    /// the best), else turn to the other direction once; then the tuner holds the best count
+    /// found and probes by single streams.
     fn explore_back(&mut self, p: Probe, o: &Observation) -> usize {
         let bounded = Probe {
             bound: Some(p.trial),
             ..p
         };
-        let next = if p.improved {
+        let next = if p.improved || p.turned {
             bounded.narrowed()
-        } else if p.turned {
-            None
         } else {
             self.explore(p.base, -p.direction, o)
                 .map(|q| Probe { turned: true, ..q })
