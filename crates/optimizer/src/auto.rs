@@ -534,19 +534,16 @@ impl Auto {
         };
     }
 
-    /// The policy's turn.
+    /// The policy's turn at `n` streams (the interval's count, within the limits).
     fn policy_decides(
         &mut self,
+        n: usize,
         o: &Observation,
         proposal: usize,
         settled: bool,
         unit: f64,
     ) -> usize {
-        let (n, mi, utility) = (
-            o.streams.clamp(1, self.params.max_streams.max(1)),
-            o.mi,
-            o.utility,
-        );
+        let (mi, utility) = (o.mi, o.utility);
         let Mode::Policy { held, turn } = &mut self.mode else {
             unreachable!("the policy decides in policy mode")
         };
@@ -599,9 +596,9 @@ impl Auto {
         }
     }
 
-    /// The tuner's turn: hold, start a probe, or judge one.
-    fn tuner_decides(&mut self, o: &Observation, settled: bool, unit: f64) -> usize {
-        let (n, mi) = (o.streams.clamp(1, self.params.max_streams.max(1)), o.mi);
+    /// The tuner's turn at `n` streams: hold, start a probe, or judge one.
+    fn tuner_decides(&mut self, n: usize, o: &Observation, settled: bool, unit: f64) -> usize {
+        let mi = o.mi;
         let max = self.params.max_streams;
         let mut p = match self.mode {
             Mode::Policy { .. } => unreachable!("the tuner decides in tuner modes"),
@@ -864,9 +861,9 @@ impl Controller for Auto {
             }
         }
         if matches!(self.mode, Mode::Policy { .. }) {
-            self.policy_decides(o, proposal, settled, unit)
+            self.policy_decides(n, o, proposal, settled, unit)
         } else {
-            self.tuner_decides(o, settled, unit)
+            self.tuner_decides(n, o, settled, unit)
         }
     }
 

@@ -60,7 +60,7 @@ pub struct Observation {
     pub mi: u64,
     /// Streams active during the interval (`n`).
     pub streams: usize,
-    /// Streams asked for that had not carried data yet at the end of the interval
+    /// Of `streams`, those still connecting at the end of the interval
     /// ([`MiStats::connecting`]).
     #[serde(default)]
     pub connecting: usize,
