@@ -2,7 +2,8 @@
 //! byte-identical while reporting progress and the optimiser's decisions; a cancelled job ends
 //! with `Cancelled` and a second run sends only the rest; bad settings are refused before
 //! anything is sent, and an unreachable receiver is named; a sender whose control connection is
-//! closed at once tries again; errors name the file, the receiver and the limit they concern.
+//! closed at once tries again; errors name the file, the receiver and the limit they concern;
+//! streams refused because the session ended while they connected do not fail it.
 
 use transfer::auth::KeySetting;
 use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
@@ -344,5 +345,31 @@ fn errors_name_the_file_the_receiver_and_the_limit_they_concern() {
             limit: Limit::Sessions { max: 1 },
         }) => assert_eq!(refused_by, addr),
         other => panic!("a session over the limit: {other:?}"),
+    }
+}
+
+#[test]
+fn streams_still_connecting_when_the_receiver_ends_the_session_do_not_fail_it() {
+    // A small file is done by the first stream to connect; the receiver answers `Done` and
+    // forgets the session while the other streams are still in their handshakes, and refuses
+    // them as belonging to no session. Those refusals come after everything arrived: the
+    // transfer succeeds. Many streams and several runs make the overlap near certain.
+    let OneFile {
+        src: _src,
+        root,
+        file,
+        data,
+    } = one_file(11, 4096);
+    let serving = serve(root.path());
+    for run_no in 0..20 {
+        let mut settings = paced(&serving.addr, file.clone(), None);
+        settings.optimizer = Some("fixed:48".parse().unwrap());
+        settings.streams = 48;
+        settings.destination = format!("run{run_no}");
+        let (_, result) = run(SendJob::start(settings).unwrap());
+        let summary = result.unwrap_or_else(|e| panic!("run {run_no}: {e}"));
+        assert_eq!(summary.bytes, data.len() as u64);
+        let landed = std::fs::read(root.path().join(format!("run{run_no}/big.bin"))).unwrap();
+        assert!(landed == data, "run {run_no}: the file differs");
     }
 }

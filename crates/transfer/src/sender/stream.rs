@@ -35,6 +35,9 @@ pub(super) enum StreamFailure {
     /// The receiver is busy authenticating other connections: no stream is opened for a while,
     /// and the transfer goes on with those it has.
     Busy(Limit),
+    /// The stream was refused after every unit had been acknowledged: the receiver may have
+    /// ended the session meanwhile, and the control connection says how it ended.
+    Unneeded(String),
     /// The transfer cannot go on (already reported through `Shared::fail`).
     Fatal,
 }
@@ -268,6 +271,9 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                     tracing::info!("stream {id} not opened: {limit}; trying again later");
                     busy.turned_away(id, limit, Instant::now());
                 }
+                if let Err(StreamFailure::Unneeded(reason)) = &result {
+                    tracing::debug!("stream {id} not needed any more: {reason}");
+                }
                 if let Err(StreamFailure::Broken(reason)) = result {
                     telemetry::sender_stream_broke();
                     failures += 1;
@@ -391,6 +397,7 @@ fn handshake_failure(shared: &Shared, e: AuthError) -> StreamFailure {
             StreamFailure::Broken(w.to_string())
         }
         AuthError::Limited(limit @ Limit::Authenticating { .. }) => StreamFailure::Busy(limit),
+        other if shared.all_units_acked() => StreamFailure::Unneeded(other.to_string()),
         other => fatal(shared, shared.config.handshake_failed(other)),
     }
 }
