@@ -115,11 +115,18 @@ def test_workloads_parse():
 def test_metrics():
     assert metrics.jain([5, 5, 5]) == pytest.approx(1)
     assert metrics.jain([9, 0, 0]) == pytest.approx(1 / 3)
-    a = TransferResult("A", 0, [Sample(t, 100, 2, 0) for t in range(1, 11)])
+    a = TransferResult("A", 0, [Sample(t, 100, 4, 1e-3) for t in range(1, 11)])
     b = TransferResult("B", 4, [Sample(t, 50, 2, 0) for t in range(5, 11)])
     ws = metrics.windows([a, b])
     assert [(w.start, w.end, w.labels) for w in ws] == [(0, 4, ("A",)), (4, 10, ("A", "B"))]
     assert ws[1].means == (100, 50) and ws[1].fairness == pytest.approx(0.9)
+    # Four streams of 25 Mbit/s beside two of 25: fair per flow, not per application.
+    assert ws[1].streams == (4, 2) and ws[1].flow_fairness == pytest.approx(1)
+    assert ws[1].losses == (pytest.approx(1e-3), 0)
+    one = TransferResult("C", 4, [Sample(t, 50, 1, None) for t in range(5, 11)])
+    w = metrics.windows([a, one])[1]
+    # Flows of 25, 25, 25, 25 and 50: (150)^2 / (5 * (4 * 625 + 2500)).
+    assert w.flow_fairness == pytest.approx(0.9) and w.losses == (pytest.approx(1e-3), None)
     assert metrics.per_second_totals([a, b])[5] == 150
     assert metrics.link_utilisation([a, b], 200) == pytest.approx((4 * 100 + 6 * 150) / 10 / 200)
     ramp = TransferResult("R", 2, [Sample(2 + t, min(10 * t, 100), 1, 0) for t in range(1, 20)])

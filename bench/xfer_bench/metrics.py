@@ -6,7 +6,7 @@ against the best fixed stream count of that phase)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 #: Utility parameters (U = T/K^n - T*L*B), as xfer's optimisers use by default.
@@ -100,23 +100,44 @@ class Window:
     end: int
     labels: tuple[str, ...]
     means: tuple[float, ...]
+    #: Each transfer's mean stream count in the window.
+    streams: tuple[float, ...]
+    #: Each transfer's mean retransmission rate in the window; None when its tool does not
+    #: report one.
+    losses: tuple[float | None, ...]
 
     @property
     def fairness(self) -> float:
-        """Jain's index over the transfers' mean throughputs in the window."""
+        """Jain's index over the transfers' mean throughputs in the window (per application)."""
         return jain(self.means)
+
+    @property
+    def flow_fairness(self) -> float:
+        """Jain's index over the flows (TCP connections) in the window: each transfer counts as
+        its mean stream count of flows that share its throughput equally (a transfer's own
+        streams are not measured apart)."""
+        flows = list(zip(self.streams, self.means, strict=True))
+        total = sum(m for _, m in flows)
+        square = sum(m * m / n for n, m in flows if n > 0)
+        if total <= 0 or square <= 0:
+            return 1.0
+        return total * total / (sum(n for n, _ in flows) * square)
 
     def utilisation(self, rate_mbit: float) -> float:
         """The transfers' summed mean throughput over the link rate."""
         return sum(self.means) / rate_mbit
 
 
-def _per_second(results: Sequence[TransferResult]) -> dict[int, dict[str, list[float]]]:
-    bins: dict[int, dict[str, list[float]]] = {}
+def _per_second(results: Sequence[TransferResult]) -> dict[int, dict[str, list[Sample]]]:
+    bins: dict[int, dict[str, list[Sample]]] = {}
     for r in results:
         for s in r.samples:
-            bins.setdefault(math.floor(s.t - 1e-9), {}).setdefault(r.label, []).append(s.mbit)
+            bins.setdefault(math.floor(s.t - 1e-9), {}).setdefault(r.label, []).append(s)
     return bins
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
 
 
 def windows(results: Sequence[TransferResult]) -> list[Window]:
@@ -125,15 +146,31 @@ def windows(results: Sequence[TransferResult]) -> list[Window]:
     out: list[Window] = []
     current: list[int] = []
 
+    def mean_of(label: str, value: Callable[[Sample], float]) -> float:
+        """The mean over the window's seconds of each second's mean `value` of `label`."""
+        return _mean([_mean([value(s) for s in bins[sec][label]]) for sec in current])
+
+    def loss_of(label: str) -> float | None:
+        """`label`'s mean retransmission rate; None when its tool does not report one."""
+        samples = [s for sec in current for s in bins[sec][label]]
+        if any(s.loss is None for s in samples):
+            return None
+        return mean_of(label, lambda s: s.loss or 0.0)
+
     def close() -> None:
         if not current:
             return
         labels = tuple(sorted(bins[current[0]]))
-        means = tuple(
-            sum(sum(bins[sec][label]) / len(bins[sec][label]) for sec in current) / len(current)
-            for label in labels
+        out.append(
+            Window(
+                current[0],
+                current[-1] + 1,
+                labels,
+                tuple(mean_of(label, lambda s: s.mbit) for label in labels),
+                tuple(mean_of(label, lambda s: s.streams) for label in labels),
+                tuple(loss_of(label) for label in labels),
+            )
         )
-        out.append(Window(current[0], current[-1] + 1, labels, means))
         current.clear()
 
     for second in sorted(bins):
@@ -149,7 +186,7 @@ def per_second_totals(results: Sequence[TransferResult]) -> dict[int, float]:
     """For each whole second in which anything was sent, the transfers' summed throughput
     (each transfer's samples within the second averaged first)."""
     return {
-        sec: sum(sum(v) / len(v) for v in per.values())
+        sec: sum(_mean([s.mbit for s in v]) for v in per.values())
         for sec, per in sorted(_per_second(results).items())
     }
 

@@ -248,14 +248,21 @@ def write(
         lines += [
             "## Fairness while transfers overlap",
             "",
-            "| variant | rep | seconds | transfers | mean Mbit/s each | Jain | link use |",
-            "|---|---:|---|---|---|---:|---:|",
+            "Jain's index per application takes each transfer's throughput; per flow, each "
+            "transfer counts as its mean number of streams sharing its throughput equally. "
+            "Retransmitted: each transfer's retransmitted over sent segments.",
+            "",
+            "| variant | rep | seconds | transfers | mean Mbit/s each | streams each | "
+            "retransmitted each | Jain, applications | Jain, flows | link use |",
+            "|---|---:|---|---|---|---|---|---:|---:|---:|",
         ]
         for r, w in overlaps:
+            lost = ", ".join("-" if x is None else f"{x:.1e}" for x in w.losses)
             lines.append(
                 f"| {r.variant} | {r.repetition + 1} | {w.start}-{w.end} | {', '.join(w.labels)} | "
-                f"{', '.join(f'{m:.0f}' for m in w.means)} | {w.fairness:.3f} | "
-                f"{w.utilisation(rate):.2f} |"
+                f"{', '.join(f'{m:.0f}' for m in w.means)} | "
+                f"{', '.join(f'{n:.1f}' for n in w.streams)} | {lost} | {w.fairness:.3f} | "
+                f"{w.flow_fairness:.3f} | {w.utilisation(rate):.2f} |"
             )
         lines.append("")
     lines += ["## Plots", ""]
@@ -295,7 +302,10 @@ def write(
                     "end": w.end,
                     "labels": w.labels,
                     "means": w.means,
+                    "streams": w.streams,
+                    "losses": w.losses,
                     "jain": w.fairness,
+                    "jain_flows": w.flow_fairness,
                 }  # fmt: skip
                 for w in r.windows
             ],
