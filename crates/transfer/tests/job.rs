@@ -352,8 +352,9 @@ fn errors_name_the_file_the_receiver_and_the_limit_they_concern() {
 fn streams_still_connecting_when_the_receiver_ends_the_session_do_not_fail_it() {
     // A small file is done by the first stream to connect; the receiver answers `Done` and
     // forgets the session while the other streams are still in their handshakes, and refuses
-    // them as belonging to no session. Those refusals come after everything arrived: the
-    // transfer succeeds. Many streams and several runs make the overlap near certain.
+    // them as belonging to no session (or exits). Those refusals come after everything
+    // arrived: the transfer succeeds. Many streams and several runs make the overlap near
+    // certain.
     let OneFile {
         src: _src,
         root,
@@ -371,5 +372,25 @@ fn streams_still_connecting_when_the_receiver_ends_the_session_do_not_fail_it() 
         assert_eq!(summary.bytes, data.len() as u64);
         let landed = std::fs::read(root.path().join(format!("run{run_no}/big.bin"))).unwrap();
         assert!(landed == data, "run {run_no}: the file differs");
+    }
+    // A receiver that serves one session (`xfer recv --once`) closes its port after `Done`:
+    // the late streams' connections are refused outright.
+    for run_no in 0..10 {
+        let config = ReceiverConfig::new(
+            root.path().into(),
+            transfer::auth::SessionKey::from_text(KEY).unwrap(),
+        );
+        let receiver = Receiver::bind("127.0.0.1:0", config).unwrap();
+        let addr = receiver.local_addr().unwrap().to_string();
+        let serving = std::thread::spawn(move || receiver.serve(Some(1)));
+        let mut settings = paced(&addr, file.clone(), None);
+        settings.optimizer = Some("fixed:48".parse().unwrap());
+        settings.streams = 48;
+        settings.destination = format!("once{run_no}");
+        let (_, result) = run(SendJob::start(settings).unwrap());
+        result.unwrap_or_else(|e| panic!("once, run {run_no}: {e}"));
+        serving.join().unwrap().unwrap();
+        let landed = std::fs::read(root.path().join(format!("once{run_no}/big.bin"))).unwrap();
+        assert!(landed == data, "once, run {run_no}: the file differs");
     }
 }

@@ -35,8 +35,8 @@ pub(super) enum StreamFailure {
     /// The receiver is busy authenticating other connections: no stream is opened for a while,
     /// and the transfer goes on with those it has.
     Busy(Limit),
-    /// The stream was refused after every unit had been acknowledged: the receiver may have
-    /// ended the session meanwhile, and the control connection says how it ended.
+    /// The stream could not be set up, but every unit had been acknowledged meanwhile
+    /// ([`unless_done`]).
     Unneeded(String),
     /// The transfer cannot go on (already reported through `Shared::fail`).
     Fatal,
@@ -320,11 +320,11 @@ fn open_tcp(
     handle: &StreamHandle,
 ) -> Result<Opened<link::LinkReader<TcpStream>, TcpStream>, StreamFailure> {
     let (socket, _, fallback) = connect(&shared.addrs, &shared.config.addr, shared.transport)
-        .map_err(|e| fatal(shared, e))?;
+        .map_err(|e| unless_done(shared, e))?;
     if let Some(why) = fallback {
         tracing::info!("stream {}: {why}", handle.id);
     }
-    tune_data_socket(&socket, &shared.config).map_err(|e| fatal(shared, e))?;
+    tune_data_socket(&socket, &shared.config).map_err(|e| unless_done(shared, e))?;
     // The handshake is bounded by the stall timeout; afterwards the ack clock watches the stream.
     socket
         .set_read_timeout(Some(shared.config.stall_timeout))
@@ -397,8 +397,19 @@ fn handshake_failure(shared: &Shared, e: AuthError) -> StreamFailure {
             StreamFailure::Broken(w.to_string())
         }
         AuthError::Limited(limit @ Limit::Authenticating { .. }) => StreamFailure::Busy(limit),
-        other if shared.all_units_acked() => StreamFailure::Unneeded(other.to_string()),
-        other => fatal(shared, shared.config.handshake_failed(other)),
+        other => unless_done(shared, shared.config.handshake_failed(other)),
+    }
+}
+
+/// A stream that could not be set up: the end of the transfer with `e`, unless every unit
+/// was acknowledged meanwhile. Then the receiver may have ended the session, or exited after
+/// serving it (`xfer recv --once`), while the stream connected, and the control connection
+/// says how the session ended.
+fn unless_done(shared: &Shared, e: SendError) -> StreamFailure {
+    if shared.all_units_acked() {
+        StreamFailure::Unneeded(e.to_string())
+    } else {
+        fatal(shared, e)
     }
 }
 
