@@ -84,14 +84,21 @@ fn relay(
         }
         match (prefix[4], rewrite) {
             // A chunk: header (20), check (8), data, tag.
-            (2, Rewrite::Chunks { count }) if rewritten.load(Ordering::Acquire) < count => {
+            // Each stream's relay claims a rewrite before making it: two must not both see
+            // the last one free.
+            (2, Rewrite::Chunks { count })
+                if rewritten
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                        (n < count).then_some(n + 1)
+                    })
+                    .is_ok() =>
+            {
                 let data_end = body.len() - tag;
                 body[28] ^= 0x40;
                 let checksum = chunk_checksum(&body[28..data_end]);
                 body[12..20].copy_from_slice(&checksum.to_le_bytes());
                 let check = chunk_checksum(&[&prefix[..], &body[..20]].concat());
                 body[20..28].copy_from_slice(&check.to_le_bytes());
-                rewritten.fetch_add(1, Ordering::AcqRel);
             }
             // A message: its postcard body (a `Seal` starts with its variant, 8), check, tag.
             (1, Rewrite::Seals) if body[0] == 8 => {
