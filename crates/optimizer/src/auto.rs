@@ -547,9 +547,10 @@ impl Auto {
         let Mode::Policy { held, turn } = &mut self.mode else {
             unreachable!("the policy decides in policy mode")
         };
-        if o.connecting > 0 {
-            // The streams it asked for have measured nothing yet: the policy would judge the
-            // count by the ones that carry data (and take back what it just asked for).
+        if o.connecting > 0 || o.retiring > 0 {
+            // The streams it asked for have measured nothing yet, or those it retired still
+            // add their data: the policy would judge the count by what it does not carry (and
+            // take back what it just asked for, or retire more).
             return n;
         }
         if proposal != n {
@@ -800,7 +801,7 @@ impl Controller for Auto {
     fn decide(&mut self, o: &Observation) -> usize {
         let max = self.params.max_streams.max(1);
         let n = o.streams.clamp(1, max);
-        let settled = !self.clock.observe(o).mostly_ramp_up();
+        let settled = self.clock.observe(o).measures_count();
         // The policy sees every interval, so its input is current whenever it acts.
         let proposal = self.policy.decide(o).clamp(1, max);
         // Utilities compare in units of at least 1 % of the best throughput seen.

@@ -63,7 +63,7 @@ pub trait Controller: Send {
     /// use optimizer::{Controller, Fixed};
     /// # use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
     /// # let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
-    /// # let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4, connecting: 0 };
+    /// # let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4, ..MiStats::default() };
     /// # let observation = tracker.observe(&stats);
     ///
     /// assert_eq!(Fixed(8).decide(&observation), 8);

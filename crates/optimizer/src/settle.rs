@@ -1,13 +1,16 @@
-//! Judging a stream count only once its streams have ramped up.
+//! Judging a stream count only once its streams have ramped up, and only once the streams it
+//! replaced are gone.
 //!
 //! A new TCP stream spends a few round trips connecting and slow-starting before it carries its
 //! share. On a long path that takes longer than an interval: the interval right after adding
 //! streams shows their cost (the K^n term) without their throughput, so a controller judging it
-//! would always see adding streams as a loss and drift down. [`Settling`] holds a raised count
-//! until at most half of an interval is ramp-up, and shows the inner controller only the
-//! intervals that measure the count it chose. Removing streams takes effect at once and is
-//! judged on the next interval. [`RampClock`] tells how much of an interval was ramp-up; the
-//! policy's input uses the same clock.
+//! would always see adding streams as a loss and drift down. [`Settling`] holds a changed count
+//! until at most half of an interval is ramp-up and no stream being retired carries data any
+//! more, and shows the inner controller only the intervals that measure the count it chose.
+//! A retired stream finishes the unit it holds (and what its socket buffer holds), so the
+//! interval after a decrease can measure several times what the lower count carries.
+//! [`RampClock`] tells whether an interval measures its count; the policy's input uses the
+//! same clock.
 
 use crate::controller::Controller;
 use crate::signals::Observation;
@@ -18,7 +21,8 @@ use crate::signals::Observation;
 pub const RAMP_RTTS: f64 = 10.0;
 
 /// Follows the stream count of a transfer interval by interval and tells how much of each
-/// interval its newest streams spent ramping up.
+/// interval its newest streams spent ramping up, and whether retired streams still carried
+/// data in it.
 ///
 /// ```
 /// use optimizer::sim::{Scenario, Simulator};
@@ -31,9 +35,9 @@ pub const RAMP_RTTS: f64 = 10.0;
 /// let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
 /// let mut clock = RampClock::default();
 /// let raised = clock.observe(&tracker.observe(&sim.step(8, 1.0).measured));
-/// assert!(raised.mostly_ramp_up());
+/// assert!(!raised.measures_count());
 /// let later = (0..3).map(|_| clock.observe(&tracker.observe(&sim.step(8, 1.0).measured))).last().unwrap();
-/// assert!(!later.mostly_ramp_up());
+/// assert!(later.measures_count());
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct RampClock {
@@ -45,13 +49,13 @@ pub struct RampClock {
     raised_at: f64,
 }
 
-/// How an interval relates to the last rise of the stream count ([`RampClock::observe`]).
+/// How an interval relates to the last changes of the stream count ([`RampClock::observe`]).
 ///
 /// ```
 /// use optimizer::IntervalRamp;
 ///
-/// let ramp = IntervalRamp { interval: 1.0, ramp_left: 0.3 };
-/// assert!(!ramp.mostly_ramp_up(), "under half the interval was ramp-up: it measures its count");
+/// let ramp = IntervalRamp { interval: 1.0, ramp_left: 0.3, retiring: false };
+/// assert!(ramp.measures_count(), "under half the interval was ramp-up");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct IntervalRamp {
@@ -60,25 +64,30 @@ pub struct IntervalRamp {
     /// Seconds of the interval during which the newest streams were still ramping up
     /// (negative once they finished before it began).
     pub ramp_left: f64,
+    /// Whether streams being retired still carried data during the interval
+    /// ([`Observation::retiring`]).
+    pub retiring: bool,
 }
 
 impl IntervalRamp {
-    /// Whether more than half of the interval was ramp-up, so that it does not measure its
-    /// count settled.
+    /// Whether the interval measures its count settled: at most half of it was ramp-up, and
+    /// no stream being retired added its data to it.
     ///
     /// ```
     /// use optimizer::IntervalRamp;
     ///
-    /// assert!(IntervalRamp { interval: 1.0, ramp_left: 0.7 }.mostly_ramp_up());
-    /// assert!(!IntervalRamp { interval: 1.0, ramp_left: -2.0 }.mostly_ramp_up());
+    /// assert!(!IntervalRamp { interval: 1.0, ramp_left: 0.7, retiring: false }.measures_count());
+    /// assert!(IntervalRamp { interval: 1.0, ramp_left: -2.0, retiring: false }.measures_count());
+    /// assert!(!IntervalRamp { interval: 1.0, ramp_left: -2.0, retiring: true }.measures_count());
     /// ```
-    pub fn mostly_ramp_up(&self) -> bool {
-        self.ramp_left > 0.5 * self.interval
+    pub fn measures_count(&self) -> bool {
+        self.ramp_left <= 0.5 * self.interval && !self.retiring
     }
 }
 
 impl RampClock {
-    /// Adds the interval that just ended and returns how much of it was ramp-up.
+    /// Adds the interval that just ended and returns how much of it was ramp-up and whether
+    /// retired streams carried data in it.
     ///
     /// ```
     /// use optimizer::sim::{Scenario, Simulator};
@@ -105,11 +114,13 @@ impl RampClock {
         IntervalRamp {
             interval,
             ramp_left: self.raised_at + RAMP_RTTS * o.rtt - start,
+            retiring: o.retiring > 0,
         }
     }
 }
 
-/// Wraps a controller so that a raised count is judged only once its new streams ramped up.
+/// Wraps a controller so that a raised count is judged only once its new streams ramped up,
+/// and a lowered one only once the streams it retired stopped carrying data.
 ///
 /// ```
 /// use optimizer::sim::{run, RunConfig, Scenario};
@@ -127,7 +138,8 @@ impl RampClock {
 pub struct Settling<C> {
     inner: C,
     clock: RampClock,
-    /// The count asked for while waiting.
+    /// The count last asked for, while it differs from the one before: held until an interval
+    /// measures it.
     holding: Option<usize>,
 }
 
@@ -156,12 +168,11 @@ impl<C: Controller> Controller for Settling<C> {
 
     fn decide(&mut self, observation: &Observation) -> usize {
         let ramp = self.clock.observe(observation);
-        // Holding only ever asks for a rise, so reaching it means the count just rose.
-        if self.holding == Some(observation.streams) && ramp.mostly_ramp_up() {
+        if self.holding == Some(observation.streams) && !ramp.measures_count() {
             return observation.streams;
         }
         let next = self.inner.decide(observation);
-        self.holding = (next > observation.streams).then_some(next);
+        self.holding = (next != observation.streams).then_some(next);
         next
     }
 }
@@ -208,7 +219,7 @@ mod tests {
         // 100 ms RTT: 1 s of ramp-up after each rise; 1 s intervals ending at mi + 1.
         let mut at = |mi: u64, streams: usize| {
             let ramp = clock.observe(&Observation::for_test(mi, streams, 1.0, 0.100));
-            (ramp.interval, ramp.ramp_left, ramp.mostly_ramp_up())
+            (ramp.interval, ramp.ramp_left, !ramp.measures_count())
         };
         let close = |(i, left, mostly): (f64, f64, bool), want: (f64, f64, bool)| {
             assert!(
@@ -223,6 +234,35 @@ mod tests {
         close(at(3, 2), (1.0, 0.0, false));
         close(at(4, 2), (1.0, -1.0, false));
         close(at(5, 3), (1.0, 1.0, true));
+    }
+
+    /// Records what it was shown and always asks for one stream fewer.
+    struct Descender(Vec<u64>);
+
+    impl Controller for Descender {
+        fn name(&self) -> String {
+            "descender".into()
+        }
+
+        fn decide(&mut self, observation: &Observation) -> usize {
+            self.0.push(observation.mi);
+            observation.streams - 1
+        }
+    }
+
+    #[test]
+    fn a_lowered_count_is_held_while_retired_streams_carry_data() {
+        let mut c = Settling::new(Descender(Vec::new()));
+        // 20 ms RTT: no ramp-up to wait for. The retired streams carry data in the two
+        // intervals after the first decrease and in none after the second.
+        let retiring = [0, 2, 1, 0, 0];
+        let mut n = 10;
+        for (mi, retiring) in retiring.into_iter().enumerate() {
+            let mut o = Observation::for_test(mi as u64, n, 1.0, 0.020);
+            o.retiring = retiring;
+            n = c.decide(&o);
+        }
+        assert_eq!((c.inner.0, n), (vec![0, 3, 4], 7));
     }
 
     #[test]

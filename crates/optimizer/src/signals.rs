@@ -13,7 +13,7 @@ use crate::utility::{RewardParams, UtilityParams};
 /// use optimizer::MiStats;
 ///
 /// // One second in which 4 streams had 125 MB acknowledged and retransmitted 9 of 90,000 segments.
-/// let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4, connecting: 0 };
+/// let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4, ..MiStats::default() };
 /// assert_eq!(stats.bytes_acked as f64 * 8.0 / stats.duration, 1e9);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
@@ -38,6 +38,12 @@ pub struct MiStats {
     /// from before it was measured.
     #[serde(default)]
     pub connecting: usize,
+    /// Streams being retired that still acknowledged data during the interval: not among
+    /// `streams`, but their bytes are in `bytes_acked` (a retired stream finishes the unit it
+    /// holds), so the interval measures more than its count carries. Absent (0) in records
+    /// from before it was measured.
+    #[serde(default)]
+    pub retiring: usize,
 }
 
 /// The signals of one interval, as controllers and learned policies see them.
@@ -46,7 +52,7 @@ pub struct MiStats {
 /// use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
 ///
 /// let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
-/// let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4, connecting: 0 };
+/// let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4, ..MiStats::default() };
 /// let o = tracker.observe(&stats);
 /// assert_eq!(o.throughput, 1e9);
 /// assert!((o.loss - 1e-4).abs() < 1e-12);
@@ -64,6 +70,10 @@ pub struct Observation {
     /// ([`MiStats::connecting`]).
     #[serde(default)]
     pub connecting: usize,
+    /// Streams being retired that still carried data during the interval, beside `streams`
+    /// ([`MiStats::retiring`]).
+    #[serde(default)]
+    pub retiring: usize,
     /// Goodput in bit/s (`T`).
     pub throughput: f64,
     /// Retransmitted over sent data segments (`L`), 0 when nothing was sent.
@@ -93,7 +103,7 @@ impl Observation {
     /// use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
     ///
     /// let mut tracker = SignalTracker::new(UtilityParams { k: 1.0, b: 0.0 }, RewardParams::default(), 8);
-    /// let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 1000, data_segs_out: 1, retrans_segs: 0, rtt: Some(0.01), streams: 1, connecting: 0 };
+    /// let stats = MiStats { end: 1.0, duration: 1.0, bytes_acked: 1000, data_segs_out: 1, retrans_segs: 0, rtt: Some(0.01), streams: 1, ..MiStats::default() };
     /// assert_eq!(tracker.observe(&stats).utility_ratio(), 1.0, "no cost: the utility is the best throughput");
     /// ```
     pub fn utility_ratio(&self) -> f64 {
@@ -111,7 +121,7 @@ impl Observation {
     /// use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
     ///
     /// let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
-    /// let second = |end, bytes_acked| MiStats { end, duration: 1.0, bytes_acked, data_segs_out: 1, retrans_segs: 0, rtt: Some(0.01), streams: 2, connecting: 0 };
+    /// let second = |end, bytes_acked| MiStats { end, duration: 1.0, bytes_acked, data_segs_out: 1, retrans_segs: 0, rtt: Some(0.01), streams: 2, ..MiStats::default() };
     /// tracker.observe(&second(1.0, 2000));
     /// let o = tracker.observe(&second(2.0, 1000));
     /// assert_eq!(o.best_throughput(), 16_000.0);
@@ -132,7 +142,7 @@ impl Observation {
 /// use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
 ///
 /// let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
-/// let interval = |end, streams, rtt| MiStats { end, duration: 1.0, bytes_acked: 1 << 20, data_segs_out: 800, retrans_segs: 0, rtt: Some(rtt), streams, connecting: 0 };
+/// let interval = |end, streams, rtt| MiStats { end, duration: 1.0, bytes_acked: 1 << 20, data_segs_out: 800, retrans_segs: 0, rtt: Some(rtt), streams, ..MiStats::default() };
 /// tracker.observe(&interval(1.0, 2, 0.050));
 /// let o = tracker.observe(&interval(2.0, 7, 0.060));
 /// assert_eq!(o.actions.last(), Some(&5), "the count rose by 5");
@@ -253,6 +263,7 @@ impl SignalTracker {
             mi: self.mi,
             streams: stats.streams,
             connecting: stats.connecting,
+            retiring: stats.retiring,
             throughput,
             loss,
             rtt,
@@ -278,6 +289,7 @@ impl Observation {
             mi,
             streams,
             connecting: 0,
+            retiring: 0,
             throughput: utility,
             loss: 0.0,
             rtt,
@@ -304,7 +316,7 @@ mod tests {
             retrans_segs: retrans,
             rtt: Some(rtt),
             streams: n,
-            connecting: 0,
+            ..MiStats::default()
         }
     }
 

@@ -118,6 +118,7 @@ fn optimized_transfer(optimizer: Option<&str>) -> Vec<serde_json::Value> {
         for key in [
             "time",
             "connecting",
+            "retiring",
             "throughput",
             "loss",
             "rtt",

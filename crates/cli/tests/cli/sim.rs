@@ -45,6 +45,7 @@ fn gd_on_the_paper_scenario_prints_a_trace_and_a_summary() {
         for key in [
             "streams",
             "connecting",
+            "retiring",
             "throughput",
             "loss",
             "rtt",

@@ -210,7 +210,7 @@ impl ObservationLayout {
 /// ```
 /// # use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
 /// # let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
-/// # let observation = tracker.observe(&MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4, connecting: 0 });
+/// # let observation = tracker.observe(&MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4, ..MiStats::default() });
 /// use optimizer::policy::signal_vector;
 ///
 /// let own = signal_vector(&observation, 64.0);
@@ -292,7 +292,7 @@ impl FeatureHistory {
     /// ```
     /// # use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
     /// # let mut tracker = SignalTracker::new(UtilityParams::default(), RewardParams::default(), 8);
-    /// # let observation = tracker.observe(&MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4, connecting: 0 });
+    /// # let observation = tracker.observe(&MiStats { end: 1.0, duration: 1.0, bytes_acked: 125_000_000, data_segs_out: 90_000, retrans_segs: 9, rtt: Some(0.05), streams: 4, ..MiStats::default() });
     /// use optimizer::policy::{FeatureHistory, ObservationLayout, SIGNALS};
     ///
     /// let layout = ObservationLayout::new(3, 3);
@@ -312,11 +312,12 @@ impl FeatureHistory {
         } else {
             1.0
         };
-        // An interval that was mostly ramp-up after a raise does not measure its count
-        // settled; the memory keeps it only until one does.
+        // An interval that was mostly ramp-up after a raise, or that carried the data of
+        // streams being retired, does not measure its count settled; the memory keeps it only
+        // until one does.
         self.memory.forget(o.mi);
         self.memory
-            .record(o.streams, o.utility, o.mi, !interval_ramp.mostly_ramp_up());
+            .record(o.streams, o.utility, o.mi, interval_ramp.measures_count());
         // Utilities compare in units of at least 1 % of the best throughput seen.
         let remembered = self
             .memory

@@ -374,6 +374,8 @@ impl Simulator {
                 rtt: (n > 0).then_some(rtt),
                 streams: n,
                 connecting: self.streams.connecting(self.time),
+                // The simulator retires streams at once, without finishing their units.
+                retiring: 0,
             },
             carried,
         }

@@ -120,9 +120,9 @@ impl IntervalMeter {
 
     /// What the streams did since the previous sample: bytes acknowledged, data segments sent
     /// and retransmitted, RTT weighted by bytes acknowledged (the plain mean when nothing was
-    /// acknowledged), and the number of streams not being retired; and the same per path of
-    /// the MPTCP streams. A connection not seen before counts from its opening. `end` and
-    /// `duration` are in seconds.
+    /// acknowledged), the number of streams not being retired and of those being retired that
+    /// still acknowledged data; and the same per path of the MPTCP streams. A connection not
+    /// seen before counts from its opening. `end` and `duration` are in seconds.
     pub(super) fn measure(
         &mut self,
         samples: &[StreamSample],
@@ -131,13 +131,18 @@ impl IntervalMeter {
     ) -> (MiStats, Vec<PathStats>) {
         let mut total = Sums::default();
         let mut paths: BTreeMap<(IpAddr, IpAddr), Sums> = BTreeMap::new();
+        let mut retiring = 0;
         for sample in samples {
+            let acked_before = total.bytes_acked;
             for (key, path, now) in connections(sample) {
                 let before = self.last.get(&key).copied().unwrap_or_default();
                 total.add(&before, now);
                 if let Some(path) = path {
                     paths.entry(path).or_default().add(&before, now);
                 }
+            }
+            if sample.retiring && total.bytes_acked > acked_before {
+                retiring += 1;
             }
         }
         self.reset(samples);
@@ -151,6 +156,7 @@ impl IntervalMeter {
             rtt: total.rtt(),
             // The meter sees only open streams; the sender adds those still connecting.
             connecting: 0,
+            retiring,
         };
         let paths = paths
             .into_iter()
@@ -223,8 +229,9 @@ mod tests {
         assert_eq!(stats.data_segs_out, 4 + u64::from(u32::MAX));
         assert_eq!(stats.retrans_segs, 1);
         assert_eq!(
-            stats.streams, 1,
-            "a retiring stream is not counted as active"
+            (stats.streams, stats.retiring),
+            (1, 1),
+            "a retiring stream that carried data is counted apart from the active ones"
         );
         // RTT weighted by bytes: (1 ms * 3000 + 4 ms * 1000) / 4000.
         assert!((stats.rtt.unwrap() - 0.00175).abs() < 1e-12);
@@ -232,6 +239,10 @@ mod tests {
         let (next, _) = meter.measure(&[sample(2, true, 1500, 5, 0, 0)], 3.0, 1.0);
         assert_eq!((next.bytes_acked, next.data_segs_out), (500, 6));
         assert_eq!(next.rtt, None);
+        assert_eq!((next.streams, next.retiring), (0, 1));
+        // A retiring stream that acknowledged nothing (its unit done) measures nothing.
+        let (last, _) = meter.measure(&[sample(2, true, 1500, 5, 0, 0)], 4.0, 1.0);
+        assert_eq!((last.bytes_acked, last.retiring), (0, 0));
     }
 
     #[test]
