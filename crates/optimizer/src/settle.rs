@@ -181,29 +181,41 @@ impl<C: Controller> Controller for Settling<C> {
 mod tests {
     use super::*;
 
-    /// Records what it was shown and always asks for one more stream.
-    struct Climber(Vec<u64>);
+    /// Records the intervals it was shown and always asks for `step` streams more (or fewer).
+    struct Stepper {
+        step: isize,
+        shown: Vec<u64>,
+    }
 
-    impl Controller for Climber {
-        fn name(&self) -> String {
-            "climber".into()
-        }
-
-        fn decide(&mut self, observation: &Observation) -> usize {
-            self.0.push(observation.mi);
-            observation.streams + 1
+    impl Stepper {
+        fn new(step: isize) -> Self {
+            Stepper {
+                step,
+                shown: Vec::new(),
+            }
         }
     }
 
-    /// Runs a wrapped [`Climber`] for `intervals` at `rtt` seconds from one stream; returns
-    /// the intervals it was shown and the final count.
+    impl Controller for Stepper {
+        fn name(&self) -> String {
+            "stepper".into()
+        }
+
+        fn decide(&mut self, observation: &Observation) -> usize {
+            self.shown.push(observation.mi);
+            observation.streams.saturating_add_signed(self.step)
+        }
+    }
+
+    /// Runs a wrapped [`Stepper`] climbing by one for `intervals` at `rtt` seconds from one
+    /// stream; returns the intervals it was shown and the final count.
     fn climb(rtt: f64, intervals: u64) -> (Vec<u64>, usize) {
-        let mut c = Settling::new(Climber(Vec::new()));
+        let mut c = Settling::new(Stepper::new(1));
         let mut n = 1;
         for mi in 0..intervals {
             n = c.decide(&Observation::for_test(mi, n, 1.0, rtt));
         }
-        (c.inner.0, n)
+        (c.inner.shown, n)
     }
 
     #[test]
@@ -236,23 +248,9 @@ mod tests {
         close(at(5, 3), (1.0, 1.0, true));
     }
 
-    /// Records what it was shown and always asks for one stream fewer.
-    struct Descender(Vec<u64>);
-
-    impl Controller for Descender {
-        fn name(&self) -> String {
-            "descender".into()
-        }
-
-        fn decide(&mut self, observation: &Observation) -> usize {
-            self.0.push(observation.mi);
-            observation.streams - 1
-        }
-    }
-
     #[test]
     fn a_lowered_count_is_held_while_retired_streams_carry_data() {
-        let mut c = Settling::new(Descender(Vec::new()));
+        let mut c = Settling::new(Stepper::new(-1));
         // 20 ms RTT: no ramp-up to wait for. The retired streams carry data in the two
         // intervals after the first decrease and in none after the second.
         let retiring = [0, 2, 1, 0, 0];
@@ -262,7 +260,7 @@ mod tests {
             o.retiring = retiring;
             n = c.decide(&o);
         }
-        assert_eq!((c.inner.0, n), (vec![0, 3, 4], 7));
+        assert_eq!((c.inner.shown, n), (vec![0, 3, 4], 7));
     }
 
     #[test]

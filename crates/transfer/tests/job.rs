@@ -361,17 +361,21 @@ fn streams_still_connecting_when_the_receiver_ends_the_session_do_not_fail_it() 
         file,
         data,
     } = one_file(11, 4096);
-    let serving = serve(root.path());
-    for run_no in 0..20 {
-        let mut settings = paced(&serving.addr, file.clone(), None);
+    // Sends the file over 48 streams to `addr` as `destination`; it must arrive whole.
+    let send = |addr: &str, destination: String| {
+        let mut settings = paced(addr, file.clone(), None);
         settings.optimizer = Some("fixed:48".parse().unwrap());
         settings.streams = 48;
-        settings.destination = format!("run{run_no}");
+        settings.destination = destination.clone();
         let (_, result) = run(SendJob::start(settings).unwrap());
-        let summary = result.unwrap_or_else(|e| panic!("run {run_no}: {e}"));
+        let summary = result.unwrap_or_else(|e| panic!("{destination}: {e}"));
         assert_eq!(summary.bytes, data.len() as u64);
-        let landed = std::fs::read(root.path().join(format!("run{run_no}/big.bin"))).unwrap();
-        assert!(landed == data, "run {run_no}: the file differs");
+        let landed = std::fs::read(root.path().join(&destination).join("big.bin")).unwrap();
+        assert!(landed == data, "{destination}: the file differs");
+    };
+    let serving = serve(root.path());
+    for run_no in 0..20 {
+        send(&serving.addr, format!("run{run_no}"));
     }
     // A receiver that serves one session (`xfer recv --once`) closes its port after `Done`:
     // the late streams' connections are refused outright.
@@ -382,15 +386,8 @@ fn streams_still_connecting_when_the_receiver_ends_the_session_do_not_fail_it() 
         );
         let receiver = Receiver::bind("127.0.0.1:0", config).unwrap();
         let addr = receiver.local_addr().unwrap().to_string();
-        let serving = std::thread::spawn(move || receiver.serve(Some(1)));
-        let mut settings = paced(&addr, file.clone(), None);
-        settings.optimizer = Some("fixed:48".parse().unwrap());
-        settings.streams = 48;
-        settings.destination = format!("once{run_no}");
-        let (_, result) = run(SendJob::start(settings).unwrap());
-        result.unwrap_or_else(|e| panic!("once, run {run_no}: {e}"));
-        serving.join().unwrap().unwrap();
-        let landed = std::fs::read(root.path().join(format!("once{run_no}/big.bin"))).unwrap();
-        assert!(landed == data, "once, run {run_no}: the file differs");
+        let once = std::thread::spawn(move || receiver.serve(Some(1)));
+        send(&addr, format!("once{run_no}"));
+        once.join().unwrap().unwrap();
     }
 }
