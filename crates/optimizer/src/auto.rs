@@ -26,16 +26,16 @@
 //! holds a count or improves, and loses it when its count measures clearly below the best
 //! remembered or when it held nothing within its turn. It goes to the tuner early when the
 //! policy keeps reversing itself without getting anywhere (a failed convergence). While
-//! streams are still connecting the policy's count is held: nothing measured it yet. The
-//! policy sees every interval, whoever acts, so its input is current when it takes over
-//! again. Each switch and its reason is reported through [`Controller::acting`], the
-//! policy's part under the name `ppo`.
+//! streams are still connecting, or streams being retired carry much of the data, the
+//! policy's count is held: nothing measured it yet. The policy sees every interval, whoever
+//! acts, so its input is current when it takes over again. Each switch and its reason is
+//! reported through [`Controller::acting`], the policy's part under the name `ppo`.
 
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::controller::{Acting, Controller};
 use crate::policy::{Measured, UtilityMemory, SAMPLES};
-use crate::settle::RampClock;
+use crate::settle::{IntervalRamp, RampClock};
 use crate::signals::Observation;
 
 /// Tuning of [`Auto`].
@@ -211,14 +211,21 @@ enum Shift {
 }
 
 impl Shift {
-    /// Which way the tuner explores first: up only when the utility fell (the path got
-    /// poorer for each stream: loss arrived, the RTT grew, other traffic arrived); down
-    /// otherwise (room appeared, or a queue formed or drained at the same utility: loss went
-    /// away, the base RTT moved, which leave fewer streams enough).
+    /// Which way the tuner explores first: up when the utility fell (the path got poorer for
+    /// each stream: loss arrived, the RTT grew, other traffic arrived) or a queue drained at
+    /// the same utility (room appeared that the streams, each held to its own limit, leave
+    /// unused: the capacity grew); down when the utility rose (room appeared that fewer
+    /// streams fill: other traffic left) or a queue formed at the same utility (the streams
+    /// fill the path now, as when random loss stops: fewer suffice).
     fn direction(self) -> i64 {
         match self {
-            Shift::Utility { up: false } => 1,
-            _ => -1,
+            Shift::Utility { up } | Shift::Queue { up } => {
+                if up {
+                    -1
+                } else {
+                    1
+                }
+            }
         }
     }
 
@@ -260,9 +267,11 @@ impl RttMemory {
         entry.2 = mi;
     }
 
-    /// The RTT remembered at `count`.
+    /// The RTT remembered at `count`, once it was measured in two intervals or more: on a
+    /// full path the queue swings by half from one interval to the next, and one interval at
+    /// the top of a swing would make the next ordinary one look like a queue that drained.
     fn at(&self, count: usize) -> Option<f64> {
-        self.at.get(&count).map(|e| e.0)
+        self.at.get(&count).filter(|e| e.1 >= 2).map(|e| e.0)
     }
 
     /// Forgets what was measured `horizon` intervals or more before `mi`.
@@ -540,17 +549,17 @@ impl Auto {
         n: usize,
         o: &Observation,
         proposal: usize,
-        settled: bool,
+        ramp: IntervalRamp,
         unit: f64,
     ) -> usize {
-        let (mi, utility) = (o.mi, o.utility);
+        let (mi, utility, settled) = (o.mi, o.utility, ramp.measures_count());
         let Mode::Policy { held, turn } = &mut self.mode else {
             unreachable!("the policy decides in policy mode")
         };
-        if o.connecting > 0 || o.retiring > 0 {
+        if o.connecting > 0 || ramp.retiring {
             // The streams it asked for have measured nothing yet, or those it retired still
-            // add their data: the policy would judge the count by what it does not carry (and
-            // take back what it just asked for, or retire more).
+            // add much of the data: the policy would judge the count by what it does not
+            // carry (and take back what it just asked for, or retire more).
             return n;
         }
         if proposal != n {
@@ -801,7 +810,8 @@ impl Controller for Auto {
     fn decide(&mut self, o: &Observation) -> usize {
         let max = self.params.max_streams.max(1);
         let n = o.streams.clamp(1, max);
-        let settled = self.clock.observe(o).measures_count();
+        let ramp = self.clock.observe(o);
+        let settled = ramp.measures_count();
         // The policy sees every interval, so its input is current whenever it acts.
         let proposal = self.policy.decide(o).clamp(1, max);
         // Utilities compare in units of at least 1 % of the best throughput seen.
@@ -862,7 +872,7 @@ impl Controller for Auto {
             }
         }
         if matches!(self.mode, Mode::Policy { .. }) {
-            self.policy_decides(n, o, proposal, settled, unit)
+            self.policy_decides(n, o, proposal, ramp, unit)
         } else {
             self.tuner_decides(n, o, settled, unit)
         }
@@ -893,6 +903,11 @@ mod tests {
 
     /// Runs `auto` around `policy` on a shipped scenario (seed 1, 64 streams at most).
     fn run_auto(scenario: &str, policy: fn(usize) -> usize, seconds: f64) -> Vec<TraceRow> {
+        run_auto_on(&Scenario::shipped(scenario).unwrap(), policy, seconds)
+    }
+
+    /// Runs `auto` around `policy` on `scenario` (seed 1, 64 streams at most).
+    fn run_auto_on(scenario: &Scenario, policy: fn(usize) -> usize, seconds: f64) -> Vec<TraceRow> {
         let mut auto = Auto::new(
             Box::new(Scripted(policy)),
             AutoParams {
@@ -905,7 +920,7 @@ mod tests {
             max_streams: 64,
             ..RunConfig::default()
         };
-        run(&Scenario::shipped(scenario).unwrap(), &mut auto, &config).0
+        run(scenario, &mut auto, &config).0
     }
 
     /// The switches of a run: interval, who took over, why.
@@ -1024,6 +1039,49 @@ mod tests {
             left <= 12,
             "{left} intervals to come down after the loss left"
         );
+    }
+
+    #[test]
+    fn room_that_capped_streams_leave_unused_is_explored_upwards() {
+        // Streams capped at 50 Mbit/s on a 20 ms path whose capacity falls to 470 Mbit/s at
+        // 70 s (10 streams keep a queue) and comes back to 1 Gbit/s at 140 s (best 20): the
+        // queue drains while the utility hardly moves. A policy that holds whatever it has
+        // leaves it to the tuner.
+        let scenario = Scenario::from_toml(
+            r#"
+            name = "capacity-falls-below-the-caps-and-comes-back"
+            description = "test"
+            capacity_mbps = 1000
+            base_rtt_ms = 20
+            buffer_kib = 2441
+            stream_cap_mbps = 50
+            changes = [{ at_s = 70, capacity_mbps = 470 }, { at_s = 140, capacity_mbps = 1000 }]
+            "#,
+        )
+        .unwrap();
+        let rows = run_auto_on(&scenario, |n| n, 200.0);
+        let s = switches(&rows);
+        let change = s
+            .iter()
+            .find(|(mi, _, why)| *mi >= 140 && why.contains("the path changed"))
+            .unwrap_or_else(|| panic!("{s:?}"));
+        assert!(change.0 < 144 && change.2.contains("exploring up"), "{s:?}");
+        let counts: Vec<usize> = rows.iter().map(|r| r.observation.streams).collect();
+        assert!(counts[130..140].iter().all(|&n| n <= 11), "{counts:?}");
+        assert!(counts[140..146].iter().any(|&n| n >= 20), "{counts:?}");
+    }
+
+    #[test]
+    fn one_interval_is_no_rtt_reference() {
+        let mut rtts = RttMemory::default();
+        rtts.record(20, 0.036, 1);
+        assert_eq!(
+            rtts.at(20),
+            None,
+            "one interval may be the top of a queue's swing"
+        );
+        rtts.record(20, 0.024, 2);
+        assert!((rtts.at(20).unwrap() - 0.030).abs() < 1e-12);
     }
 
     #[test]

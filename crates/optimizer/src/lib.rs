@@ -31,6 +31,6 @@ pub use bo::{BayesianOptimizer, BoParams};
 pub use controller::{Acting, Controller, ControllerSpec, Fixed, SpecError};
 pub use gd::{GdParams, GradientDescent};
 pub use schedule::{CountSchedule, ScheduleError};
-pub use settle::{IntervalRamp, RampClock, Settling, RAMP_RTTS};
+pub use settle::{IntervalRamp, RampClock, Settling, RAMP_RTTS, RETIRING_SHARE};
 pub use signals::{MiStats, Observation, SignalTracker};
 pub use utility::{RewardParams, UtilityParams};

@@ -5,10 +5,12 @@
 //! share. On a long path that takes longer than an interval: the interval right after adding
 //! streams shows their cost (the K^n term) without their throughput, so a controller judging it
 //! would always see adding streams as a loss and drift down. [`Settling`] holds a changed count
-//! until at most half of an interval is ramp-up and no stream being retired carries data any
-//! more, and shows the inner controller only the intervals that measure the count it chose.
-//! A retired stream finishes the unit it holds (and what its socket buffer holds), so the
-//! interval after a decrease can measure several times what the lower count carries.
+//! until at most half of an interval is ramp-up and the streams being retired carry little of
+//! its data, and shows the inner controller only the intervals that measure the count it
+//! chose. A retired stream finishes the unit it holds (and what its socket buffer holds), so
+//! the interval after a decrease can measure several times what the lower count carries; on a
+//! lossy long path, though, a slow stream can take many seconds over its last unit while
+//! carrying a sliver of the data, and waiting for it would freeze the controller.
 //! [`RampClock`] tells whether an interval measures its count; the policy's input uses the
 //! same clock.
 
@@ -19,6 +21,10 @@ use crate::signals::Observation;
 /// log2 of its window in segments over the initial 10 to slow-start (5 to 7 for windows of
 /// 300 to 1300 segments).
 pub const RAMP_RTTS: f64 = 10.0;
+
+/// Largest share of an interval's throughput that streams being retired may carry while the
+/// interval still measures its count: about the noise of one interval.
+pub const RETIRING_SHARE: f64 = 0.1;
 
 /// Follows the stream count of a transfer interval by interval and tells how much of each
 /// interval its newest streams spent ramping up, and whether retired streams still carried
@@ -64,14 +70,14 @@ pub struct IntervalRamp {
     /// Seconds of the interval during which the newest streams were still ramping up
     /// (negative once they finished before it began).
     pub ramp_left: f64,
-    /// Whether streams being retired still carried data during the interval
-    /// ([`Observation::retiring`]).
+    /// Whether streams being retired carried more than [`RETIRING_SHARE`] of the interval's
+    /// throughput ([`Observation::retiring_throughput`]).
     pub retiring: bool,
 }
 
 impl IntervalRamp {
     /// Whether the interval measures its count settled: at most half of it was ramp-up, and
-    /// no stream being retired added its data to it.
+    /// streams being retired added little of its data.
     ///
     /// ```
     /// use optimizer::IntervalRamp;
@@ -114,7 +120,7 @@ impl RampClock {
         IntervalRamp {
             interval,
             ramp_left: self.raised_at + RAMP_RTTS * o.rtt - start,
-            retiring: o.retiring > 0,
+            retiring: o.retiring_throughput > RETIRING_SHARE * o.throughput,
         }
     }
 }
@@ -251,13 +257,15 @@ mod tests {
     #[test]
     fn a_lowered_count_is_held_while_retired_streams_carry_data() {
         let mut c = Settling::new(Stepper::new(-1));
-        // 20 ms RTT: no ramp-up to wait for. The retired streams carry data in the two
-        // intervals after the first decrease and in none after the second.
-        let retiring = [0, 2, 1, 0, 0];
+        // 20 ms RTT: no ramp-up to wait for. The streams retired by the first decrease carry
+        // half and a fifth of the data of the two intervals after it, then a sliver, which
+        // does not hold the count; those of the second carry none.
+        let retiring = [(0, 0.0), (2, 0.5), (1, 0.2), (1, 0.05), (0, 0.0)];
         let mut n = 10;
-        for (mi, retiring) in retiring.into_iter().enumerate() {
+        for (mi, (retiring, share)) in retiring.into_iter().enumerate() {
             let mut o = Observation::for_test(mi as u64, n, 1.0, 0.020);
             o.retiring = retiring;
+            o.retiring_throughput = share * o.throughput;
             n = c.decide(&o);
         }
         assert_eq!((c.inner.shown, n), (vec![0, 3, 4], 7));

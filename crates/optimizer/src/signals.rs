@@ -38,12 +38,16 @@ pub struct MiStats {
     /// from before it was measured.
     #[serde(default)]
     pub connecting: usize,
-    /// Streams being retired that still acknowledged data during the interval: not among
-    /// `streams`, but their bytes are in `bytes_acked` (a retired stream finishes the unit it
-    /// holds), so the interval measures more than its count carries. Absent (0) in records
-    /// from before it was measured.
+    /// Streams being retired, or closed during the interval, that still acknowledged data in
+    /// it: not among `streams`, but their bytes are in `bytes_acked` (a retired stream
+    /// finishes the unit it holds), so the interval measures more than its count carries.
+    /// Absent (0) in records from before it was measured.
     #[serde(default)]
     pub retiring: usize,
+    /// Of `bytes_acked`, those acknowledged on the `retiring` streams. Absent (0) in records
+    /// from before it was measured.
+    #[serde(default)]
+    pub retiring_bytes: u64,
 }
 
 /// The signals of one interval, as controllers and learned policies see them.
@@ -70,10 +74,14 @@ pub struct Observation {
     /// ([`MiStats::connecting`]).
     #[serde(default)]
     pub connecting: usize,
-    /// Streams being retired that still carried data during the interval, beside `streams`
-    /// ([`MiStats::retiring`]).
+    /// Streams being retired or closed that still carried data during the interval, beside
+    /// `streams` ([`MiStats::retiring`]).
     #[serde(default)]
     pub retiring: usize,
+    /// Of `throughput`, what the `retiring` streams carried, bit/s
+    /// ([`MiStats::retiring_bytes`]).
+    #[serde(default)]
+    pub retiring_throughput: f64,
     /// Goodput in bit/s (`T`).
     pub throughput: f64,
     /// Retransmitted over sent data segments (`L`), 0 when nothing was sent.
@@ -264,6 +272,7 @@ impl SignalTracker {
             streams: stats.streams,
             connecting: stats.connecting,
             retiring: stats.retiring,
+            retiring_throughput: stats.retiring_bytes as f64 * 8.0 / duration,
             throughput,
             loss,
             rtt,
@@ -290,6 +299,7 @@ impl Observation {
             streams,
             connecting: 0,
             retiring: 0,
+            retiring_throughput: 0.0,
             throughput: utility,
             loss: 0.0,
             rtt,

@@ -1,5 +1,6 @@
 //! The live optimiser on real loopback transfers: a controller that takes several intervals to
-//! decide does not hold up the data, and its late decision is applied when it lands.
+//! decide does not hold up the data, and its late decision is applied when it lands; the
+//! intervals account for every byte while streams are retired and close.
 
 use std::sync::mpsc;
 use std::time::Duration;
@@ -45,14 +46,36 @@ fn receiver() -> (String, tempfile::TempDir) {
     (addr, root)
 }
 
+/// Switches between 4 streams and 1 every other interval.
+struct Swinging;
+
+impl Controller for Swinging {
+    fn name(&self) -> String {
+        "swinging".into()
+    }
+
+    fn decide(&mut self, observation: &Observation) -> usize {
+        if (observation.mi / 2) % 2 == 0 {
+            1
+        } else {
+            4
+        }
+    }
+}
+
 /// Sends `size` bytes of generated data over streams paced to `cap` bytes/s each, starting with
-/// one stream, under `controller`; returns the bytes acknowledged and the MI records.
-fn paced_transfer(size: u64, cap: u64, controller: Box<dyn Controller>) -> (u64, Vec<MiRecord>) {
+/// `streams`, under `controller`; returns the bytes acknowledged and the MI records.
+fn paced_transfer(
+    size: u64,
+    cap: u64,
+    streams: usize,
+    controller: Box<dyn Controller>,
+) -> (u64, Vec<MiRecord>) {
     let (addr, _root) = receiver();
     let config = SendConfig {
         addr,
         key: SessionKey::from_text(KEY).unwrap(),
-        streams: 1,
+        streams,
         unit_size: 1 << 20,
         verify: false,
         checksum: false,
@@ -92,7 +115,7 @@ fn a_slow_controller_does_not_stop_the_data_and_its_late_decision_lands() {
         streams: 3,
         calls: 0,
     };
-    let (bytes, records) = paced_transfer(size, 50_000_000, Box::new(controller));
+    let (bytes, records) = paced_transfer(size, 50_000_000, 1, Box::new(controller));
     assert_eq!(bytes, size);
     let mis: Vec<u64> = records.iter().map(|r| r.observation.mi).collect();
     assert_eq!(
@@ -147,5 +170,37 @@ fn a_slow_controller_does_not_stop_the_data_and_its_late_decision_lands() {
     assert!(
         mean(&after[..after.len() - 1]) > 2.0 * mean(&before),
         "{records:?}"
+    );
+}
+
+#[test]
+fn the_intervals_count_the_data_of_streams_that_closed_in_them() {
+    // 10 MB/s per stream, 4 streams and 1 in turn: every other interval retires three streams,
+    // which finish their unit of 1 MiB and close between two samples.
+    let size = 40 << 20;
+    let (bytes, records) = paced_transfer(size, 10_000_000, 4, Box::new(Swinging));
+    assert_eq!(bytes, size);
+    let mut measured = 0.0;
+    let mut previous = None;
+    for record in &records {
+        let o = &record.observation;
+        let duration = previous.map_or(INTERVAL.as_secs_f64(), |t| o.time - t);
+        measured += o.throughput * duration / 8.0;
+        previous = Some(o.time);
+    }
+    assert!(
+        records
+            .iter()
+            .filter(|r| r.observation.retiring > 0)
+            .count()
+            >= 3,
+        "the intervals in which retired streams closed say so: {records:?}"
+    );
+    // What the streams carried before the first interval and after the last one (a unit at
+    // most on each stream) is not measured; nothing is counted twice.
+    let ratio = measured / size as f64;
+    assert!(
+        (0.93..1.03).contains(&ratio),
+        "the intervals measured {measured:.0} of {size} bytes ({ratio:.3}): {records:?}"
     );
 }

@@ -119,6 +119,7 @@ fn optimized_transfer(optimizer: Option<&str>) -> Vec<serde_json::Value> {
             "time",
             "connecting",
             "retiring",
+            "retiring_throughput",
             "throughput",
             "loss",
             "rtt",

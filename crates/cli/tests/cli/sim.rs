@@ -46,6 +46,7 @@ fn gd_on_the_paper_scenario_prints_a_trace_and_a_summary() {
             "streams",
             "connecting",
             "retiring",
+            "retiring_throughput",
             "throughput",
             "loss",
             "rtt",

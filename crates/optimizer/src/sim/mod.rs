@@ -376,6 +376,7 @@ impl Simulator {
                 connecting: self.streams.connecting(self.time),
                 // The simulator retires streams at once, without finishing their units.
                 retiring: 0,
+                retiring_bytes: 0,
             },
             carried,
         }

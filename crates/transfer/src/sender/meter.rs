@@ -59,9 +59,8 @@ impl Sums {
         let acked = now.bytes_acked.saturating_sub(before.bytes_acked);
         self.connections += 1;
         self.bytes_acked += acked;
-        // The kernel's segment counters are 32-bit and wrap after 4 Gi segments.
-        self.data_segs_out += u64::from(now.data_segs_out.wrapping_sub(before.data_segs_out));
-        self.retrans_segs += u64::from(now.total_retrans.wrapping_sub(before.total_retrans));
+        self.data_segs_out += advanced(before.data_segs_out, now.data_segs_out);
+        self.retrans_segs += advanced(before.total_retrans, now.total_retrans);
         if now.rtt_us > 0 {
             let rtt = f64::from(now.rtt_us) / 1e6;
             self.rtt_weighted += rtt * acked as f64;
@@ -80,6 +79,19 @@ impl Sums {
         } else {
             None
         }
+    }
+}
+
+/// How far a 32-bit kernel segment counter moved from `before` to `now`. It wraps after 4 Gi
+/// segments; it may also read slightly behind a previous sample (a stream sampled open just
+/// after its final sample was taken, that final sample coming the interval after), which
+/// counts as nothing: no interval moves a counter by 2 Gi.
+fn advanced(before: u32, now: u32) -> u64 {
+    let moved = now.wrapping_sub(before);
+    if moved > u32::MAX / 2 {
+        0
+    } else {
+        u64::from(moved)
     }
 }
 
@@ -120,9 +132,10 @@ impl IntervalMeter {
 
     /// What the streams did since the previous sample: bytes acknowledged, data segments sent
     /// and retransmitted, RTT weighted by bytes acknowledged (the plain mean when nothing was
-    /// acknowledged), the number of streams not being retired and of those being retired that
-    /// still acknowledged data; and the same per path of the MPTCP streams. A connection not
-    /// seen before counts from its opening. `end` and `duration` are in seconds.
+    /// acknowledged), the number of streams not being retired and of those being retired (or
+    /// closed: their final samples) that still acknowledged data; and the same per path of the
+    /// MPTCP streams. A connection not seen before counts from its opening. `end` and
+    /// `duration` are in seconds.
     pub(super) fn measure(
         &mut self,
         samples: &[StreamSample],
@@ -131,7 +144,7 @@ impl IntervalMeter {
     ) -> (MiStats, Vec<PathStats>) {
         let mut total = Sums::default();
         let mut paths: BTreeMap<(IpAddr, IpAddr), Sums> = BTreeMap::new();
-        let mut retiring = 0;
+        let (mut retiring, mut retiring_bytes) = (0, 0);
         for sample in samples {
             let acked_before = total.bytes_acked;
             for (key, path, now) in connections(sample) {
@@ -143,6 +156,7 @@ impl IntervalMeter {
             }
             if sample.retiring && total.bytes_acked > acked_before {
                 retiring += 1;
+                retiring_bytes += total.bytes_acked - acked_before;
             }
         }
         self.reset(samples);
@@ -157,6 +171,7 @@ impl IntervalMeter {
             // The meter sees only open streams; the sender adds those still connecting.
             connecting: 0,
             retiring,
+            retiring_bytes,
         };
         let paths = paths
             .into_iter()
@@ -215,18 +230,22 @@ mod tests {
     #[test]
     fn differences_and_sums_the_streams_counters() {
         let mut meter = IntervalMeter::default();
-        meter.reset(&[sample(1, false, 1000, 10, 0, 100)]);
+        meter.reset(&[sample(1, false, 1000, u32::MAX - 1, 0, 100)]);
         let (stats, paths) = meter.measure(
             &[
-                sample(1, false, 4000, 14, 1, 1000),
-                sample(2, true, 1000, u32::MAX, 0, 4000),
+                sample(1, false, 4000, 3, 1, 1000),
+                sample(2, true, 1000, 7, 0, 4000),
             ],
             2.0,
             1.0,
         );
         assert!(paths.is_empty(), "TCP streams have no per-path breakdown");
         assert_eq!(stats.bytes_acked, 3000 + 1000);
-        assert_eq!(stats.data_segs_out, 4 + u64::from(u32::MAX));
+        assert_eq!(
+            stats.data_segs_out,
+            5 + 7,
+            "the 32-bit segment counter wraps; a new stream counts from its opening"
+        );
         assert_eq!(stats.retrans_segs, 1);
         assert_eq!(
             (stats.streams, stats.retiring),
@@ -235,14 +254,41 @@ mod tests {
         );
         // RTT weighted by bytes: (1 ms * 3000 + 4 ms * 1000) / 4000.
         assert!((stats.rtt.unwrap() - 0.00175).abs() < 1e-12);
-        // Counters wrap: the next interval still differences correctly.
-        let (next, _) = meter.measure(&[sample(2, true, 1500, 5, 0, 0)], 3.0, 1.0);
-        assert_eq!((next.bytes_acked, next.data_segs_out), (500, 6));
+        let (next, _) = meter.measure(&[sample(2, true, 1500, 9, 0, 0)], 3.0, 1.0);
+        assert_eq!((next.bytes_acked, next.data_segs_out), (500, 2));
         assert_eq!(next.rtt, None);
         assert_eq!((next.streams, next.retiring), (0, 1));
         // A retiring stream that acknowledged nothing (its unit done) measures nothing.
-        let (last, _) = meter.measure(&[sample(2, true, 1500, 5, 0, 0)], 4.0, 1.0);
+        let (last, _) = meter.measure(&[sample(2, true, 1500, 9, 0, 0)], 4.0, 1.0);
         assert_eq!((last.bytes_acked, last.retiring), (0, 0));
+    }
+
+    #[test]
+    fn a_closed_streams_final_sample_counts_once_and_a_late_reading_adds_nothing() {
+        let mut meter = IntervalMeter::default();
+        meter.reset(&[sample(1, false, 0, 0, 0, 0), sample(2, true, 0, 0, 0, 0)]);
+        // Stream 2 closed after the previous sample: its final sample still counts its data.
+        let (stats, _) = meter.measure(
+            &[
+                sample(1, false, 1000, 10, 0, 0),
+                sample(2, true, 500, 5, 1, 0),
+            ],
+            1.0,
+            1.0,
+        );
+        assert_eq!((stats.bytes_acked, stats.data_segs_out), (1500, 15));
+        assert_eq!(
+            (stats.streams, stats.retiring, stats.retiring_bytes),
+            (1, 1, 500)
+        );
+        // Stream 1 was sampled open a moment after its final sample, which comes the interval
+        // after and reads a little behind: nothing is added, nothing wraps.
+        let (last, _) = meter.measure(&[sample(1, true, 990, 9, 0, 0)], 2.0, 1.0);
+        assert_eq!(
+            (last.bytes_acked, last.data_segs_out, last.retrans_segs),
+            (0, 0, 0)
+        );
+        assert_eq!((last.streams, last.retiring), (0, 0));
     }
 
     #[test]

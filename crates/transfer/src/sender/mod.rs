@@ -620,6 +620,9 @@ struct Shared {
     files_total: AtomicU64,
     files_done: AtomicU64,
     streams: Mutex<BTreeMap<u64, Arc<StreamHandle>>>,
+    /// Final samples of the streams closed since the interval meter last took them; `None`
+    /// while no meter runs (nobody would take them). Locked after `streams`.
+    departed: Mutex<Option<Vec<StreamSample>>>,
     timeline: Mutex<Vec<(f64, usize)>>,
     closed_retransmits: AtomicU64,
     nacks: AtomicU64,
@@ -842,6 +845,7 @@ impl Shared {
             .count()
     }
 
+    /// Samples of the open streams (see [`Transfer::sample_streams`]).
     fn sample_streams(&self) -> Vec<StreamSample> {
         let handles: Vec<_> = self
             .streams
@@ -850,18 +854,55 @@ impl Shared {
             .values()
             .cloned()
             .collect();
-        handles
-            .iter()
-            .filter_map(|h| {
-                h.sample(self.transport)
-                    .map(|(tcp, subflows)| StreamSample {
-                        stream: h.id,
-                        retiring: h.is_retiring(),
-                        tcp,
-                        subflows,
-                    })
+        handles.iter().filter_map(|h| self.sample(h)).collect()
+    }
+
+    /// What the interval meter measures: samples of the open streams and the final samples of
+    /// those closed since its previous call, taken under one lock so that a stream is in one
+    /// of them, never both nor neither. The first call starts keeping closed streams' samples.
+    fn sample_for_meter(&self) -> Vec<StreamSample> {
+        let (handles, departed) = {
+            let streams = self.streams.lock().expect("streams lock");
+            let departed = self
+                .departed
+                .lock()
+                .expect("departed lock")
+                .replace(Vec::new())
+                .unwrap_or_default();
+            (streams.values().cloned().collect::<Vec<_>>(), departed)
+        };
+        let mut samples: Vec<_> = handles.iter().filter_map(|h| self.sample(h)).collect();
+        samples.extend(departed);
+        samples
+    }
+
+    /// Removes stream `id` once it ended, keeping its final sample for the interval meter: what
+    /// it carried since the meter's last sample belongs to the interval in which it closed (a
+    /// retired stream finishes its unit; without it, every decrease would measure short).
+    fn remove_stream(&self, id: u64) {
+        let mut streams = self.streams.lock().expect("streams lock");
+        let Some(handle) = streams.remove(&id) else {
+            return;
+        };
+        if let Some(departed) = self.departed.lock().expect("departed lock").as_mut() {
+            // Closed, it is no longer among the active streams either.
+            departed.extend(self.sample(&handle).map(|s| StreamSample {
+                retiring: true,
+                ..s
+            }));
+        }
+    }
+
+    /// A sample of one stream's counters, if it has a connection.
+    fn sample(&self, handle: &StreamHandle) -> Option<StreamSample> {
+        handle
+            .sample(self.transport)
+            .map(|(tcp, subflows)| StreamSample {
+                stream: handle.id,
+                retiring: handle.is_retiring(),
+                tcp,
+                subflows,
             })
-            .collect()
     }
 
     fn file_shown(&self, file: u32) -> String {
@@ -1059,6 +1100,7 @@ impl Transfer {
             files_total: AtomicU64::new(0),
             files_done: AtomicU64::new(0),
             streams: Mutex::new(BTreeMap::new()),
+            departed: Mutex::new(None),
             timeline: Mutex::new(Vec::new()),
             closed_retransmits: AtomicU64::new(0),
             nacks: AtomicU64::new(0),

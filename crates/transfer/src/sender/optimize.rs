@@ -116,12 +116,12 @@ fn sample_intervals(shared: &Shared, settings: OptimizerSettings, tx: mpsc::Send
     let mut tracker = SignalTracker::new(settings.utility, settings.reward, settings.history);
     let interval = settings.interval.max(Duration::from_millis(1));
     let mut last = Instant::now();
-    meter.reset(&shared.sample_streams());
+    meter.reset(&shared.sample_for_meter());
     let mut deadline = last + interval;
     while !shared.wait_over_until(deadline) {
         let now = Instant::now();
         let (mut stats, paths) = meter.measure(
-            &shared.sample_streams(),
+            &shared.sample_for_meter(),
             now.duration_since(shared.start).as_secs_f64(),
             now.duration_since(last).as_secs_f64(),
         );

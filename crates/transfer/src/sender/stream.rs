@@ -263,7 +263,7 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
         }
         match events.recv_timeout(Duration::from_millis(200)) {
             Ok(ManagerEvent::StreamExited { id, result }) => {
-                shared.streams.lock().expect("streams lock").remove(&id);
+                shared.remove_stream(id);
                 if let Some(t) = threads.remove(&id) {
                     let _ = t.join();
                 }
