@@ -1469,7 +1469,9 @@ impl Transfer {
     }
 
     /// Reads the counters of every open stream now (`TCP_INFO`, or QUIC's path statistics).
-    /// Never waits for the data path.
+    /// Never waits for the data path. A stream that closed is no longer listed, so the
+    /// difference between two calls misses what it carried in between; the optimiser's
+    /// interval records ([`MiRecord`]) count it.
     ///
     /// ```
     /// # use transfer::quic::Congestion;
