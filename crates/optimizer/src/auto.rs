@@ -17,8 +17,15 @@
 //! is forgotten and the tuner re-explores at once, with large steps. Upwards after the utility
 //! fell, by the factor the throughput fell short of the best seen (streams each held to a
 //! fraction of the path by loss or a longer RTT need about that many more); downwards
-//! otherwise, halving the count (after a departure, or a queue that formed or drained at the
-//! same utility, as when random loss stops and the streams fill the buffer). An exploration
+//! otherwise, halving the count (after a departure, or a queue that formed at the same
+//! utility, as when random loss stops and the streams fill the buffer); upwards after a queue
+//! drained at the same utility (capped streams leave room unused). A queue counts only where
+//! the RTT moved beyond what it swings by itself on a full path. A route that got
+//! longer or shorter is a change too, whatever the count: the lowest RTT of the last intervals
+//! far from the lowest before them (longer: in three intervals, one of which carried clearly
+//! less, as windows sized for the shorter route do, where a queue the streams fill themselves
+//! keeps the path as full; shorter: in two, with no stream retired); a longer route explores
+//! upwards, a shorter one downwards. An exploration
 //! narrows down by halves once it overshot, turns once when its first step finds nothing, and
 //! upwards stops where the throughput reaches the best seen. Control goes back to the policy
 //! when it keeps asking for another count whose neighbour towards it the tuner measured no
@@ -73,6 +80,10 @@ pub struct AutoParams {
     /// in a row at an unchanged utility, that means the path changed: a queue formed or
     /// drained (the loss that kept the streams' windows small went away, the base RTT moved).
     pub queue_change: f64,
+    /// Smallest factor by which the lowest RTT of the last intervals, whatever their count,
+    /// must differ from the lowest of the intervals before them for the route to count as
+    /// changed (longer or shorter): larger than a queue the streams fill swings by.
+    pub base_change: f64,
     /// Largest factor by which the first probe upwards after a change multiplies the count
     /// (the factor is the best throughput seen over the current one, at least 1.5: streams
     /// that each carry a fraction of the path need about that many times as many).
@@ -108,6 +119,7 @@ impl Default for AutoParams {
             cliff: 0.25,
             change: 0.2,
             queue_change: 0.4,
+            base_change: 3.0,
             explore_factor: 8.0,
             memory: 32,
             policy_turn: 8,
@@ -201,13 +213,16 @@ impl Probe {
     }
 }
 
-/// What moved in a settled interval, against what its count measured before.
+/// What moved: in a settled interval, against what its count measured before; or the path's
+/// base RTT, whatever the count.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Shift {
     /// The utility, up or down.
     Utility { up: bool },
     /// The RTT, at an unchanged utility: a queue formed (up) or drained.
     Queue { up: bool },
+    /// The lowest RTT of the recent intervals: the route got longer (up) or shorter.
+    Base { up: bool },
 }
 
 impl Shift {
@@ -217,6 +232,8 @@ impl Shift {
     /// unused: the capacity grew); down when the utility rose (room appeared that fewer
     /// streams fill: other traffic left) or a queue formed at the same utility (the streams
     /// fill the path now, as when random loss stops: fewer suffice).
+    /// A longer route explores up (each stream needs a larger window for the same share, and
+    /// carries less under the same random loss), a shorter one down.
     fn direction(self) -> i64 {
         match self {
             Shift::Utility { up } | Shift::Queue { up } => {
@@ -226,14 +243,30 @@ impl Shift {
                     1
                 }
             }
+            Shift::Base { up } => {
+                if up {
+                    1
+                } else {
+                    -1
+                }
+            }
         }
     }
 
-    /// What moved, for the reason of a switch.
-    fn what(self) -> &'static str {
+    /// What moved and how far (`deviation`, relative), for the reason of a switch (`n`: the
+    /// interval's count).
+    fn describe(self, n: usize, deviation: f64) -> String {
+        let percent = 100.0 * deviation;
         match self {
-            Shift::Utility { .. } => "utility",
-            Shift::Queue { .. } => "RTT",
+            Shift::Utility { .. } => {
+                format!("the utility at {n} streams moved {percent:+.0} % from what it measured before")
+            }
+            Shift::Queue { .. } => {
+                format!("the RTT at {n} streams moved {percent:+.0} % from what it measured before")
+            }
+            Shift::Base { .. } => format!(
+                "the lowest RTT of the last intervals moved {percent:+.0} % from the lowest before them"
+            ),
         }
     }
 }
@@ -279,6 +312,110 @@ impl RttMemory {
         self.at.retain(|_, e| e.2 + horizon as u64 > mi);
     }
 }
+
+/// The RTT and throughput of the recent intervals, whatever their count. Every count sees the
+/// path's base RTT now and then (a queue drains after each loss, or never forms), so the lowest
+/// RTT of them follows the route: when it moves by a large factor and stays there, the route
+/// changed.
+#[derive(Debug, Clone, Default)]
+struct RttFloor {
+    /// Oldest first.
+    recent: VecDeque<PathSample>,
+}
+
+/// One interval's (index, RTT, throughput).
+type PathSample = (u64, f64, f64);
+
+/// Intervals in a row whose lowest RTT must be `AutoParams::base_change` times the lowest
+/// before them for the route to count as longer: a queue that the streams fill swings up and
+/// down from one interval to the next, a longer route stays.
+const BASE_ROSE_AFTER: usize = 3;
+
+/// Intervals in a row whose highest RTT must be the lowest before them over
+/// `AutoParams::base_change` for the route to count as shorter (an RTT below every one of
+/// the recent past is no queue that drained, unless a queue stood through all of them).
+const BASE_FELL_AFTER: usize = 2;
+
+/// Intervals before those that an RTT floor must have to compare them with.
+const BASE_HISTORY: usize = 4;
+
+/// Share of the best throughput before that one of the intervals after a longer route must
+/// fall under: the streams' windows, sized for the shorter route, carry less over the longer
+/// one until they grow. A queue the streams fill themselves (a deep buffer) raises the RTT as
+/// much, with the path as full as before.
+const BASE_ROSE_THROUGHPUT: f64 = 2.0 / 3.0;
+
+impl RttFloor {
+    /// Adds interval `mi`'s RTT (none when it measured none) and throughput.
+    fn record(&mut self, mi: u64, rtt: f64, throughput: f64) {
+        if rtt > 0.0 && rtt.is_finite() {
+            self.recent.push_back((mi, rtt, throughput));
+        }
+    }
+
+    /// Forgets what was measured `horizon` intervals or more before `mi`.
+    fn forget(&mut self, mi: u64, horizon: usize) {
+        while self
+            .recent
+            .front()
+            .is_some_and(|&(at, ..)| at + horizon as u64 <= mi)
+        {
+            self.recent.pop_front();
+        }
+    }
+
+    /// Forgets all but the last recorded interval: the ones before measured another path.
+    fn restart(&mut self) {
+        self.recent.drain(..self.recent.len().saturating_sub(1));
+    }
+
+    /// The lowest RTT of the intervals before the last `last`, if there are
+    /// [`BASE_HISTORY`] of them.
+    fn lowest_before(&self, last: usize) -> Option<f64> {
+        self.split(last).map(|((low, _), _)| low)
+    }
+
+    /// The lowest RTT and the highest throughput of the intervals before the last `last`,
+    /// and those last ones; `None` without [`BASE_HISTORY`] intervals before them.
+    fn split(&self, last: usize) -> Option<((f64, f64), Vec<PathSample>)> {
+        let len = self.recent.len();
+        if len < last + BASE_HISTORY {
+            return None;
+        }
+        let before = self
+            .recent
+            .range(..len - last)
+            .fold((f64::INFINITY, 0.0_f64), |(low, best), &(_, r, t)| {
+                (low.min(r), best.max(t))
+            });
+        Some((before, self.recent.range(len - last..).copied().collect()))
+    }
+
+    /// Whether the route got longer (`true`) or shorter, after the last recorded interval,
+    /// by `factor` or more, and by what factor: the lowest RTT of the last intervals against
+    /// the lowest before them. `retired`: whether streams were retired in the last intervals
+    /// (a queue that stood through all the intervals before drains then, and the RTT falls
+    /// as it would on a shorter route).
+    fn shift(&self, factor: f64, retired: bool) -> Option<(bool, f64)> {
+        if let Some(((floor, best), last)) = self.split(BASE_ROSE_AFTER) {
+            let low = last
+                .iter()
+                .map(|&(_, r, _)| r)
+                .fold(f64::INFINITY, f64::min);
+            let slowest = last.iter().map(|&(.., t)| t).fold(f64::INFINITY, f64::min);
+            if low > factor * floor && slowest < BASE_ROSE_THROUGHPUT * best {
+                return Some((true, low / floor));
+            }
+        }
+        let ((floor, _), last) = self.split(BASE_FELL_AFTER)?;
+        let high = last.iter().map(|&(_, r, _)| r).fold(0.0, f64::max);
+        (!retired && high * factor < floor).then_some((false, high / floor))
+    }
+}
+
+/// How many times its own swing (`Auto::rtt_noise`) the RTT at a count must move by for a
+/// queue to count as formed or drained.
+const QUEUE_NOISES: f64 = 4.0;
 
 /// Throughput over the best seen at which an exploration upwards stops.
 const REACHED: f64 = 0.9;
@@ -341,8 +478,12 @@ pub struct Auto {
     /// Mean absolute relative deviation of a settled interval from the remembered utility of
     /// its count: the measurement noise.
     noise: f64,
+    /// The same for the RTT: how far a queue the streams fill swings by itself.
+    rtt_noise: f64,
     /// The RTT of each count lately.
     rtts: RttMemory,
+    /// The RTT of every interval lately.
+    floor: RttFloor,
     /// The last settled interval, if its utility or RTT was far from what its count measured
     /// before.
     moved: Option<Moved>,
@@ -373,7 +514,9 @@ impl Auto {
             waits: [params.first_wait; 2],
             due: [0; 2],
             noise: params.first_noise(),
+            rtt_noise: 0.0,
             rtts: RttMemory::default(),
+            floor: RttFloor::default(),
             moved: None,
             acting: Acting {
                 controller: "ppo",
@@ -462,25 +605,38 @@ impl Auto {
             self.moved = None;
             return None;
         };
-        // The noise is judged on intervals that kept the count of the one before.
-        if o.actions.last().is_none_or(|&a| a == 0) {
-            self.noise += 0.1 * (deviation.abs().min(0.5) - self.noise);
-        }
         let queue = reference
             .1
             .filter(|&r| r > 0.0 && o.rtt > 0.0)
             .map(|r| o.rtt / r - 1.0);
-        let (shift, how_far) = if deviation.abs() > self.params.change.max(5.0 * self.noise) {
-            (
-                Shift::Utility {
-                    up: deviation > 0.0,
-                },
-                deviation,
-            )
+        // On a full path the queue swings by half from one interval to the next at any count
+        // (the streams' windows grow and back off out of step): a queue formed or drained
+        // only beyond what it swings by itself. Judged before this interval adds to it.
+        let queue_change = self.params.queue_change.max(QUEUE_NOISES * self.rtt_noise);
+        // The noise is judged on intervals that kept the count of the one before.
+        if o.actions.last().is_none_or(|&a| a == 0) {
+            self.noise += 0.1 * (deviation.abs().min(0.5) - self.noise);
+            if let Some(q) = queue {
+                self.rtt_noise += 0.1 * (q.abs().min(1.0) - self.rtt_noise);
+            }
+        }
+        let threshold = self.params.change.max(5.0 * self.noise);
+        let (shift, how_far) = if deviation < -threshold {
+            (Shift::Utility { up: false }, deviation)
+        } else if deviation > threshold {
+            (Shift::Utility { up: true }, deviation)
         } else {
-            match queue {
-                Some(q) if q > self.params.queue_change => (Shift::Queue { up: true }, q),
-                Some(q) if q < 1.0 / (1.0 + self.params.queue_change) - 1.0 => {
+            let shorter = self
+                .floor
+                .lowest_before(BASE_FELL_AFTER)
+                .filter(|&low| o.rtt * self.params.base_change < low);
+            match (queue, shorter) {
+                (Some(q), _) if q > queue_change => (Shift::Queue { up: true }, q),
+                // Far below every RTT of late: the route got shorter, no queue drained.
+                (Some(q), Some(low)) if q < 1.0 / (1.0 + queue_change) - 1.0 => {
+                    (Shift::Base { up: false }, o.rtt / low - 1.0)
+                }
+                (Some(q), None) if q < 1.0 / (1.0 + queue_change) - 1.0 => {
                     (Shift::Queue { up: false }, q)
                 }
                 _ => {
@@ -818,7 +974,27 @@ impl Controller for Auto {
         let unit = 0.01 * o.best_throughput();
         self.memory.forget(o.mi);
         self.rtts.forget(o.mi, self.params.memory);
-        let changed = settled.then(|| self.path_changed(n, o, unit)).flatten();
+        self.floor.forget(o.mi, self.params.memory);
+        self.floor.record(o.mi, o.rtt, o.throughput);
+        // The queue drains a little after the streams that filled it leave.
+        let retired = o
+            .actions
+            .iter()
+            .rev()
+            .take(BASE_FELL_AFTER + 1)
+            .any(|&a| a < 0);
+        let route = self
+            .floor
+            .shift(self.params.base_change, retired)
+            .map(|(up, factor)| (Shift::Base { up }, factor - 1.0));
+        let changed = match route {
+            Some(_) => {
+                // The intervals before measured the old route.
+                self.moved = None;
+                route
+            }
+            None => settled.then(|| self.path_changed(n, o, unit)).flatten(),
+        };
         if let Some((shift, deviation)) = changed {
             // What was measured before the change no longer holds (the tuner must not go
             // back later to a count by what it measured before), nor does the noise judged
@@ -827,16 +1003,13 @@ impl Controller for Auto {
             self.memory.record(n, o.utility, o.mi, settled);
             self.rtts = RttMemory::default();
             self.rtts.record(n, o.rtt, o.mi);
+            self.floor.restart();
             self.noise = self.params.first_noise();
+            self.rtt_noise = 0.0;
             self.moves.clear();
             self.disagree = 0;
             self.found_better(o.mi);
-            let reason = format!(
-                "the {} at {n} streams moved {:+.0} % from what it measured before: the path \
-                 changed",
-                shift.what(),
-                100.0 * deviation
-            );
+            let reason = format!("{}: the path changed", shift.describe(n, deviation));
             let first = self
                 .explore(n, shift.direction(), o)
                 .or_else(|| self.explore(n, -shift.direction(), o));
@@ -1069,6 +1242,66 @@ mod tests {
         let counts: Vec<usize> = rows.iter().map(|r| r.observation.streams).collect();
         assert!(counts[130..140].iter().all(|&n| n <= 11), "{counts:?}");
         assert!(counts[140..146].iter().any(|&n| n >= 20), "{counts:?}");
+    }
+
+    /// An RTT floor of intervals 0, 1, ... with these (RTT in ms, throughput in Mbit/s).
+    fn floor_of(intervals: &[(f64, f64)]) -> RttFloor {
+        let mut floor = RttFloor::default();
+        for (mi, &(rtt, throughput)) in intervals.iter().enumerate() {
+            floor.record(mi as u64, rtt / 1e3, throughput * 1e6);
+        }
+        floor
+    }
+
+    #[test]
+    fn a_longer_route_is_told_from_a_queue_the_streams_fill_by_what_they_carry() {
+        let before = [(10.5, 950.0), (16.0, 955.0), (11.0, 950.0), (14.0, 960.0)];
+        // The route grows to 80 ms: the windows sized for 10 ms carry a quarter at first.
+        let longer = [
+            before.as_slice(),
+            &[(80.4, 240.0), (80.8, 200.0), (84.0, 920.0)],
+        ]
+        .concat();
+        let (up, factor) = floor_of(&longer).shift(3.0, false).unwrap();
+        assert!(up && (factor - 80.4 / 10.5).abs() < 1e-9, "{factor}");
+        // Streams filling a deep buffer raise the RTT as much with the path as full.
+        let queue = [
+            before.as_slice(),
+            &[(80.4, 960.0), (80.8, 955.0), (84.0, 950.0)],
+        ]
+        .concat();
+        assert_eq!(floor_of(&queue).shift(3.0, false), None);
+        // A queue's swing up lasts a second or two, not three.
+        let swing = [
+            before.as_slice(),
+            &[(40.0, 240.0), (38.0, 950.0), (15.0, 950.0)],
+        ]
+        .concat();
+        assert_eq!(floor_of(&swing).shift(3.0, false), None);
+        assert_eq!(
+            floor_of(&before).shift(3.0, false),
+            None,
+            "too few to compare"
+        );
+    }
+
+    #[test]
+    fn a_shorter_route_is_no_queue_that_drained_as_streams_left() {
+        let before = [(82.0, 950.0), (80.5, 955.0), (91.0, 950.0), (85.0, 960.0)];
+        let shorter = [before.as_slice(), &[(26.7, 1000.0), (25.3, 960.0)]].concat();
+        let (up, factor) = floor_of(&shorter).shift(3.0, false).unwrap();
+        assert!(!up && (factor - 26.7 / 80.5).abs() < 1e-9, "{factor}");
+        assert_eq!(
+            floor_of(&shorter).shift(3.0, true),
+            None,
+            "a queue that stood through every interval before drains when streams retire"
+        );
+        let drained = [before.as_slice(), &[(30.0, 950.0), (45.0, 950.0)]].concat();
+        assert_eq!(
+            floor_of(&drained).shift(3.0, false),
+            None,
+            "not by the factor"
+        );
     }
 
     #[test]
