@@ -20,12 +20,14 @@
 //! otherwise, halving the count (after a departure, or a queue that formed at the same
 //! utility, as when random loss stops and the streams fill the buffer); upwards after a queue
 //! drained at the same utility (capped streams leave room unused). A queue counts only where
-//! the RTT moved beyond what it swings by itself on a full path. A route that got
-//! longer or shorter is a change too, whatever the count: the lowest RTT of the last intervals
-//! far from the lowest before them (longer: in three intervals, one of which carried clearly
-//! less, as windows sized for the shorter route do, where a queue the streams fill themselves
-//! keeps the path as full; shorter: in two, with no stream retired); a longer route explores
-//! upwards, a shorter one downwards. An exploration
+//! the RTT moved beyond what it swings by itself on a full path, and a rise of the utility
+//! only above the best its count measured lately (a count measured while a long lossy path
+//! recovered from a burst of loss is no reference). A route that got longer or shorter is a
+//! change too, whatever the count: the lowest RTT of the last settled intervals far from the
+//! lowest before them (longer: in three intervals, one of which carried clearly less, as
+//! windows sized for the shorter route do, where a queue the streams fill themselves keeps the
+//! path as full; shorter: in two, with no stream retired, or a count's RTT falling far below
+//! every RTT before); a longer route explores upwards, a shorter one downwards. An exploration
 //! narrows down by halves once it overshot, turns once when its first step finds nothing, and
 //! upwards stops where the throughput reaches the best seen. Control goes back to the policy
 //! when it keeps asking for another count whose neighbour towards it the tuner measured no
@@ -258,14 +260,16 @@ impl Shift {
     fn describe(self, n: usize, deviation: f64) -> String {
         let percent = 100.0 * deviation;
         match self {
-            Shift::Utility { .. } => {
-                format!("the utility at {n} streams moved {percent:+.0} % from what it measured before")
-            }
+            Shift::Utility { .. } => format!(
+                "the utility at {n} streams moved {percent:+.0} % from what it measured \
+                 before"
+            ),
             Shift::Queue { .. } => {
                 format!("the RTT at {n} streams moved {percent:+.0} % from what it measured before")
             }
             Shift::Base { .. } => format!(
-                "the lowest RTT of the last intervals moved {percent:+.0} % from the lowest before them"
+                "the lowest RTT of the last intervals moved {percent:+.0} % from the lowest \
+                 before them"
             ),
         }
     }
@@ -276,12 +280,26 @@ impl Shift {
 struct Moved {
     /// Its count.
     count: usize,
-    /// What the count measured before: utility and RTT.
-    reference: (Option<f64>, Option<f64>),
+    /// What the count, and the path, measured before.
+    reference: Reference,
     /// What moved, and which way.
     shift: Shift,
     /// Settled intervals in a row so far from their counts' remembered values, the same way.
     times: u32,
+}
+
+/// What a count and the path measured lately, that a settled interval at the count is
+/// compared with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Reference {
+    /// The mean utility of the count's latest run.
+    utility: Option<f64>,
+    /// The highest utility of its runs.
+    peak: Option<f64>,
+    /// Its mean RTT.
+    rtt: Option<f64>,
+    /// The lowest RTT of any count, before the intervals a change may have begun in.
+    lowest: Option<f64>,
 }
 
 /// The RTT each count measured settled in the recent past (the mean of its latest intervals).
@@ -313,10 +331,10 @@ impl RttMemory {
     }
 }
 
-/// The RTT and throughput of the recent intervals, whatever their count. Every count sees the
-/// path's base RTT now and then (a queue drains after each loss, or never forms), so the lowest
-/// RTT of them follows the route: when it moves by a large factor and stays there, the route
-/// changed.
+/// The RTT and throughput of the recent settled intervals, whatever their count. Every count
+/// sees the path's base RTT now and then (a queue drains after each loss, or never forms), so
+/// the lowest RTT of them follows the route: when it moves by a large factor and stays there,
+/// the route changed.
 #[derive(Debug, Clone, Default)]
 struct RttFloor {
     /// Oldest first.
@@ -413,9 +431,42 @@ impl RttFloor {
     }
 }
 
+/// The last intervals that a change which two settled intervals at a count measured may have
+/// begun in (the count may have moved in one or two before them): the RTTs before the change
+/// leave them out.
+const CHANGE_SPAN: usize = 4;
+
 /// How many times its own swing (`Auto::rtt_noise`) the RTT at a count must move by for a
 /// queue to count as formed or drained.
 const QUEUE_NOISES: f64 = 4.0;
+
+/// The highest utility each count measured settled in the recent past: the best of the means
+/// of its runs (the utility memory keeps only the latest run).
+#[derive(Debug, Clone, Default)]
+struct Peaks {
+    /// Count to (utility, interval it was reached in).
+    at: BTreeMap<usize, (f64, u64)>,
+}
+
+impl Peaks {
+    /// Takes the mean of the run `count` is in at interval `mi`.
+    fn record(&mut self, count: usize, utility: f64, mi: u64) {
+        let entry = self.at.entry(count).or_insert((utility, mi));
+        if utility >= entry.0 {
+            *entry = (utility, mi);
+        }
+    }
+
+    /// The peak at `count`, if measured lately.
+    fn at(&self, count: usize) -> Option<f64> {
+        self.at.get(&count).map(|e| e.0)
+    }
+
+    /// Forgets the peaks reached `horizon` intervals or more before `mi`.
+    fn forget(&mut self, mi: u64, horizon: usize) {
+        self.at.retain(|_, e| e.1 + horizon as u64 > mi);
+    }
+}
 
 /// Throughput over the best seen at which an exploration upwards stops.
 const REACHED: f64 = 0.9;
@@ -482,8 +533,10 @@ pub struct Auto {
     rtt_noise: f64,
     /// The RTT of each count lately.
     rtts: RttMemory,
-    /// The RTT of every interval lately.
+    /// The RTT of every settled interval lately.
     floor: RttFloor,
+    /// The best utility of each count lately.
+    peaks: Peaks,
     /// The last settled interval, if its utility or RTT was far from what its count measured
     /// before.
     moved: Option<Moved>,
@@ -517,6 +570,7 @@ impl Auto {
             rtt_noise: 0.0,
             rtts: RttMemory::default(),
             floor: RttFloor::default(),
+            peaks: Peaks::default(),
             moved: None,
             acting: Acting {
                 controller: "ppo",
@@ -595,10 +649,15 @@ impl Auto {
     fn path_changed(&mut self, n: usize, o: &Observation, unit: f64) -> Option<(Shift, f64)> {
         let reference = match self.moved {
             Some(m) if m.count == n => m.reference,
-            _ => (self.memory.settled_at(n), self.rtts.at(n)),
+            _ => Reference {
+                utility: self.memory.settled_at(n),
+                peak: self.peaks.at(n),
+                rtt: self.rtts.at(n),
+                lowest: self.floor.lowest_before(CHANGE_SPAN),
+            },
         };
         let utility = reference
-            .0
+            .utility
             .map(|u| relative(o.utility, u, unit))
             .filter(|d| d.is_finite());
         let Some(deviation) = utility else {
@@ -606,12 +665,13 @@ impl Auto {
             return None;
         };
         let queue = reference
-            .1
+            .rtt
             .filter(|&r| r > 0.0 && o.rtt > 0.0)
             .map(|r| o.rtt / r - 1.0);
         // On a full path the queue swings by half from one interval to the next at any count
         // (the streams' windows grow and back off out of step): a queue formed or drained
-        // only beyond what it swings by itself. Judged before this interval adds to it.
+        // only beyond what it swings by itself, judged before this interval adds to it (an
+        // RTT that doubled would double the threshold at once).
         let queue_change = self.params.queue_change.max(QUEUE_NOISES * self.rtt_noise);
         // The noise is judged on intervals that kept the count of the one before.
         if o.actions.last().is_none_or(|&a| a == 0) {
@@ -621,15 +681,20 @@ impl Auto {
             }
         }
         let threshold = self.params.change.max(5.0 * self.noise);
+        // Room appeared only where the utility rose above the best the count measured lately:
+        // on a long lossy path the streams take seconds to recover from a burst of loss, and
+        // a count measured then is no reference for the path getting better.
+        let above_peak = reference
+            .peak
+            .map_or(deviation, |p| deviation.min(relative(o.utility, p, unit)));
         let (shift, how_far) = if deviation < -threshold {
             (Shift::Utility { up: false }, deviation)
-        } else if deviation > threshold {
-            (Shift::Utility { up: true }, deviation)
+        } else if above_peak > threshold {
+            (Shift::Utility { up: true }, above_peak)
         } else {
-            let shorter = self
-                .floor
-                .lowest_before(BASE_FELL_AFTER)
-                .filter(|&low| o.rtt * self.params.base_change < low);
+            let shorter = reference
+                .lowest
+                .filter(|&low| o.rtt * (1.0 + self.params.queue_change) < low);
             match (queue, shorter) {
                 (Some(q), _) if q > queue_change => (Shift::Queue { up: true }, q),
                 // Far below every RTT of late: the route got shorter, no queue drained.
@@ -975,18 +1040,24 @@ impl Controller for Auto {
         self.memory.forget(o.mi);
         self.rtts.forget(o.mi, self.params.memory);
         self.floor.forget(o.mi, self.params.memory);
-        self.floor.record(o.mi, o.rtt, o.throughput);
-        // The queue drains a little after the streams that filled it leave.
-        let retired = o
-            .actions
-            .iter()
-            .rev()
-            .take(BASE_FELL_AFTER + 1)
-            .any(|&a| a < 0);
-        let route = self
-            .floor
-            .shift(self.params.base_change, retired)
-            .map(|(up, factor)| (Shift::Base { up }, factor - 1.0));
+        self.peaks.forget(o.mi, self.params.memory);
+        // New streams in slow start fill the queue for a while and carry little: only settled
+        // intervals measure the route.
+        let route = if settled {
+            self.floor.record(o.mi, o.rtt, o.throughput);
+            // The queue drains a little after the streams that filled it leave.
+            let retired = o
+                .actions
+                .iter()
+                .rev()
+                .take(BASE_FELL_AFTER + 1)
+                .any(|&a| a < 0);
+            self.floor
+                .shift(self.params.base_change, retired)
+                .map(|(up, factor)| (Shift::Base { up }, factor - 1.0))
+        } else {
+            None
+        };
         let changed = match route {
             Some(_) => {
                 // The intervals before measured the old route.
@@ -1004,6 +1075,7 @@ impl Controller for Auto {
             self.rtts = RttMemory::default();
             self.rtts.record(n, o.rtt, o.mi);
             self.floor.restart();
+            self.peaks = Peaks::default();
             self.noise = self.params.first_noise();
             self.rtt_noise = 0.0;
             self.moves.clear();
@@ -1027,6 +1099,9 @@ impl Controller for Auto {
             self.rtts.record(n, o.rtt, o.mi);
         }
         self.memory.record(n, o.utility, o.mi, settled);
+        if let Some(utility) = self.memory.settled_at(n).filter(|_| settled) {
+            self.peaks.record(n, utility, o.mi);
+        }
         self.acting.switch = None;
         if let Mode::Hold { base } = self.mode {
             if n == base && settled && self.policy_overrules(base, proposal, unit) {
@@ -1301,6 +1376,99 @@ mod tests {
             floor_of(&drained).shift(3.0, false),
             None,
             "not by the factor"
+        );
+    }
+
+    #[test]
+    fn a_shorter_route_is_explored_downwards() {
+        // rtt-rises-falls: the route goes from 80 ms back to 10 ms at 140 s (best 3 streams
+        // instead of 12); the RTT falls far below every one of the 80 ms phase while the
+        // utility hardly moves. A policy that holds whatever it has leaves it to the tuner.
+        let rows = run_auto("rtt-rises-falls", |n| n, 160.0);
+        let s = switches(&rows);
+        let change = s
+            .iter()
+            .find(|(mi, _, why)| *mi >= 140 && why.contains("the path changed"))
+            .unwrap_or_else(|| panic!("{s:?}"));
+        assert!(change.0 < 146, "within five intervals: {s:?}");
+        assert!(
+            change.2.contains("lowest RTT") && change.2.contains("exploring down"),
+            "{s:?}"
+        );
+    }
+
+    /// `auto` around a policy that holds whatever it has, with `memory` utilities of counts
+    /// recorded settled at (interval, count, utility) and RTT `rtt` at each.
+    fn auto_remembering(measured: &[(u64, usize, f64)], rtt: f64) -> Auto {
+        let mut auto = Auto::new(Box::new(Scripted(|n| n)), AutoParams::default());
+        for &(mi, n, utility) in measured {
+            auto.memory.record(n, utility, mi, true);
+            auto.rtts.record(n, rtt, mi);
+            auto.peaks.record(n, auto.memory.settled_at(n).unwrap(), mi);
+        }
+        auto
+    }
+
+    /// Two settled intervals at `n` with `utility` and `rtt` from interval `mi` on: whether
+    /// the second finds the path changed.
+    fn two_intervals(auto: &mut Auto, mi: u64, n: usize, utility: f64, rtt: f64) -> Option<Shift> {
+        let first = Observation::for_test(mi, n, utility, rtt);
+        assert_eq!(
+            auto.path_changed(n, &first, 10.0),
+            None,
+            "one interval is no change"
+        );
+        let second = Observation::for_test(mi + 1, n, utility, rtt);
+        auto.path_changed(n, &second, 10.0).map(|(shift, _)| shift)
+    }
+
+    #[test]
+    fn a_count_caught_recovering_from_a_burst_of_loss_is_no_reference_for_a_better_path() {
+        // 13 streams carried 740 for three intervals; measured again later, they caught the
+        // streams recovering from a burst of loss (400), as long lossy paths do for seconds.
+        let runs = [
+            (1, 13, 740.0),
+            (2, 13, 745.0),
+            (3, 13, 735.0),
+            (20, 13, 400.0),
+            (21, 13, 390.0),
+        ];
+        let mut auto = auto_remembering(&runs, 0.086);
+        assert_eq!(two_intervals(&mut auto, 30, 13, 740.0, 0.086), None);
+        // The same 740 where 13 never measured more than 400: the path got better.
+        let mut auto = auto_remembering(&runs[3..], 0.086);
+        assert_eq!(
+            two_intervals(&mut auto, 30, 13, 740.0, 0.086),
+            Some(Shift::Utility { up: true })
+        );
+    }
+
+    #[test]
+    fn a_queue_moves_the_path_only_beyond_what_it_swings_by_itself() {
+        let runs: Vec<(u64, usize, f64)> = (1..=8).map(|mi| (mi, 3, 900.0)).collect();
+        let steady = |auto: &mut Auto, swing: f64| {
+            // Twenty intervals at 3 streams whose RTT swings by `swing` around 16 ms.
+            for mi in 10..30 {
+                let rtt = 0.016
+                    * if mi % 2 == 0 {
+                        1.0 + swing
+                    } else {
+                        1.0 - swing
+                    };
+                let o = Observation::for_test(mi, 3, 900.0, rtt);
+                assert_eq!(auto.path_changed(3, &o, 10.0), None);
+            }
+        };
+        // The queue of a full 10 ms path swings by a third from one interval to the next.
+        let mut auto = auto_remembering(&runs, 0.016);
+        steady(&mut auto, 0.3);
+        assert_eq!(two_intervals(&mut auto, 30, 3, 900.0, 0.026), None);
+        // Where the RTT held still, the same rise is a queue that formed.
+        let mut auto = auto_remembering(&runs, 0.016);
+        steady(&mut auto, 0.01);
+        assert_eq!(
+            two_intervals(&mut auto, 30, 3, 900.0, 0.026),
+            Some(Shift::Queue { up: true })
         );
     }
 
