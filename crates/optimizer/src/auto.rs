@@ -395,7 +395,10 @@ impl RttFloor {
 
     /// The lowest RTT and the highest throughput of the intervals before the last `last`,
     /// and those last ones; `None` without [`BASE_HISTORY`] intervals before them.
-    fn split(&self, last: usize) -> Option<((f64, f64), Vec<PathSample>)> {
+    fn split(
+        &self,
+        last: usize,
+    ) -> Option<((f64, f64), impl Iterator<Item = &PathSample> + Clone)> {
         let len = self.recent.len();
         if len < last + BASE_HISTORY {
             return None;
@@ -406,7 +409,7 @@ impl RttFloor {
             .fold((f64::INFINITY, 0.0_f64), |(low, best), &(_, r, t)| {
                 (low.min(r), best.max(t))
             });
-        Some((before, self.recent.range(len - last..).copied().collect()))
+        Some((before, self.recent.range(len - last..)))
     }
 
     /// Whether the route got longer (`true`) or shorter, after the last recorded interval,
@@ -417,16 +420,16 @@ impl RttFloor {
     fn shift(&self, factor: f64, retired: bool) -> Option<(bool, f64)> {
         if let Some(((floor, best), last)) = self.split(BASE_ROSE_AFTER) {
             let low = last
-                .iter()
+                .clone()
                 .map(|&(_, r, _)| r)
                 .fold(f64::INFINITY, f64::min);
-            let slowest = last.iter().map(|&(.., t)| t).fold(f64::INFINITY, f64::min);
+            let slowest = last.map(|&(.., t)| t).fold(f64::INFINITY, f64::min);
             if low > factor * floor && slowest < BASE_ROSE_THROUGHPUT * best {
                 return Some((true, low / floor));
             }
         }
         let ((floor, _), last) = self.split(BASE_FELL_AFTER)?;
-        let high = last.iter().map(|&(_, r, _)| r).fold(0.0, f64::max);
+        let high = last.map(|&(_, r, _)| r).fold(0.0, f64::max);
         (!retired && high * factor < floor).then_some((false, high / floor))
     }
 }
@@ -1242,10 +1245,7 @@ mod tests {
         // background-arrives: 20 background flows take half the link at 100 s.
         let rows = run_auto("background-arrives", |n| n.max(20), 160.0);
         let s = switches(&rows);
-        let change = s
-            .iter()
-            .find(|(mi, _, why)| *mi >= 100 && why.contains("the path changed"))
-            .unwrap_or_else(|| panic!("{s:?}"));
+        let change = first_change_from(&s, 100);
         assert!(change.0 < 106, "{s:?}");
         assert!(change.2.contains("exploring up"), "{s:?}");
         assert!(
@@ -1253,6 +1253,17 @@ mod tests {
                 .all(|(mi, _, why)| !why.contains("changed") || *mi >= 100),
             "no false alarm before: {s:?}"
         );
+    }
+
+    /// The first switch from interval `from` on that found the path changed.
+    fn first_change_from(
+        s: &[(u64, &'static str, String)],
+        from: u64,
+    ) -> (u64, &'static str, String) {
+        s.iter()
+            .find(|(mi, _, why)| *mi >= from && why.contains("the path changed"))
+            .cloned()
+            .unwrap_or_else(|| panic!("{s:?}"))
     }
 
     /// The intervals after `from` until the count stays within `near` of `best` for 5 in a
@@ -1309,10 +1320,7 @@ mod tests {
         .unwrap();
         let rows = run_auto_on(&scenario, |n| n, 200.0);
         let s = switches(&rows);
-        let change = s
-            .iter()
-            .find(|(mi, _, why)| *mi >= 140 && why.contains("the path changed"))
-            .unwrap_or_else(|| panic!("{s:?}"));
+        let change = first_change_from(&s, 140);
         assert!(change.0 < 144 && change.2.contains("exploring up"), "{s:?}");
         let counts: Vec<usize> = rows.iter().map(|r| r.observation.streams).collect();
         assert!(counts[130..140].iter().all(|&n| n <= 11), "{counts:?}");
@@ -1386,10 +1394,7 @@ mod tests {
         // utility hardly moves. A policy that holds whatever it has leaves it to the tuner.
         let rows = run_auto("rtt-rises-falls", |n| n, 160.0);
         let s = switches(&rows);
-        let change = s
-            .iter()
-            .find(|(mi, _, why)| *mi >= 140 && why.contains("the path changed"))
-            .unwrap_or_else(|| panic!("{s:?}"));
+        let change = first_change_from(&s, 140);
         assert!(change.0 < 146, "within five intervals: {s:?}");
         assert!(
             change.2.contains("lowest RTT") && change.2.contains("exploring down"),
@@ -1397,8 +1402,8 @@ mod tests {
         );
     }
 
-    /// `auto` around a policy that holds whatever it has, with `memory` utilities of counts
-    /// recorded settled at (interval, count, utility) and RTT `rtt` at each.
+    /// `auto` around a policy that holds whatever it has, having `measured` utilities settled
+    /// at (interval, count, utility), each with RTT `rtt`.
     fn auto_remembering(measured: &[(u64, usize, f64)], rtt: f64) -> Auto {
         let mut auto = Auto::new(Box::new(Scripted(|n| n)), AutoParams::default());
         for &(mi, n, utility) in measured {
