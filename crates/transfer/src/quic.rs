@@ -277,6 +277,12 @@ impl QuicConnection {
             delivery_rate: 0,
             snd_cwnd: u32::try_from(path.cwnd / u64::from(mtu)).unwrap_or(u32::MAX),
             snd_mss: mtu,
+            // quinn reports no threshold; its first congestion event ends slow start as TCP's.
+            snd_ssthresh: if path.congestion_events == 0 {
+                crate::tcp_info::INFINITE_SSTHRESH
+            } else {
+                u32::try_from(path.cwnd / u64::from(mtu)).unwrap_or(u32::MAX)
+            },
         })
     }
 

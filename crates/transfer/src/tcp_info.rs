@@ -91,7 +91,15 @@ pub struct TcpInfo {
     pub snd_cwnd: u32,
     /// Sender maximum segment size, bytes.
     pub snd_mss: u32,
+    /// Slow-start threshold, segments: [`INFINITE_SSTHRESH`] until the connection leaves slow
+    /// start (at its first loss, or where HyStart ends it). QUIC reports no threshold: its
+    /// window from its first congestion event on.
+    pub snd_ssthresh: u32,
 }
+
+/// The kernel's slow-start threshold of a connection still in its first slow start
+/// (`TCP_INFINITE_SSTHRESH`).
+pub const INFINITE_SSTHRESH: u32 = 0x7fff_ffff;
 
 /// Reads `TCP_INFO` of a connected TCP socket (of an MPTCP socket: of its first subflow).
 ///
@@ -125,6 +133,7 @@ impl From<&KernelTcpInfo> for TcpInfo {
             delivery_rate: raw.delivery_rate,
             snd_cwnd: raw.snd_cwnd,
             snd_mss: raw.snd_mss,
+            snd_ssthresh: raw.snd_ssthresh,
         }
     }
 }
@@ -161,5 +170,7 @@ mod tests {
         assert!(info.bytes_acked >= 1 << 20, "{info:?}");
         assert!(info.data_segs_out > 0 && info.snd_mss > 0, "{info:?}");
         assert!(info.min_rtt_us > 0 && info.rtt_us > 0, "{info:?}");
+        // Read, whether HyStart has ended slow start yet (a threshold) or not (infinite).
+        assert!(info.snd_ssthresh > 0, "{info:?}");
     }
 }

@@ -14,6 +14,7 @@
 //! arrives, and a file is forgotten once it is in place, so memory does not grow with the tree.
 
 mod control;
+mod join;
 mod manifest_stream;
 mod meter;
 mod optimize;

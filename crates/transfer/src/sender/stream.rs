@@ -1,13 +1,14 @@
 //! Data streams: the manager thread that opens and retires streams to follow the target count,
 //! and each stream's writer and acknowledgement reader.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::{BufReader, Read};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::join::{self, Join, Pace};
 use super::source::UnitBuffer;
 use super::{
     connect, sample_connection, ManagerEvent, SendConfig, SendError, Shared, Unit, CONNECT_TIMEOUT,
@@ -51,15 +52,29 @@ pub(super) struct StreamHandle {
     /// for the receiver's next answer, or `u64::MAX` while it waits for nothing (or was closed
     /// for having waited too long).
     waiting_since_ms: AtomicU64,
+    /// The pacing cap its socket starts with, bytes per second, when it joins a running
+    /// transfer ([`join`]).
+    join_cap: Option<u64>,
 }
 
 impl StreamHandle {
-    fn new(id: u64) -> StreamHandle {
+    fn new(id: u64, join_cap: Option<u64>) -> StreamHandle {
         StreamHandle {
             id,
             retire: AtomicBool::new(false),
             connection: OnceLock::new(),
             waiting_since_ms: AtomicU64::new(u64::MAX),
+            join_cap,
+        }
+    }
+
+    /// Caps the pacing rate of a connected TCP stream's socket (`u64::MAX`: no cap).
+    fn set_pacing(&self, rate: u64) -> std::io::Result<()> {
+        match self.connection.get() {
+            Some(Connection::Tcp(socket)) => {
+                sockopt::set(socket, libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE, rate)
+            }
+            _ => Ok(()),
         }
     }
 
@@ -171,11 +186,12 @@ impl BusyReceiver {
 /// acknowledged, closes streams that stall, and returns once the transfer is over and every
 /// stream has closed.
 pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEvent>) {
-    let mut threads = std::collections::HashMap::new();
+    let mut threads = HashMap::new();
     let mut next_id = 1u64;
     let mut failures = 0u32;
     let mut last_active = usize::MAX;
     let mut busy = BusyReceiver::default();
+    let mut joins: HashMap<u64, Join> = HashMap::new();
     loop {
         if shared.is_over() {
             let streams = shared.streams.lock().expect("streams lock");
@@ -207,8 +223,26 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
             } else {
                 0
             };
+            let adding = target.min(active.len() + room) > active.len();
+            let share = if adding {
+                joining_share(shared, &active)
+            } else {
+                None
+            };
+            let now = shared.start.elapsed();
             for _ in active.len()..target.min(active.len() + room) {
-                let handle = Arc::new(StreamHandle::new(next_id));
+                let join = share.and_then(|s| Join::new(s, shared.config.stream_rate_cap, now));
+                let handle = Arc::new(StreamHandle::new(
+                    next_id,
+                    join.as_ref().map(Join::first_cap),
+                ));
+                if let Some(join) = join {
+                    tracing::debug!(
+                        "stream {next_id} joins paced at {:.1} Mbit/s, the mean of the others",
+                        join.first_cap() as f64 * 8e-6
+                    );
+                    joins.insert(next_id, join);
+                }
                 next_id += 1;
                 streams.insert(handle.id, handle.clone());
                 let thread_shared = shared.clone();
@@ -240,6 +274,7 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                 handle.close_if_stalled(shared);
             }
             busy.note_streams(streams.values());
+            pace_joining(shared, &streams, &mut joins);
             let connected = streams
                 .values()
                 .filter(|h| h.connection.get().is_some())
@@ -261,7 +296,12 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                 .expect("timeline lock")
                 .push((shared.start.elapsed().as_secs_f64(), active));
         }
-        match events.recv_timeout(Duration::from_millis(200)) {
+        let tick = if joins.is_empty() {
+            Duration::from_millis(200)
+        } else {
+            join::STEP
+        };
+        match events.recv_timeout(tick) {
             Ok(ManagerEvent::StreamExited { id, result }) => {
                 shared.remove_stream(id);
                 if let Some(t) = threads.remove(&id) {
@@ -296,6 +336,51 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
     }
 }
 
+/// The rate a stream opened beside the connected streams that are not retiring joins at
+/// ([`join::share`]); `None` where it slow-starts unpaced, as it does where streams cannot be
+/// paced (MPTCP, QUIC: [`join`] is for TCP).
+fn joining_share(shared: &Shared, active: &[Arc<StreamHandle>]) -> Option<f64> {
+    if shared.transport != Transport::Tcp {
+        return None;
+    }
+    let carrying: Vec<TcpInfo> = active
+        .iter()
+        .filter_map(|h| h.sample(shared.transport))
+        .map(|(info, _)| info)
+        .collect();
+    join::share(&carrying)
+}
+
+/// Raises or lifts the pacing caps of the streams joining the transfer ([`join`]), and forgets
+/// those that closed.
+fn pace_joining(
+    shared: &Shared,
+    streams: &BTreeMap<u64, Arc<StreamHandle>>,
+    joins: &mut HashMap<u64, Join>,
+) {
+    let now = shared.start.elapsed();
+    joins.retain(|id, join| {
+        let Some(handle) = streams.get(id) else {
+            return false;
+        };
+        let Some((info, _)) = handle.sample(shared.transport) else {
+            return true; // not connected yet
+        };
+        let (rate, joining) = match join.pace(&info, now) {
+            Pace::Hold => return true,
+            Pace::Cap(rate) => (rate, true),
+            Pace::Release(rate) => (rate, false),
+        };
+        match handle.set_pacing(rate) {
+            Ok(()) => joining,
+            Err(e) => {
+                tracing::debug!("stream {id}: cannot change its pacing rate ({e}); left as it is");
+                false
+            }
+        }
+    });
+}
+
 /// Runs one stream from connect to close.
 fn run_stream(shared: &Shared, handle: &StreamHandle) -> Result<(), StreamFailure> {
     match &shared.quic {
@@ -324,7 +409,8 @@ fn open_tcp(
     if let Some(why) = fallback {
         tracing::info!("stream {}: {why}", handle.id);
     }
-    tune_data_socket(&socket, &shared.config).map_err(|e| unless_done(shared, e))?;
+    tune_data_socket(&socket, &shared.config, handle.join_cap)
+        .map_err(|e| unless_done(shared, e))?;
     // The handshake is bounded by the stall timeout; afterwards the ack clock watches the stream.
     socket
         .set_read_timeout(Some(shared.config.stall_timeout))
@@ -481,12 +567,17 @@ fn carry<R: Read + Send>(
     result
 }
 
-/// Applies the configured send-queue limit and rate cap to a data stream's socket.
-fn tune_data_socket(socket: &TcpStream, config: &SendConfig) -> Result<(), SendError> {
+/// Applies the configured send-queue limit and rate cap to a data stream's socket, or the cap
+/// it joins a running transfer with ([`join`]), which is below the configured one.
+fn tune_data_socket(
+    socket: &TcpStream,
+    config: &SendConfig,
+    join_cap: Option<u64>,
+) -> Result<(), SendError> {
     socket2::SockRef::from(socket)
         .set_tcp_notsent_lowat(config.unsent_limit)
         .map_err(|e| SendError::System(format!("cannot limit the unsent queue: {e}")))?;
-    if let Some(rate) = config.stream_rate_cap {
+    if let Some(rate) = join_cap.or(config.stream_rate_cap) {
         sockopt::set(socket, libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE, rate)
             .map_err(|e| SendError::System(format!("cannot cap the stream rate: {e}")))?;
     }
@@ -615,28 +706,66 @@ mod tests {
     use super::*;
     use crate::auth::SessionKey;
 
-    #[test]
-    fn data_sockets_get_the_configured_unsent_limit() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let socket = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let config = SendConfig {
-            addr: listener.local_addr().unwrap().to_string(),
+    fn config(addr: std::net::SocketAddr, stream_rate_cap: Option<u64>) -> SendConfig {
+        SendConfig {
+            addr: addr.to_string(),
             key: SessionKey::generate().1,
             streams: 1,
             unit_size: 1 << 20,
             verify: false,
             checksum: false,
             direct_io: false,
-            stream_rate_cap: Some(1_000_000),
+            stream_rate_cap,
             unsent_limit: 96 << 10,
             encrypt: false,
             integrity: false,
             stall_timeout: crate::sender::DEFAULT_STALL_TIMEOUT,
             transport: crate::transport::Transport::Tcp,
             congestion: crate::quic::Congestion::Cubic,
-        };
-        tune_data_socket(&socket, &config).unwrap();
+        }
+    }
+
+    #[test]
+    fn data_sockets_get_the_configured_unsent_limit() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let socket = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let config = config(listener.local_addr().unwrap(), Some(1_000_000));
+        tune_data_socket(&socket, &config, None).unwrap();
         let sock = socket2::SockRef::from(&socket);
         assert_eq!(sock.tcp_notsent_lowat().unwrap(), 96 << 10);
+        assert_eq!(max_pacing_rate(&socket), 1_000_000);
+    }
+
+    fn max_pacing_rate(socket: &TcpStream) -> u64 {
+        let mut rate = 0u64;
+        // SAFETY: any bits are a valid integer.
+        unsafe {
+            sockopt::get(
+                socket,
+                libc::SOL_SOCKET,
+                libc::SO_MAX_PACING_RATE,
+                &mut rate,
+            )
+        }
+        .unwrap();
+        rate
+    }
+
+    #[test]
+    fn a_joining_stream_starts_under_its_cap_which_the_manager_raises_and_lifts() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let socket = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let config = config(listener.local_addr().unwrap(), Some(1_000_000));
+        tune_data_socket(&socket, &config, Some(250_000)).unwrap();
+        assert_eq!(max_pacing_rate(&socket), 250_000);
+        let handle = StreamHandle::new(1, Some(250_000));
+        handle
+            .connection
+            .set(Connection::Tcp(socket.try_clone().unwrap()))
+            .unwrap();
+        handle.set_pacing(312_500).unwrap();
+        assert_eq!(max_pacing_rate(&socket), 312_500);
+        handle.set_pacing(u64::MAX).unwrap();
+        assert_eq!(max_pacing_rate(&socket), u64::MAX);
     }
 }
