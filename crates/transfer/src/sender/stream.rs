@@ -71,9 +71,7 @@ impl StreamHandle {
     /// Caps the pacing rate of a connected TCP stream's socket (`u64::MAX`: no cap).
     fn set_pacing(&self, rate: u64) -> std::io::Result<()> {
         match self.connection.get() {
-            Some(Connection::Tcp(socket)) => {
-                sockopt::set(socket, libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE, rate)
-            }
+            Some(Connection::Tcp(socket)) => cap_pacing(socket, rate),
             _ => Ok(()),
         }
     }
@@ -223,14 +221,14 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
             } else {
                 0
             };
-            let adding = target.min(active.len() + room) > active.len();
-            let share = if adding {
+            let wanted = target.min(active.len() + room);
+            let share = if wanted > active.len() {
                 joining_share(shared, &active)
             } else {
                 None
             };
             let now = shared.start.elapsed();
-            for _ in active.len()..target.min(active.len() + room) {
+            for _ in active.len()..wanted {
                 let join = share.and_then(|s| Join::new(s, shared.config.stream_rate_cap, now));
                 let handle = Arc::new(StreamHandle::new(
                     next_id,
@@ -578,10 +576,16 @@ fn tune_data_socket(
         .set_tcp_notsent_lowat(config.unsent_limit)
         .map_err(|e| SendError::System(format!("cannot limit the unsent queue: {e}")))?;
     if let Some(rate) = join_cap.or(config.stream_rate_cap) {
-        sockopt::set(socket, libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE, rate)
+        cap_pacing(socket, rate)
             .map_err(|e| SendError::System(format!("cannot cap the stream rate: {e}")))?;
     }
     Ok(())
+}
+
+/// Caps a TCP socket's pacing rate, bytes per second (`SO_MAX_PACING_RATE`; `u64::MAX`: no
+/// cap). Any cap also turns on the kernel's own pacing of the socket.
+fn cap_pacing(socket: &TcpStream, rate: u64) -> std::io::Result<()> {
+    sockopt::set(socket, libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE, rate)
 }
 
 /// Sends units until the queue says stop, then `EndOfStream`.
