@@ -101,7 +101,9 @@ pub struct AutoParams {
     pub oscillation_reversals: usize,
     /// How many of the policy's moves the oscillation check looks at.
     pub oscillation_window: usize,
-    /// Intervals a probe may take to be measured settled before it is given up.
+    /// Intervals a probe may take to be measured settled before it is given up, not counting
+    /// those in which its new streams still connect or ramp up ([`RampClock`]): behind a
+    /// deep buffer on a long path that takes longer than the patience itself.
     pub probe_patience: u32,
     /// Settled intervals in a row in which the policy asks for another count than the one
     /// the tuner holds, after which it gets control back unless a measurement speaks against
@@ -676,14 +678,16 @@ impl Auto {
         // only beyond what it swings by itself, judged before this interval adds to it (an
         // RTT that doubled would double the threshold at once).
         let queue_change = self.params.queue_change.max(QUEUE_NOISES * self.rtt_noise);
-        // The noise is judged on intervals that kept the count of the one before.
+        let threshold = self.params.change.max(5.0 * self.noise);
+        // The noise is judged on intervals that kept the count of the one before, each counted
+        // at most as far as the threshold it is judged by: the intervals of a change would
+        // otherwise raise the threshold above the change itself before its second interval.
         if o.actions.last().is_none_or(|&a| a == 0) {
-            self.noise += 0.1 * (deviation.abs().min(0.5) - self.noise);
+            self.noise += 0.1 * (deviation.abs().min(threshold) - self.noise);
             if let Some(q) = queue {
                 self.rtt_noise += 0.1 * (q.abs().min(1.0) - self.rtt_noise);
             }
         }
-        let threshold = self.params.change.max(5.0 * self.noise);
         // Room appeared only where the utility rose above the best the count measured lately:
         // on a long lossy path the streams take seconds to recover from a burst of loss, and
         // a count measured then is no reference for the path getting better.
@@ -831,8 +835,8 @@ impl Auto {
     }
 
     /// The tuner's turn at `n` streams: hold, start a probe, or judge one.
-    fn tuner_decides(&mut self, n: usize, o: &Observation, settled: bool, unit: f64) -> usize {
-        let mi = o.mi;
+    fn tuner_decides(&mut self, n: usize, o: &Observation, ramp: IntervalRamp, unit: f64) -> usize {
+        let (mi, settled) = (o.mi, ramp.measures_count());
         let max = self.params.max_streams;
         let mut p = match self.mode {
             Mode::Policy { .. } => unreachable!("the tuner decides in tuner modes"),
@@ -850,7 +854,10 @@ impl Auto {
             }
             Mode::Probe(p) => p,
         };
-        p.asked += 1;
+        let ramping = n == p.trial && ramp.ramp_left > 0.5 * ramp.interval;
+        if !ramping {
+            p.asked += 1;
+        }
         if n != p.trial || !settled {
             if p.asked > self.params.probe_patience {
                 return self.end_round(p);
@@ -1125,7 +1132,7 @@ impl Controller for Auto {
         if matches!(self.mode, Mode::Policy { .. }) {
             self.policy_decides(n, o, proposal, ramp, unit)
         } else {
-            self.tuner_decides(n, o, settled, unit)
+            self.tuner_decides(n, o, ramp, unit)
         }
     }
 
@@ -1475,6 +1482,72 @@ mod tests {
             two_intervals(&mut auto, 30, 3, 900.0, 0.026),
             Some(Shift::Queue { up: true })
         );
+    }
+
+    #[test]
+    fn a_change_does_not_raise_the_threshold_it_is_judged_by() {
+        // One stream carried 150 with a noise of 4 % (a threshold of 20 %), then other traffic
+        // arrived and it carries half. The first interval of the change must not count towards
+        // the noise as far as it deviates: the second would then be judged against a threshold
+        // above the change (63 % instead of 20 %).
+        let runs: Vec<(u64, usize, f64)> = (1..=8).map(|mi| (mi, 1, 150.0)).collect();
+        let mut auto = auto_remembering(&runs, 0.010);
+        for mi in 10..40 {
+            let utility = if mi % 2 == 0 { 156.0 } else { 144.0 };
+            let o = Observation::for_test(mi, 1, utility, 0.010);
+            assert_eq!(auto.path_changed(1, &o, 1.0), None);
+        }
+        assert!((auto.noise - 0.04).abs() < 0.005, "{}", auto.noise);
+        assert_eq!(
+            two_intervals(&mut auto, 40, 1, 75.0, 0.010),
+            Some(Shift::Utility { up: false })
+        );
+    }
+
+    #[test]
+    fn a_probe_waits_for_its_streams_to_ramp_up_however_long_that_takes() {
+        // Behind a deep buffer on a long path (an RTT of 0.9 s) ten round trips of ramp-up
+        // take longer than the probe's patience: given up then, one stream more would never
+        // be measured, and the tuner would try it again and again.
+        let mut auto = auto_remembering(&[(1, 5, 1500.0), (2, 5, 1500.0)], 0.9);
+        auto.mode = Mode::Probe(Probe {
+            base: 5,
+            trial: 6,
+            direction: 1,
+            step: 1,
+            samples: 0,
+            asked: 0,
+            improved: false,
+            explore: false,
+            turned: false,
+            bound: None,
+        });
+        let ramping = IntervalRamp {
+            interval: 1.0,
+            ramp_left: 5.0,
+            retiring: false,
+        };
+        let patience = u64::from(AutoParams::default().probe_patience);
+        for mi in 3..3 + 2 * patience {
+            let o = Observation::for_test(mi, 6, 1750.0, 0.9);
+            assert_eq!(auto.tuner_decides(6, &o, ramping, 10.0), 6, "interval {mi}");
+        }
+        // Intervals that could measure the count but do not (streams retired by an earlier
+        // round still carrying data) use the patience up.
+        let unsettled = IntervalRamp {
+            ramp_left: 0.0,
+            retiring: true,
+            ..ramping
+        };
+        let first = 3 + 2 * patience;
+        let decisions: Vec<usize> = (first..first + patience + 1)
+            .map(|mi| {
+                let o = Observation::for_test(mi, 6, 1750.0, 0.9);
+                auto.tuner_decides(6, &o, unsettled, 10.0)
+            })
+            .collect();
+        assert_eq!(decisions.last(), Some(&5), "{decisions:?}");
+        assert!(decisions[..decisions.len() - 1].iter().all(|&d| d == 6));
     }
 
     #[test]
