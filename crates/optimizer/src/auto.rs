@@ -1510,18 +1510,11 @@ mod tests {
         // take longer than the probe's patience: given up then, one stream more would never
         // be measured, and the tuner would try it again and again.
         let mut auto = auto_remembering(&[(1, 5, 1500.0), (2, 5, 1500.0)], 0.9);
-        auto.mode = Mode::Probe(Probe {
-            base: 5,
-            trial: 6,
-            direction: 1,
-            step: 1,
-            samples: 0,
-            asked: 0,
-            improved: false,
-            explore: false,
-            turned: false,
-            bound: None,
-        });
+        let up = auto
+            .due_probe(5, 3)
+            .expect("a probe of one stream more is due");
+        assert_eq!((up.base, up.trial), (5, 6));
+        auto.mode = Mode::Probe(up);
         let ramping = IntervalRamp {
             interval: 1.0,
             ramp_left: 5.0,
