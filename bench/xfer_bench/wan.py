@@ -1,4 +1,4 @@
-"""An emulated wide-area path on one machine (DESIGN.md section 8).
+"""An emulated wide-area path on one machine.
 
 Senders, a router and a receiver each get a network namespace. Data goes through the kernel
 all the way: sender -> veth -> router (htb bottleneck with a burst of at least 2 ms of the rate,

@@ -1,4 +1,4 @@
-"""A gymnasium environment that speaks xfer's environment protocol (DESIGN.md section 6).
+"""A gymnasium environment speaking xfer's environment protocol (``crates/optimizer/src/env.rs``).
 
 The protocol is line-delimited JSON: ``describe``, ``reset``, ``step {action}``, ``close``. It is
 served by ``xfer env`` over the Rust simulator (on the child's stdin and stdout) and by

@@ -2,7 +2,7 @@
 ``bench/`` (network namespaces, a delay line, an htb bottleneck; needs root).
 
 Every episode is a live memory-to-memory ``xfer send`` on one of the paths of the given bench
-experiments, steered by PPO through ``--optimizer external:SOCKET`` (DESIGN.md section 6), one
+experiments, steered by PPO through ``--optimizer external:SOCKET`` (``crates/optimizer/src/env.rs``), one
 step per monitoring interval. Real intervals last a second, so a run has thousands of steps
 where simulator training has millions: the critic is first warmed on the simulator with the
 actor frozen (as ``xfer-train --from`` does), then actor and critic learn from the live

@@ -1,4 +1,4 @@
-//! `xfer delay-line`: the propagation delay of the emulated WAN (DESIGN.md section 8), for
+//! `xfer delay-line`: the propagation delay of the emulated WAN (`bench/xfer_bench/wan.py`), for
 //! kernels without netem.
 //!
 //! Each link joins two TUN devices that the harness made, usually in different network

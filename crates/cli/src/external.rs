@@ -1,5 +1,5 @@
 //! `--optimizer external:SOCKET`: an agent outside xfer chooses the stream count of a live
-//! transfer through the environment protocol (DESIGN.md section 6) on a Unix socket, so the
+//! transfer through the environment protocol ([`optimizer::env`]) on a Unix socket, so the
 //! same agent that trained on `xfer env` can act on, or fine-tune with, real transfers.
 //!
 //! xfer listens on SOCKET; the agent connects and sends `describe`, `reset` and `step`

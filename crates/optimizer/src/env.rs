@@ -1,5 +1,5 @@
-//! The environment protocol (DESIGN.md section 6): an agent drives a transfer, simulated or
-//! real, one monitoring interval per step, with line-delimited JSON requests and replies.
+//! The environment protocol: an agent drives a transfer, simulated or real, one monitoring
+//! interval per step, with line-delimited JSON requests and replies.
 //!
 //! Requests (one JSON object per line):
 //! - `{"op": "describe"}`: the input layout, action set, utility and reward ([`Description`]);

@@ -1,5 +1,5 @@
-//! Monitoring-interval signals (DESIGN.md section 4): from the counters a sender sums over its
-//! streams at the end of each interval to the observation a controller decides on.
+//! Monitoring-interval signals: from the counters a sender sums over its streams at the end of
+//! each interval to the observation a controller decides on.
 
 use std::collections::VecDeque;
 

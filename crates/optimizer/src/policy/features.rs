@@ -1,5 +1,5 @@
 //! The input of a learned policy: the last `history` signal vectors, scale-free, and the last
-//! `action_history` changes of the stream count (DESIGN.md section 4; mvfst-rl's action history).
+//! `action_history` changes of the stream count ([`Observation`]; mvfst-rl's action history).
 //! Besides the interval's own signals, each vector says how long new streams take to ramp up
 //! and how the utility compares with those the [`UtilityMemory`] remembers at other counts.
 //!

@@ -1,5 +1,5 @@
 //! A deterministic, seeded simulator of a transfer's streams sharing a bottleneck with
-//! background flows (DESIGN.md section 6), and a runner that drives a [`Controller`] on it.
+//! background flows, and a runner that drives a [`Controller`] on it.
 //!
 //! The model, per monitoring interval: every flow is limited by its rate cap, its window over
 //! the RTT, and CUBIC's response to the random loss rate (RFC 8312, calibrated); when the flows ask for more

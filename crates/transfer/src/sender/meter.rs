@@ -1,6 +1,6 @@
-//! Monitoring-interval measurement (DESIGN.md section 4): the per-stream `TCP_INFO` counters of
-//! two successive samples, differenced and summed over the transfer's streams. An MPTCP
-//! stream is measured per subflow, and its subflows are also summed per path (local and remote
+//! Monitoring-interval measurement (for the signals of `optimizer::signals`): the per-stream
+//! `TCP_INFO` counters of two successive samples, differenced and summed over the transfer's
+//! streams. An MPTCP stream is measured per subflow, and its subflows are also summed per path (local and remote
 //! address), so that the MI log shows the RTT and the loss of every path.
 
 use std::collections::{BTreeMap, HashMap};
