@@ -29,6 +29,18 @@ class ProtocolError(RuntimeError):
     """xfer answered a request with an error, or stopped answering."""
 
 
+class StepInfo(dict):
+    """A step's ``info``, as xfer sent it: a fresh dict per reply, never shared.
+
+    Stable-Baselines3's ``DummyVecEnv`` deep-copies every step's infos, object by object: 8 % of
+    a training's time (40,960 steps of ``xfer-train`` in 37 s with the copies, 34 s without, the
+    same policy exported), for a dict nothing else holds. Its deep copy is itself.
+    """
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> StepInfo:
+        return self
+
+
 class _Connection:
     """One protocol session: a request line out, a reply line in."""
 
@@ -160,14 +172,14 @@ class XferEnv(gym.Env):
         if episode_seed is not None:
             message["seed"] = int(episode_seed)
         reply = self._conn.request(message)
-        return np.asarray(reply["observation"], dtype=np.float32), reply["info"]
+        return np.asarray(reply["observation"], dtype=np.float32), StepInfo(reply["info"])
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         reply = self._conn.request({"op": "step", "action": int(action)})
         truncated = bool(reply["truncated"])
         terminated = bool(reply["done"]) and not truncated
         observation = np.asarray(reply["observation"], dtype=np.float32)
-        return observation, float(reply["reward"]), terminated, truncated, reply["info"]
+        return observation, float(reply["reward"]), terminated, truncated, StepInfo(reply["info"])
 
     def close(self) -> None:
         self._conn.close()

@@ -2,11 +2,11 @@
 ``bench/`` (network namespaces, a delay line, an htb bottleneck; needs root).
 
 Every episode is a live memory-to-memory ``xfer send`` on one of the paths of the given bench
-experiments, steered by PPO through ``--optimizer external:SOCKET`` (``crates/optimizer/src/env.rs``), one
-step per monitoring interval. Real intervals last a second, so a run has thousands of steps
-where simulator training has millions: the critic is first warmed on the simulator with the
-actor frozen (as ``xfer-train --from`` does), then actor and critic learn from the live
-transfers only.
+experiments, steered by PPO through ``--optimizer external:SOCKET``
+(``crates/optimizer/src/env.rs``), one step per monitoring interval. Real intervals last a
+second, so a run has thousands of steps where simulator training has millions: the critic is
+first warmed on the simulator with the actor frozen (as ``xfer-train --from`` does), then actor
+and critic learn from the live transfers only.
 
 The reward is the interval's utility over the best utility sustained (over
 ``SUSTAINED_INTERVALS`` intervals) on the same path in any episode so far: the simulator's
