@@ -1,7 +1,7 @@
 //! Monitoring-interval measurement (for the signals of `optimizer::signals`): the per-stream
 //! `TCP_INFO` counters of two successive samples, differenced and summed over the transfer's
-//! streams. An MPTCP stream is measured per subflow, and its subflows are also summed per path (local and remote
-//! address), so that the MI log shows the RTT and the loss of every path.
+//! streams. An MPTCP stream is measured per subflow, and its subflows are also summed per path
+//! (local and remote address), so that the MI log shows the RTT and the loss of every path.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
