@@ -3,6 +3,7 @@
 import json
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -167,6 +168,19 @@ def test_the_bonus_is_paid_for_intervals_at_its_share_of_the_best(xfer, streams,
     finally:
         plain.close()
         bonused.close()
+
+
+def test_progress_rates_the_steps_of_its_own_phase(capsys, monkeypatch):
+    # A fine-tune's second phase goes on counting from the critic warm-up's 200,000 steps.
+    clock = iter([10.0, 12.0])
+    monkeypatch.setattr(train.time, "monotonic", lambda: next(clock))
+    progress = train.Progress(every_s=1.0)
+    progress.model = SimpleNamespace(ep_info_buffer=[], num_timesteps=200_000)
+    progress.num_timesteps = 200_000
+    progress._on_training_start()
+    progress.num_timesteps = 203_000
+    progress._on_step()
+    assert "203000 steps, 1500/s" in capsys.readouterr().out
 
 
 def test_a_family_list_gives_the_environments_their_families_in_turn(xfer):

@@ -71,7 +71,14 @@ class Progress(BaseCallback):
         super().__init__()
         self._prog = prog
         self._every = every_s
+        self._start = self._last = 0.0
+        self._start_steps = 0
+
+    def _on_training_start(self) -> None:
+        # A fine-tune's second phase goes on counting from its critic warm-up's steps: the
+        # rate is of the steps of this phase.
         self._start = self._last = time.monotonic()
+        self._start_steps = self.num_timesteps
 
     def _on_step(self) -> bool:
         now = time.monotonic()
@@ -79,7 +86,7 @@ class Progress(BaseCallback):
             self._last = now
             episodes = self.model.ep_info_buffer
             reward = np.mean([e["r"] for e in episodes]) if episodes else float("nan")
-            rate = self.num_timesteps / (now - self._start)
+            rate = (self.num_timesteps - self._start_steps) / (now - self._start)
             print(
                 f"{self._prog}: {self.num_timesteps} steps, {rate:.0f}/s, "
                 f"mean episode reward {reward:.2f}",
