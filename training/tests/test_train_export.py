@@ -14,16 +14,28 @@ from xfer_training import distill, evaluate, export, train
 from xfer_training.env import XferEnv, sim_command
 
 
-@pytest.fixture(scope="module")
-def exported(xfer, tmp_path_factory):
-    out = tmp_path_factory.mktemp("model")
-    runs = tmp_path_factory.mktemp("runs")
+def train_briefly(xfer: Path, out: Path, runs: Path) -> None:
+    """2,048 steps of the recipe over two environments, exported to ``out``."""
     args = train.parser().parse_args(
         ["--steps", "2048", "--envs", "2", "--n-steps", "256", "--batch-size", "128"]
         + ["--out", str(out), "--runs", str(runs), "--xfer", str(xfer), "--evaluate", "0"]
     )
     train.train(args)
+
+
+@pytest.fixture(scope="module")
+def exported(xfer, tmp_path_factory):
+    out = tmp_path_factory.mktemp("model")
+    runs = tmp_path_factory.mktemp("runs")
+    train_briefly(xfer, out, runs)
     return out, runs
+
+
+def test_the_same_seed_trains_the_same_policy_again(xfer, exported, tmp_path):
+    out, _ = exported
+    train_briefly(xfer, tmp_path / "again", tmp_path / "runs")
+    for name in ["policy.onnx", "golden.json"]:
+        assert (tmp_path / "again" / name).read_bytes() == (out / name).read_bytes(), name
 
 
 def test_the_export_has_its_files_and_metadata(exported):

