@@ -20,7 +20,8 @@
 //! otherwise, halving the count (after a departure, or a queue that formed at the same
 //! utility, as when random loss stops and the streams fill the buffer); upwards after a queue
 //! drained at the same utility (capped streams leave room unused). A queue counts only where
-//! the RTT moved beyond what it swings by itself on a full path, and a rise of the utility
+//! the RTT moved beyond what it swings by itself on a full path, once that swing was measured
+//! over a few intervals since the last change, and a rise of the utility
 //! only above the best its count measured lately (a count measured while a long lossy path
 //! recovered from a burst of loss is no reference). A route that got longer or shorter is a
 //! change too, whatever the count: the lowest RTT of the last settled intervals far from the
@@ -441,9 +442,44 @@ impl RttFloor {
 /// leave them out.
 const CHANGE_SPAN: usize = 4;
 
-/// How many times its own swing (`Auto::rtt_noise`) the RTT at a count must move by for a
+/// How many times its own swing (`Auto::rtt_swing`) the RTT at a count must move by for a
 /// queue to count as formed or drained.
 const QUEUE_NOISES: f64 = 4.0;
+
+/// Intervals the RTT's swing must be measured in before a queue is judged against it: behind
+/// a deep buffer on a short path the queue of a few streams swings by half or more from one
+/// interval to the next (the emulated 10 ms path of `rtt-rises-falls`: 10 to 45 ms at 3
+/// streams), and judged against a swing of nothing, two ordinary intervals look like a queue
+/// that formed or drained.
+const SWING_SAMPLES: u32 = 4;
+
+/// Intervals over which the RTT's swing is a plain mean; after them it follows the path with
+/// this weight's reciprocal (an exponential mean that started at 0 would stay far below the
+/// swing for its first dozen intervals).
+const SWING_MEMORY: u32 = 10;
+
+/// How far the RTT at a count swings by itself on this path: the mean absolute relative
+/// deviation of a settled interval's RTT from what its count measured before.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct RttSwing {
+    mean: f64,
+    samples: u32,
+}
+
+impl RttSwing {
+    /// Adds one interval's relative deviation (at most 1: one interval's queue is no swing
+    /// of the path).
+    fn add(&mut self, deviation: f64) {
+        self.samples = self.samples.saturating_add(1);
+        let weight = self.samples.min(SWING_MEMORY);
+        self.mean += (deviation.abs().min(1.0) - self.mean) / f64::from(weight);
+    }
+
+    /// The swing, once measured in [`SWING_SAMPLES`] intervals.
+    fn known(self) -> Option<f64> {
+        (self.samples >= SWING_SAMPLES).then_some(self.mean)
+    }
+}
 
 /// The highest utility each count measured settled in the recent past: the best of the means
 /// of its runs (the utility memory keeps only the latest run).
@@ -535,7 +571,7 @@ pub struct Auto {
     /// its count: the measurement noise.
     noise: f64,
     /// The same for the RTT: how far a queue the streams fill swings by itself.
-    rtt_noise: f64,
+    rtt_swing: RttSwing,
     /// The RTT of each count lately.
     rtts: RttMemory,
     /// The RTT of every settled interval lately.
@@ -572,7 +608,7 @@ impl Auto {
             waits: [params.first_wait; 2],
             due: [0; 2],
             noise: params.first_noise(),
-            rtt_noise: 0.0,
+            rtt_swing: RttSwing::default(),
             rtts: RttMemory::default(),
             floor: RttFloor::default(),
             peaks: Peaks::default(),
@@ -675,9 +711,12 @@ impl Auto {
             .map(|r| o.rtt / r - 1.0);
         // On a full path the queue swings by half from one interval to the next at any count
         // (the streams' windows grow and back off out of step): a queue formed or drained
-        // only beyond what it swings by itself, judged before this interval adds to it (an
-        // RTT that doubled would double the threshold at once).
-        let queue_change = self.params.queue_change.max(QUEUE_NOISES * self.rtt_noise);
+        // only beyond what it swings by itself, once that was measured, judged before this
+        // interval adds to it (an RTT that doubled would double the threshold at once).
+        let queue_change = self
+            .rtt_swing
+            .known()
+            .map(|swing| self.params.queue_change.max(QUEUE_NOISES * swing));
         let threshold = self.params.change.max(5.0 * self.noise);
         // The noise is judged on intervals that kept the count of the one before, each counted
         // at most as far as the threshold it is judged by: the intervals of a change would
@@ -685,7 +724,7 @@ impl Auto {
         if o.actions.last().is_none_or(|&a| a == 0) {
             self.noise += 0.1 * (deviation.abs().min(threshold) - self.noise);
             if let Some(q) = queue {
-                self.rtt_noise += 0.1 * (q.abs().min(1.0) - self.rtt_noise);
+                self.rtt_swing.add(q);
             }
         }
         // Room appeared only where the utility rose above the best the count measured lately:
@@ -702,13 +741,13 @@ impl Auto {
             let shorter = reference
                 .lowest
                 .filter(|&low| o.rtt * (1.0 + self.params.queue_change) < low);
-            match (queue, shorter) {
-                (Some(q), _) if q > queue_change => (Shift::Queue { up: true }, q),
+            match (queue.zip(queue_change), shorter) {
+                (Some((q, change)), _) if q > change => (Shift::Queue { up: true }, q),
                 // Far below every RTT of late: the route got shorter, no queue drained.
-                (Some(q), Some(low)) if q < 1.0 / (1.0 + queue_change) - 1.0 => {
+                (Some((q, change)), Some(low)) if q < 1.0 / (1.0 + change) - 1.0 => {
                     (Shift::Base { up: false }, o.rtt / low - 1.0)
                 }
-                (Some(q), None) if q < 1.0 / (1.0 + queue_change) - 1.0 => {
+                (Some((q, change)), None) if q < 1.0 / (1.0 + change) - 1.0 => {
                     (Shift::Queue { up: false }, q)
                 }
                 _ => {
@@ -1087,7 +1126,7 @@ impl Controller for Auto {
             self.floor.restart();
             self.peaks = Peaks::default();
             self.noise = self.params.first_noise();
-            self.rtt_noise = 0.0;
+            self.rtt_swing = RttSwing::default();
             self.moves.clear();
             self.disagree = 0;
             self.found_better(o.mi);
@@ -1482,6 +1521,27 @@ mod tests {
             two_intervals(&mut auto, 30, 3, 900.0, 0.026),
             Some(Shift::Queue { up: true })
         );
+    }
+
+    #[test]
+    fn no_queue_is_judged_before_the_rtt_swing_is_measured() {
+        // The emulated 10 ms path of rtt-rises-falls: three streams' queue swings between 10
+        // and 45 ms. Three intervals after a change, two at the top of the swing are no queue
+        // that formed; the tuner took them for one and halved the count, again and again.
+        let runs: Vec<(u64, usize, f64)> = (1..=3).map(|mi| (mi, 3, 900.0)).collect();
+        let mut auto = auto_remembering(&runs, 0.016);
+        for (mi, rtt) in [(4, 0.012), (5, 0.022), (6, 0.014)] {
+            let o = Observation::for_test(mi, 3, 900.0, rtt);
+            assert_eq!(auto.path_changed(3, &o, 10.0), None);
+        }
+        assert_eq!(auto.rtt_swing.known(), None);
+        // Their mean (an exponential mean starting at 0 would say 0.07 after three).
+        assert!(
+            (auto.rtt_swing.mean - 0.25).abs() < 1e-9,
+            "{:?}",
+            auto.rtt_swing
+        );
+        assert_eq!(two_intervals(&mut auto, 7, 3, 900.0, 0.030), None);
     }
 
     #[test]
