@@ -453,9 +453,9 @@ const QUEUE_NOISES: f64 = 4.0;
 /// that formed or drained.
 const SWING_SAMPLES: u32 = 4;
 
-/// Intervals over which the RTT's swing is a plain mean; after them it follows the path with
-/// this weight's reciprocal (an exponential mean that started at 0 would stay far below the
-/// swing for its first dozen intervals).
+/// Intervals over which the RTT's swing is a plain mean; after them it is an exponential mean
+/// of weight 1/`SWING_MEMORY`, which follows the path (one that started at 0 instead would stay
+/// far below the swing for its first dozen intervals).
 const SWING_MEMORY: u32 = 10;
 
 /// How far the RTT at a count swings by itself on this path: the mean absolute relative
