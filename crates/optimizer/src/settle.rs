@@ -13,6 +13,20 @@
 //! carrying a sliver of the data, and waiting for it would freeze the controller.
 //! [`RampClock`] tells whether an interval measures its count; the policy's input uses the
 //! same clock.
+//!
+//! Slow start ends in an overshoot: a stream doubling its window every round trip sends up to
+//! twice what its share holds in its last round trip before the buffer drops segments of
+//! every flow through it. Behind a buffer much smaller than the path's bandwidth-delay
+//! product, streams added together lose 3 to 10 % of an interval's segments in it, and every
+//! stream's window collapses (the emulated `rtt-rises-falls` at 80 ms:
+//! `docs/experiments/2026-11-28-slow-start-bursts-and-the-ramp-clock.md`); no fixed count
+//! ever sees such an interval. Where ten round trips end before the overshoot does, the
+//! first interval after them shows that burst rather than the count: an interval that should
+//! measure a raised count for the first time but loses [`BURST_LOSS`] of its segments, ten
+//! times what the interval before the rise lost, is ramp-up too. Only while it carries at
+//! least about what that interval carried: streams overshoot where together they fill the
+//! link, whereas a count past a cliff (a buffer that overflows, a host that cannot keep up)
+//! carries less than the count below it, and is judged at once.
 
 use crate::controller::Controller;
 use crate::signals::Observation;
@@ -25,6 +39,21 @@ pub const RAMP_RTTS: f64 = 10.0;
 /// Largest share of an interval's throughput that streams being retired may carry while the
 /// interval still measures its count: about the noise of one interval.
 pub const RETIRING_SHARE: f64 = 0.1;
+
+/// Loss rate from which the first interval that measures a raised count shows its new
+/// streams' slow-start overshoot rather than the count: above the 0.2 to 1 % that 1 to 16
+/// CUBIC streams at a steady count lost on the emulated shallow and lossy paths, below the 3
+/// to 10 % of the overshoots.
+const BURST_LOSS: f64 = 0.01;
+
+/// How many times the loss of the interval before a rise the overshoot's interval loses at
+/// least: a count that raises a steady loss of 1 % by a few tenths is congested, not
+/// overshooting.
+const BURST_RISE: f64 = 10.0;
+
+/// Share of the throughput of the interval before a rise that the overshoot's interval
+/// carries at least (the noise of one interval below all of it).
+const BURST_CARRIES: f64 = 0.9;
 
 /// Follows the stream count of a transfer interval by interval and tells how much of each
 /// interval its newest streams spent ramping up, and whether retired streams still carried
@@ -53,6 +82,11 @@ pub struct RampClock {
     /// rise from none, at the transfer's start: time 0), or the end of the last interval that
     /// ended with streams still connecting.
     raised_at: f64,
+    /// The loss and throughput of the last interval.
+    last_carried: (f64, f64),
+    /// After a rise, until an interval measures the raised count: the loss and throughput of
+    /// the interval before the rise.
+    awaiting: Option<(f64, f64)>,
 }
 
 /// How an interval relates to the last changes of the stream count ([`RampClock::observe`]).
@@ -68,7 +102,8 @@ pub struct IntervalRamp {
     /// Length of the interval in seconds.
     pub interval: f64,
     /// Seconds of the interval during which the newest streams were still ramping up
-    /// (negative once they finished before it began).
+    /// (negative once they finished before it began; the whole interval where it showed the
+    /// overshoot that ended their slow start).
     pub ramp_left: f64,
     /// Whether streams being retired carried more than [`RETIRING_SHARE`] of the interval's
     /// throughput ([`Observation::retiring_throughput`]).
@@ -111,15 +146,29 @@ impl RampClock {
         let start = o.time - interval;
         if self.last.is_none_or(|(n, _)| o.streams > n) {
             self.raised_at = start;
+            self.awaiting = Some(self.last_carried);
         }
         if o.connecting > 0 {
             // Streams still connecting ramp up once they connect, after this interval.
             self.raised_at = o.time;
         }
         self.last = Some((o.streams, o.time));
+        self.last_carried = (o.loss, o.throughput);
+        let mut ramp_left = self.raised_at + RAMP_RTTS * o.rtt - start;
+        if ramp_left <= 0.5 * interval {
+            if let Some((loss, throughput)) = self.awaiting.take() {
+                if o.loss >= BURST_LOSS
+                    && o.loss >= BURST_RISE * loss
+                    && o.throughput >= BURST_CARRIES * throughput
+                {
+                    // The overshoot that ends slow start: the whole interval is ramp-up.
+                    ramp_left = interval;
+                }
+            }
+        }
         IntervalRamp {
             interval,
-            ramp_left: self.raised_at + RAMP_RTTS * o.rtt - start,
+            ramp_left,
             retiring: o.retiring_throughput > RETIRING_SHARE * o.throughput,
         }
     }
@@ -269,6 +318,37 @@ mod tests {
             n = c.decide(&o);
         }
         assert_eq!((c.inner.shown, n), (vec![0, 3, 4], 7));
+    }
+
+    #[test]
+    fn the_overshoot_that_ends_slow_start_is_ramp_up() {
+        let mut clock = RampClock::default();
+        // 80 ms RTT: 0.8 s of ramp-up after each rise; 1 s intervals ending at mi + 1.
+        let mut measured = |mi: u64, streams: usize, loss: f64| {
+            let mut o = Observation::for_test(mi, streams, 1.0, 0.080);
+            o.loss = loss;
+            clock.observe(&o).measures_count()
+        };
+        assert!(!measured(0, 3, 0.0), "slow start");
+        assert!(measured(1, 3, 1e-5));
+        // A rise to 8: its first interval is ramp-up; the next, which would measure 8, loses
+        // 6 % of its segments to the overshoot; the one after measures 8.
+        assert!(!measured(2, 8, 1e-5));
+        assert!(!measured(3, 8, 0.06), "the overshoot");
+        assert!(measured(4, 8, 0.0));
+        // Only one interval per rise: a loss that lasts is the count's.
+        assert!(measured(5, 8, 0.06));
+        // A rise that raises a steady congestion loss by a little is measured.
+        assert!(!measured(6, 9, 0.05));
+        assert!(measured(7, 9, 0.08));
+        // A fall is measured at once, whatever it loses.
+        assert!(measured(8, 5, 0.1));
+        assert!(measured(9, 5, 0.0));
+        // A rise past a cliff carries less than the count below it: judged at once.
+        assert!(!measured(10, 6, 0.0));
+        let mut o = Observation::for_test(11, 6, 0.5, 0.080);
+        o.loss = 0.3;
+        assert!(clock.observe(&o).measures_count());
     }
 
     #[test]
