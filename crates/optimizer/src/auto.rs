@@ -45,6 +45,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::controller::{Acting, Controller};
 use crate::policy::{Measured, UtilityMemory, SAMPLES};
+use crate::running_mean::RunningMean;
 use crate::settle::{IntervalRamp, RampClock};
 use crate::signals::Observation;
 
@@ -308,29 +309,31 @@ struct Reference {
 /// The RTT each count measured settled in the recent past (the mean of its latest intervals).
 #[derive(Debug, Clone, Default)]
 struct RttMemory {
-    /// Count to (mean RTT, intervals in it, interval of the latest).
-    at: BTreeMap<usize, (f64, u32, u64)>,
+    /// Count to (mean RTT, interval of the latest).
+    at: BTreeMap<usize, (RunningMean, u64)>,
 }
 
 impl RttMemory {
     /// Adds a settled interval at `count`.
     fn record(&mut self, count: usize, rtt: f64, mi: u64) {
-        let entry = self.at.entry(count).or_insert((rtt, 0, mi));
-        entry.1 = (entry.1 + 1).min(SAMPLES);
-        entry.0 += (rtt - entry.0) / entry.1 as f64;
-        entry.2 = mi;
+        let entry = self.at.entry(count).or_default();
+        entry.0.add(rtt, SAMPLES);
+        entry.1 = mi;
     }
 
     /// The RTT remembered at `count`, once it was measured in two intervals or more: on a
     /// full path the queue swings by half from one interval to the next, and one interval at
     /// the top of a swing would make the next ordinary one look like a queue that drained.
     fn at(&self, count: usize) -> Option<f64> {
-        self.at.get(&count).filter(|e| e.1 >= 2).map(|e| e.0)
+        self.at
+            .get(&count)
+            .filter(|e| e.0.samples() >= 2)
+            .map(|e| e.0.mean())
     }
 
     /// Forgets what was measured `horizon` intervals or more before `mi`.
     fn forget(&mut self, mi: u64, horizon: usize) {
-        self.at.retain(|_, e| e.2 + horizon as u64 > mi);
+        self.at.retain(|_, e| e.1 + horizon as u64 > mi);
     }
 }
 
@@ -461,23 +464,18 @@ const SWING_MEMORY: u32 = 10;
 /// How far the RTT at a count swings by itself on this path: the mean absolute relative
 /// deviation of a settled interval's RTT from what its count measured before.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-struct RttSwing {
-    mean: f64,
-    samples: u32,
-}
+struct RttSwing(RunningMean);
 
 impl RttSwing {
     /// Adds one interval's relative deviation (at most 1: one interval's queue is no swing
     /// of the path).
     fn add(&mut self, deviation: f64) {
-        self.samples = self.samples.saturating_add(1);
-        let weight = self.samples.min(SWING_MEMORY);
-        self.mean += (deviation.abs().min(1.0) - self.mean) / f64::from(weight);
+        self.0.add(deviation.abs().min(1.0), SWING_MEMORY);
     }
 
     /// The swing, once measured in [`SWING_SAMPLES`] intervals.
     fn known(self) -> Option<f64> {
-        (self.samples >= SWING_SAMPLES).then_some(self.mean)
+        (self.0.samples() >= SWING_SAMPLES).then_some(self.0.mean())
     }
 }
 
@@ -1537,7 +1535,7 @@ mod tests {
         assert_eq!(auto.rtt_swing.known(), None);
         // Their mean (an exponential mean starting at 0 would say 0.07 after three).
         assert!(
-            (auto.rtt_swing.mean - 0.25).abs() < 1e-9,
+            (auto.rtt_swing.0.mean() - 0.25).abs() < 1e-9,
             "{:?}",
             auto.rtt_swing
         );

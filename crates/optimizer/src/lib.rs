@@ -20,6 +20,7 @@ mod controller;
 pub mod env;
 mod gd;
 pub mod policy;
+mod running_mean;
 mod schedule;
 mod settle;
 mod signals;

@@ -14,6 +14,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::running_mean::RunningMean;
+
 /// Consecutive intervals one remembered utility is the plain mean of; past that, each new
 /// interval weighs 1/SAMPLES, so a count held long follows slow changes.
 pub const SAMPLES: u32 = 8;
@@ -45,9 +47,8 @@ pub type Measured = (usize, f64);
 /// One remembered count.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
-    /// Mean utility of the intervals held in a row.
-    utility: f64,
-    samples: u32,
+    /// Mean utility of the intervals held in a row, weighted to the last [`SAMPLES`].
+    utility: RunningMean,
     /// Intervals in a row that measured it, uncapped.
     run: u32,
     /// Utility of the latest interval alone.
@@ -141,8 +142,7 @@ impl UtilityMemory {
             self.track_noise(previous, utility);
         }
         let fresh = Entry {
-            utility,
-            samples: 1,
+            utility: RunningMean::of(utility),
             run: 1,
             last: utility,
             at: mi,
@@ -153,8 +153,7 @@ impl UtilityMemory {
             // Held in a row, ramp-up or not.
             let run = entry.run + 1;
             if settled && entry.settled {
-                entry.samples = (entry.samples + 1).min(SAMPLES);
-                entry.utility += (utility - entry.utility) / f64::from(entry.samples);
+                entry.utility.add(utility, SAMPLES);
                 entry.last = utility;
                 entry.at = mi;
             } else {
@@ -228,8 +227,8 @@ impl UtilityMemory {
         self.by_count.iter().filter(|(_, e)| keep(e)).fold(
             None,
             |best: Option<Measured>, (&n, e)| match best {
-                Some((_, b)) if b >= e.utility => best,
-                _ => Some((n, e.utility)),
+                Some((_, b)) if b >= e.utility.mean() => best,
+                _ => Some((n, e.utility.mean())),
             },
         )
     }
@@ -248,7 +247,7 @@ impl UtilityMemory {
         self.by_count
             .get(&streams)
             .filter(|e| e.settled)
-            .map(|e| e.utility)
+            .map(|e| e.utility.mean())
     }
 
     /// The nearest remembered counts below and above `streams`, with their utilities.
@@ -265,7 +264,7 @@ impl UtilityMemory {
     pub fn neighbours(&self, streams: usize) -> (Option<Measured>, Option<Measured>) {
         let below = self.by_count.range(..streams).next_back();
         let above = self.by_count.range(streams + 1..).next();
-        let value = |(&m, e): (&usize, &Entry)| (m, e.utility);
+        let value = |(&m, e): (&usize, &Entry)| (m, e.utility.mean());
         (below.map(value), above.map(value))
     }
 
@@ -308,7 +307,7 @@ impl UtilityMemory {
             out[0] = ((best - utility) / unit(best)).clamp(0.0, 1.0);
         }
         out[1] = ((best_count as f64 - streams as f64) / 10.0).tanh();
-        let here = self.by_count.get(&streams).map(|e| e.utility);
+        let here = self.by_count.get(&streams).map(|e| e.utility.mean());
         let elasticity = |(n0, u0): (usize, f64), (n1, u1): (usize, f64)| {
             let du = (u1 - u0) / ((unit(u0) + unit(u1)) / 2.0);
             let dn = (n1 as f64 - n0 as f64) / ((n1 + n0) as f64 / 2.0);
@@ -318,7 +317,7 @@ impl UtilityMemory {
         let trust = |m: usize| {
             let e = &self.by_count[&m];
             if e.settled {
-                f64::from(e.samples) / f64::from(SAMPLES)
+                f64::from(e.utility.samples()) / f64::from(SAMPLES)
             } else {
                 0.0
             }
