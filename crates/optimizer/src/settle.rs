@@ -17,7 +17,7 @@
 //! Slow start ends in an overshoot: a stream doubling its window every round trip sends up to
 //! twice what its share holds in its last round trip before the buffer drops segments of
 //! every flow through it. Behind a buffer much smaller than the path's bandwidth-delay
-//! product, streams added together lose 3 to 10 % of an interval's segments in it, and every
+//! product, streams added together lose 2.7 to 10 % of an interval's segments in it, and every
 //! stream's window collapses (the emulated `rtt-rises-falls` at 80 ms:
 //! `docs/experiments/2026-11-28-slow-start-bursts-and-the-ramp-clock.md`); no fixed count
 //! ever sees such an interval. Where ten round trips end before the overshoot does, the
