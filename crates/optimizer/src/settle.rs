@@ -155,21 +155,18 @@ impl RampClock {
         }
         self.last = Some((o.streams, o.time));
         self.last_carried = (o.loss, o.throughput);
-        let mut ramp_left = self.raised_at + RAMP_RTTS * o.rtt - start;
-        if ramp_left <= 0.5 * interval {
-            if let Some((loss, throughput)) = self.awaiting.take() {
-                if o.loss >= BURST_LOSS
+        let ramp_left = self.raised_at + RAMP_RTTS * o.rtt - start;
+        // The first interval that would measure the raised count may show the overshoot that
+        // ends slow start instead: then the whole interval is ramp-up.
+        let overshoot = ramp_left <= 0.5 * interval
+            && self.awaiting.take().is_some_and(|(loss, throughput)| {
+                o.loss >= BURST_LOSS
                     && o.loss >= BURST_RISE * loss
                     && o.throughput >= BURST_CARRIES * throughput
-                {
-                    // The overshoot that ends slow start: the whole interval is ramp-up.
-                    ramp_left = interval;
-                }
-            }
-        }
+            });
         IntervalRamp {
             interval,
-            ramp_left,
+            ramp_left: if overshoot { interval } else { ramp_left },
             retiring: o.retiring_throughput > RETIRING_SHARE * o.throughput,
         }
     }
