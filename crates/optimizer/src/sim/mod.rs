@@ -158,8 +158,13 @@ pub struct PathState {
     pub throughput: f64,
     /// Loss rate the transfer's segments see.
     pub loss: f64,
+    /// Loss rate they see while the queue is empty (random loss, and their own bursts if they
+    /// are not paced): while streams still grow into their share, the link is not full.
+    pub empty_queue_loss: f64,
     /// Round-trip time, seconds.
     pub rtt: f64,
+    /// Round-trip time with an empty queue, seconds.
+    pub base_rtt: f64,
     /// The most one of the transfer's streams can carry at the base RTT, whatever the others
     /// do, bit/s.
     pub stream_limit: f64,
@@ -271,7 +276,9 @@ impl Simulator {
             return PathState {
                 throughput: n as f64 * stream_limit,
                 loss,
+                empty_queue_loss: loss,
                 rtt: base_rtt,
+                base_rtt,
                 stream_limit,
             };
         }
@@ -296,7 +303,9 @@ impl Simulator {
             return PathState {
                 throughput: n as f64 * limit(rtt, streams) * (1.0 - loss),
                 loss,
+                empty_queue_loss: loss,
                 rtt,
+                base_rtt,
                 stream_limit,
             };
         }
@@ -309,11 +318,14 @@ impl Simulator {
         let per_stream = ours.min(share);
         // A flow held below its share by its own bursts loses what they cost it.
         let congestion = loss_for_window(share * rtt / (s.mss * 8.0), rtt);
+        let empty_queue_loss = loss;
         let loss = (c.random_loss + congestion).max(loss).min(0.5);
         PathState {
             throughput: n as f64 * per_stream * (1.0 - loss),
             loss,
+            empty_queue_loss,
             rtt,
+            base_rtt,
             stream_limit,
         }
     }
@@ -338,26 +350,33 @@ impl Simulator {
         let state = self.steady_state(n, self.time);
         let path = streams::Path {
             rtt: state.rtt,
+            base_rtt: state.base_rtt,
             mss,
             start_delay: self.scenario.start_rtts * state.rtt + self.scenario.connect_s,
             share: state.throughput,
             stream_limit: state.stream_limit,
+            paced: Kind::streams(&self.scenario).paced,
         };
         self.streams.set_count(n, self.time, &path);
+        let run = self.streams.run(self.time, duration, &path);
+        // The streams' windows hold as much of the steady state's queue as they have grown
+        // into, and the buffer drops segments only while they hold all of it.
+        let rtt = state.base_rtt + (state.rtt - state.base_rtt) * run.queue;
+        let loss = state.empty_queue_loss + (state.loss - state.empty_queue_loss) * run.full;
         let carried = Carried {
-            throughput: self.streams.run(self.time, duration, &path),
-            loss: state.loss,
+            throughput: run.throughput,
+            loss,
         };
         let noisy = |rng: &mut ChaCha8Rng, value: f64, sd: f64| {
             let factor = Normal::new(1.0, sd).expect("finite sd").sample(rng);
             (value * factor).max(0.0)
         };
         let throughput = noisy(&mut self.rng, carried.throughput, noise);
-        let rtt = state.rtt * (1.0 + noise * self.rng.random::<f64>());
+        let rtt = rtt * (1.0 + noise * self.rng.random::<f64>());
         let bytes = (throughput * duration / 8.0) as u64;
-        let segments = (bytes as f64 / mss / (1.0 - state.loss)).ceil();
-        let retrans = if state.loss > 0.0 && segments > 0.0 {
-            Poisson::new(segments * state.loss)
+        let segments = (bytes as f64 / mss / (1.0 - loss)).ceil();
+        let retrans = if loss > 0.0 && segments > 0.0 {
+            Poisson::new(segments * loss)
                 .map(|p| p.sample(&mut self.rng) as u64)
                 .unwrap_or(0)
         } else {

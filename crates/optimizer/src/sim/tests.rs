@@ -251,3 +251,63 @@ fn paced_background_flows_do_not_burst() {
         "{unpaced:?} {paced:?}"
     );
 }
+
+/// The carried throughput, Mbit/s, of each interval of one second with the counts of
+/// `schedule` (from each second on, that count) on the path of `scenario`.
+fn carried_mbps(scenario: Scenario, schedule: &[(usize, usize)], seconds: usize) -> Vec<f64> {
+    let mut sim = Simulator::new(scenario, 1);
+    (0..seconds)
+        .map(|second| {
+            let n = schedule
+                .iter()
+                .rev()
+                .find(|(from, _)| *from <= second)
+                .map_or(1, |&(_, n)| n);
+            sim.step(n, 1.0).carried.throughput / 1e6
+        })
+        .collect()
+}
+
+#[test]
+fn the_streams_kept_after_a_decrease_take_seconds_to_fill_a_shallow_long_path() {
+    // The 80 ms phase of rtt-rises-falls behind 0.4 of a bandwidth-delay product, as the
+    // emulated WAN ran it twice (docs/experiments/2026-11-28-the-trough-after-a-decrease.md):
+    // after 16 streams were cut to 8 at 25 s, the 8 kept carried 611-639 and 766-810 Mbit/s
+    // for 4 s and filled the link again 20 and 12 s after the cut. Raising the count filled it
+    // within a second.
+    let shallow = |buffer_kib: f64| {
+        Scenario::from_toml(&format!(
+            "name = \"shallow-80ms\"\ncapacity_mbps = 1000\nbase_rtt_ms = 80\n\
+             buffer_kib = {buffer_kib}\nrandom_loss = 1e-5\n"
+        ))
+        .unwrap()
+    };
+    let cut = [(0, 16), (25, 8), (50, 16)];
+    let mbps = carried_mbps(shallow(4096.0), &cut, 52);
+    assert!(mbps[20..25].iter().all(|&m| m > 970.0), "{mbps:?}");
+    assert!(
+        mbps[25..30].iter().all(|&m| (600.0..810.0).contains(&m)),
+        "{mbps:?}"
+    );
+    assert!(mbps[32] < 900.0, "{mbps:?}");
+    assert!(mbps[45..50].iter().all(|&m| m > 970.0), "{mbps:?}");
+    assert!(mbps[50] > 970.0, "{mbps:?}");
+    // Behind two bandwidth-delay products the queue the 8 kept held covers the room the others
+    // left: no trough.
+    let deep = carried_mbps(shallow(19_531.0), &cut, 30);
+    assert!(deep[25..30].iter().all(|&m| m > 970.0), "{deep:?}");
+}
+
+#[test]
+fn streams_left_alone_grow_into_the_link_when_random_loss_stops() {
+    // loss-comes-and-goes: random loss of 1e-4 at 80 ms stops at 100 s. On the emulated WAN
+    // fixed counts of 5 and 20 streams filled the link again 17 and 8 s later
+    // (docs/experiments/2026-11-28-the-trough-after-a-decrease.md).
+    let path = shipped("loss-comes-and-goes");
+    let five = carried_mbps(path.clone(), &[(0, 5)], 125);
+    assert!(five[100..108].iter().all(|&m| m < 500.0), "{five:?}");
+    assert!(five[119..125].iter().all(|&m| m > 950.0), "{five:?}");
+    let twenty = carried_mbps(path, &[(0, 20)], 125);
+    assert!(twenty[100..104].iter().all(|&m| m < 800.0), "{twenty:?}");
+    assert!(twenty[112..125].iter().all(|&m| m > 950.0), "{twenty:?}");
+}
