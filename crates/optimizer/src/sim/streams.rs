@@ -290,6 +290,8 @@ mod tests {
 
     #[test]
     fn streams_that_close_leave_at_once() {
+        // Each stream carries its limit of 50 Mbit/s, so the two kept already hold the windows
+        // of their share: no trough.
         let path = Path {
             stream_limit: 50e6,
             ..long_path()
