@@ -292,8 +292,8 @@ fn the_streams_kept_after_a_decrease_take_seconds_to_fill_a_shallow_long_path() 
     assert!(mbps[32] < 900.0, "{mbps:?}");
     assert!(mbps[45..50].iter().all(|&m| m > 970.0), "{mbps:?}");
     assert!(mbps[50] > 970.0, "{mbps:?}");
-    // Behind two bandwidth-delay products the queue the 8 kept held covers the room the others
-    // left: no trough.
+    // Behind two bandwidth-delay products the queue that the 16 held covers the room that the
+    // 8 closed left: no trough.
     let deep = carried_mbps(shallow(19_531.0), &cut, 30);
     assert!(deep[25..30].iter().all(|&m| m > 970.0), "{deep:?}");
 }
