@@ -22,7 +22,7 @@
 //! `docs/experiments/2026-11-28-the-trough-after-a-decrease.md`) this matches both the 16
 //! streams cut to 8 behind 0.4 of a bandwidth-delay product at 80 ms (the link full again
 //! after 12 to 20 s; here 13) and 1 to 20 streams left alone when random loss of 1e-4 stopped
-//! at 80 ms (full again after 30, 17, 10 and 8 s; here 28, 17, 14 and 11). A fixed count
+//! at 80 ms (full again after 30, 17, 8 and 7 s; here 30, 18, 14 and 11). A fixed count
 //! meets this trough only when the path changes; a controller that lowers the count behind a
 //! shallow buffer meets it at every decrease.
 

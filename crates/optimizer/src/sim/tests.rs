@@ -301,7 +301,7 @@ fn the_streams_kept_after_a_decrease_take_seconds_to_fill_a_shallow_long_path() 
 #[test]
 fn streams_left_alone_grow_into_the_link_when_random_loss_stops() {
     // loss-comes-and-goes: random loss of 1e-4 at 80 ms stops at 100 s. On the emulated WAN
-    // fixed counts of 5 and 20 streams filled the link again 17 and 8 s later
+    // fixed counts of 5 and 20 streams filled the link again 17 and 7 s later
     // (docs/experiments/2026-11-28-the-trough-after-a-decrease.md).
     let path = shipped("loss-comes-and-goes");
     let five = carried_mbps(path.clone(), &[(0, 5)], 125);
