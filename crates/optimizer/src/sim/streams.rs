@@ -149,7 +149,6 @@ impl Streams {
         // The window that holds a stream at its share, bits.
         let held = each * path.rtt;
         let dt = duration / SUB_STEPS as f64;
-        let last = start + duration - 0.5 * dt;
         if self
             .streams
             .iter()
@@ -158,7 +157,7 @@ impl Streams {
             // All at their share: the steady state, as far as each stream can.
             self.streams.fill(Stream::Open {
                 window: held,
-                since: last,
+                since: start + duration - 0.5 * dt,
             });
             return Run::steady(path.share.min(n as f64 * path.stream_limit));
         }
@@ -171,42 +170,41 @@ impl Streams {
             // What streams below their share carry and hold in flight, and how many are at it.
             let (mut below, mut in_flight, mut at_share) = (0.0, 0.0, 0usize);
             for stream in &mut self.streams {
-                match *stream {
-                    Stream::Starting { sends_at } if at < sends_at => {}
+                // A stream short of its share: what it carries and what it holds in flight.
+                let short = match *stream {
+                    Stream::Starting { sends_at } if at < sends_at => continue,
                     Stream::Starting { sends_at } => {
                         let rate = first * 2f64.powf((at - sends_at) / path.rtt);
-                        if rate >= each {
-                            *stream = Stream::Open {
-                                window: held,
-                                since: at,
-                            };
-                            at_share += 1;
-                        } else {
-                            below += rate;
-                            in_flight += rate * path.base_rtt;
-                        }
+                        (rate < each).then_some((rate, rate * path.base_rtt))
                     }
                     Stream::Open { window, since } => {
                         let grown = path.grown(window, at - since);
-                        if path.paced || grown >= held {
-                            *stream = Stream::Open {
-                                window: held,
-                                since: at,
-                            };
-                            at_share += 1;
-                        } else {
-                            // Short of the queue it would hold, it may already fill its share.
-                            below += (grown / path.base_rtt).min(each);
-                            in_flight += grown;
-                        }
+                        // Short of the queue it would hold, it may already fill its share.
+                        (!path.paced && grown < held)
+                            .then(|| ((grown / path.base_rtt).min(each), grown))
+                    }
+                };
+                match short {
+                    Some((rate, window)) => {
+                        below += rate;
+                        in_flight += window;
+                    }
+                    None => {
+                        *stream = Stream::Open {
+                            window: held,
+                            since: at,
+                        };
+                        at_share += 1;
                     }
                 }
             }
             // The streams at their share take what the others leave, as far as each can, and
             // hold the queue of the steady state.
-            let rest = (path.share - below).min(at_share as f64 * path.stream_limit);
-            carried += below + rest.max(0.0);
-            in_flight += rest.max(0.0) * path.rtt;
+            let rest = (path.share - below)
+                .min(at_share as f64 * path.stream_limit)
+                .max(0.0);
+            carried += below + rest;
+            in_flight += rest * path.rtt;
             let held_queue = if queue > 0.0 {
                 ((in_flight - path.share * path.base_rtt) / queue).clamp(0.0, 1.0)
             } else {
