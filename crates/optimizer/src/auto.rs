@@ -4,7 +4,10 @@
 //! model-based controllers stable but slow. [`Auto`] lets the policy choose the count until it
 //! holds one, then hands control to a tuner that checks that count against its neighbours:
 //! - it first goes back to a count measured clearly better in the last intervals (a policy
-//!   move that lost utility is undone);
+//!   move that lost utility is undone); going back down, it waits out the trough in which
+//!   the streams kept grow into the room of those closed (`trough.rs`): judged on it, the
+//!   count would look worse than before and the path poorer, and the count would ratchet
+//!   upwards;
 //! - it probes at once towards an unmeasured gap next to its count that the utility rose
 //!   towards (the policy's steps of 5 skip counts; the best may lie between them);
 //! - after holding a while it probes one stream more, then one fewer, keeps a probe whose
@@ -29,17 +32,21 @@
 //! windows sized for the shorter route do, where a queue the streams fill themselves keeps the
 //! path as full; shorter: in two, with no stream retired, or a count's RTT falling far below
 //! every RTT before); a longer route explores upwards, a shorter one downwards. An exploration
-//! narrows down by halves once it overshot, turns once when its first step finds nothing, and
-//! upwards stops where the throughput reaches the best seen. Control goes back to the policy
-//! when it keeps asking for another count whose neighbour towards it the tuner measured no
-//! worse (a gain smaller than the noise, which the tuner cannot see); it keeps it while it
-//! holds a count or improves, and loses it when its count measures clearly below the best
-//! remembered or when it held nothing within its turn. It goes to the tuner early when the
-//! policy keeps reversing itself without getting anywhere (a failed convergence). While
-//! streams are still connecting, or streams being retired carry much of the data, the
-//! policy's count is held: nothing measured it yet. The policy sees every interval, whoever
-//! acts, so its input is current when it takes over again. Each switch and its reason is
-//! reported through [`Controller::acting`], the policy's part under the name `ppo`.
+//! narrows down by halves once it overshot, turns once when its first step finds nothing (by
+//! the least factor: its trial carried what its own count made it carry), and upwards stops
+//! where the throughput reaches the best seen. A trial past a cliff after that (its streams
+//! lose a hundredth of their segments or more, and a quarter of the utility) ends it at once:
+//! every count narrowed down to beyond the cliff would overflow too.
+//!
+//! Control goes back to the policy when it keeps asking for another count whose neighbour towards
+//! it the tuner measured no worse (a gain smaller than the noise, which the tuner cannot see); it
+//! keeps it while it holds a count or improves, and loses it when its count measures clearly below
+//! the best remembered or when it held nothing within its turn. It goes to the tuner early when the
+//! policy keeps reversing itself without getting anywhere (a failed convergence). While streams are
+//! still connecting, or streams being retired carry much of the data, the policy's count is held:
+//! nothing measured it yet. The policy sees every interval, whoever acts, so its input is current
+//! when it takes over again. Each switch and its reason is reported through [`Controller::acting`],
+//! the policy's part under the name `ppo`.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -48,6 +55,7 @@ use crate::policy::{Measured, UtilityMemory, SAMPLES};
 use crate::running_mean::RunningMean;
 use crate::settle::{IntervalRamp, RampClock};
 use crate::signals::Observation;
+use crate::trough::Trough;
 
 /// Tuning of [`Auto`].
 ///
@@ -507,6 +515,14 @@ impl Peaks {
     }
 }
 
+/// Least factor by which an exploration upwards multiplies the count.
+const LEAST_FACTOR: f64 = 1.5;
+
+/// Loss rate from which an exploration's trial that lost more than `AutoParams::cliff` of the
+/// utility fell off a cliff: on the emulated paths 99 in 100 intervals of a fixed count of 1
+/// to 20 streams lost less (`settle::BURST_LOSS`).
+const CLIFF_LOSS: f64 = 0.01;
+
 /// Throughput over the best seen at which an exploration upwards stops.
 const REACHED: f64 = 0.9;
 
@@ -579,6 +595,8 @@ pub struct Auto {
     /// The last settled interval, if its utility or RTT was far from what its count measured
     /// before.
     moved: Option<Moved>,
+    /// The trough after the tuner went back down to a count measured better.
+    trough: Trough,
     acting: Acting,
 }
 
@@ -611,6 +629,7 @@ impl Auto {
             floor: RttFloor::default(),
             peaks: Peaks::default(),
             moved: None,
+            trough: Trough::default(),
             acting: Acting {
                 controller: "ppo",
                 switch: None,
@@ -646,13 +665,18 @@ impl Auto {
             .best_settled()
             .filter(|&(b, u)| b != n && here.is_some_and(|h| relative(u, h, unit) > self.margin()));
         let (base, switch) = match (better, here) {
-            (Some((b, u)), Some(h)) => (
-                b,
-                format!(
-                    "{why}; {b} streams measured {:.0} % better: back to {b}",
-                    100.0 * relative(u, h, unit)
-                ),
-            ),
+            (Some((b, u)), Some(h)) => {
+                if b < n {
+                    self.trough.expect_fall_to(b);
+                }
+                (
+                    b,
+                    format!(
+                        "{why}; {b} streams measured {:.0} % better: back to {b}",
+                        100.0 * relative(u, h, unit)
+                    ),
+                )
+            }
             _ => (n, format!("{why}: tuning around {n}")),
         };
         self.probe_gap_now(base, mi, unit);
@@ -815,9 +839,10 @@ impl Auto {
         o: &Observation,
         proposal: usize,
         ramp: IntervalRamp,
+        settled: bool,
         unit: f64,
     ) -> usize {
-        let (mi, utility, settled) = (o.mi, o.utility, ramp.measures_count());
+        let (mi, utility) = (o.mi, o.utility);
         let Mode::Policy { held, turn } = &mut self.mode else {
             unreachable!("the policy decides in policy mode")
         };
@@ -872,8 +897,15 @@ impl Auto {
     }
 
     /// The tuner's turn at `n` streams: hold, start a probe, or judge one.
-    fn tuner_decides(&mut self, n: usize, o: &Observation, ramp: IntervalRamp, unit: f64) -> usize {
-        let (mi, settled) = (o.mi, ramp.measures_count());
+    fn tuner_decides(
+        &mut self,
+        n: usize,
+        o: &Observation,
+        ramp: IntervalRamp,
+        settled: bool,
+        unit: f64,
+    ) -> usize {
+        let mi = o.mi;
         let max = self.params.max_streams;
         let mut p = match self.mode {
             Mode::Policy { .. } => unreachable!("the tuner decides in tuner modes"),
@@ -945,11 +977,23 @@ impl Auto {
             self.mode = Mode::Probe(p);
             return p.trial;
         }
+        let d = index(p.direction);
+        let cliff = gain < -self.params.cliff && o.loss >= CLIFF_LOSS && base > 0.0;
+        if p.explore && (p.improved || p.turned) && cliff {
+            // Past a cliff (a buffer or host that overflows) every count beyond it loses as
+            // much: narrowing down by halves would land there again and again. Single-stream
+            // probes find its edge. The first step of an exploration still turns (it may have
+            // gone the wrong way); a trial that merely carries less, as in the trough after
+            // a fall, is narrowed down to; a base that loses more than it carries is no place
+            // to go back to.
+            self.waits[d] = self.params.max_wait;
+            self.due[d] = mi + self.waits[d];
+            return self.end_round(p);
+        }
         if p.explore {
-            return self.explore_back(p, o);
+            return self.explore_back(p);
         }
         // Nothing better this way: wait longer before trying it again, longest past a cliff.
-        let d = index(p.direction);
         self.waits[d] = if gain < -self.params.cliff {
             self.params.max_wait
         } else {
@@ -1031,7 +1075,7 @@ impl Auto {
     /// the exploration already moved this way or turned to it (a large step may have passed
     /// the best), else turn to the other direction once; then the tuner holds the best count
     /// found and probes by single streams.
-    fn explore_back(&mut self, p: Probe, o: &Observation) -> usize {
+    fn explore_back(&mut self, p: Probe) -> usize {
         let bounded = Probe {
             bound: Some(p.trial),
             ..p
@@ -1039,7 +1083,10 @@ impl Auto {
         let next = if p.improved || p.turned {
             bounded.narrowed()
         } else {
-            self.explore(p.base, -p.direction, o)
+            // The trial carried what it did because of its own count: the factor of the
+            // turned exploration is the least, not the trial's shortfall (a count halved to a
+            // fraction of the link would send the count up by as much).
+            Probe::explore(p.base, -p.direction, LEAST_FACTOR, self.params.max_streams)
                 .map(|q| Probe { turned: true, ..q })
         };
         match next {
@@ -1056,9 +1103,9 @@ impl Auto {
     fn explore(&self, base: usize, direction: i64, o: &Observation) -> Option<Probe> {
         let shortfall = o.best_throughput() / o.throughput;
         let factor = if shortfall.is_finite() {
-            shortfall.clamp(1.5, self.params.explore_factor.max(1.5))
+            shortfall.clamp(LEAST_FACTOR, self.params.explore_factor.max(LEAST_FACTOR))
         } else {
-            self.params.explore_factor.max(1.5)
+            self.params.explore_factor.max(LEAST_FACTOR)
         };
         Probe::explore(base, direction, factor, self.params.max_streams)
     }
@@ -1079,7 +1126,10 @@ impl Controller for Auto {
         let max = self.params.max_streams.max(1);
         let n = o.streams.clamp(1, max);
         let ramp = self.clock.observe(o);
-        let settled = ramp.measures_count();
+        // An interval in the trough after the tuner went back down measures the streams'
+        // growth, not the count.
+        let in_trough = self.trough.observe(o, ramp.retiring, self.margin());
+        let settled = ramp.measures_count() && !in_trough;
         // The policy sees every interval, so its input is current whenever it acts.
         let proposal = self.policy.decide(o).clamp(1, max);
         // Utilities compare in units of at least 1 % of the best throughput seen.
@@ -1167,9 +1217,9 @@ impl Controller for Auto {
             }
         }
         if matches!(self.mode, Mode::Policy { .. }) {
-            self.policy_decides(n, o, proposal, ramp, unit)
+            self.policy_decides(n, o, proposal, ramp, settled, unit)
         } else {
-            self.tuner_decides(n, o, ramp, unit)
+            self.tuner_decides(n, o, ramp, settled, unit)
         }
     }
 
@@ -1297,6 +1347,58 @@ mod tests {
                 .all(|(mi, _, why)| !why.contains("changed") || *mi >= 100),
             "no false alarm before: {s:?}"
         );
+    }
+
+    #[test]
+    fn a_count_the_tuner_goes_back_down_to_is_held_through_its_trough() {
+        // 23 Gbit/s at 22 ms behind 0.07 of a bandwidth-delay product of buffer, no random
+        // loss. The policy climbs to 11, steps to 10 and up to 15, and holds it. 11 streams
+        // measured better than 15: the tuner goes back to 11. The 11 streams kept hold 11/15
+        // of what was in flight and take about 20 s to fill the link again. Judged on that
+        // trough, 11 looked like a path that got poorer, and the tuner explored up to 17.
+        let path = crate::sim::random_scenario(crate::sim::Family::Shallow, 1016, 200.0);
+        let rows = run_auto_on(
+            &path,
+            |n| match n {
+                1 => 6,
+                6 => 11,
+                11 => 10,
+                10 => 15,
+                _ => n,
+            },
+            60.0,
+        );
+        let s = switches(&rows);
+        assert!(s[0].2.contains("back to 11"), "{s:?}");
+        assert!(s.iter().all(|(.., why)| !why.contains("changed")), "{s:?}");
+        let counts: Vec<usize> = rows.iter().map(|r| r.observation.streams).collect();
+        assert!(counts[6..].iter().all(|&n| n <= 12), "{counts:?}");
+    }
+
+    #[test]
+    fn an_exploration_that_falls_off_a_cliff_goes_back_at_once() {
+        // 231 Mbit/s at 2 ms, 31 streams best: from 32 streams on the windows of all of them
+        // no longer fit the path and its buffer, and half the segments are lost. At 20 s the
+        // route gets shorter and the tuner explores down, finds 15 worse and turns upwards
+        // past the cliff. Narrowing down by halves from there (47, 39, 35, 33) lost half the
+        // segments in every interval on the way.
+        let path = crate::sim::random_scenario(
+            crate::sim::Family::Changing,
+            crate::sim::HELD_OUT_SEEDS + 9007,
+            200.0,
+        );
+        let rows = run_auto_on(&path, |n| (n + 5).min(31), 50.0);
+        let s = switches(&rows);
+        let change = first_change_from(&s, 15);
+        assert!(change.2.contains("exploring down from 31"), "{s:?}");
+        // One stream more is probed later, and overflows once: that finds the cliff's edge.
+        let first = change.0 as usize;
+        let overflowing: Vec<(u64, usize)> = rows[first..first + 15]
+            .iter()
+            .filter(|r| r.observation.loss > 0.1)
+            .map(|r| (r.observation.mi, r.observation.streams))
+            .collect();
+        assert!(overflowing.len() <= 2, "{overflowing:?}");
     }
 
     /// The first switch from interval `from` on that found the path changed.
@@ -1585,7 +1687,11 @@ mod tests {
         let patience = u64::from(AutoParams::default().probe_patience);
         for mi in 3..3 + 2 * patience {
             let o = Observation::for_test(mi, 6, 1750.0, 0.9);
-            assert_eq!(auto.tuner_decides(6, &o, ramping, 10.0), 6, "interval {mi}");
+            assert_eq!(
+                auto.tuner_decides(6, &o, ramping, ramping.measures_count(), 10.0),
+                6,
+                "interval {mi}"
+            );
         }
         // Intervals that could measure the count but do not (streams retired by an earlier
         // round still carrying data) use the patience up.
@@ -1598,11 +1704,30 @@ mod tests {
         let decisions: Vec<usize> = (first..first + patience + 1)
             .map(|mi| {
                 let o = Observation::for_test(mi, 6, 1750.0, 0.9);
-                auto.tuner_decides(6, &o, unsettled, 10.0)
+                auto.tuner_decides(6, &o, unsettled, unsettled.measures_count(), 10.0)
             })
             .collect();
         assert_eq!(decisions.last(), Some(&5), "{decisions:?}");
         assert!(decisions[..decisions.len() - 1].iter().all(|&d| d == 6));
+    }
+
+    #[test]
+    fn an_exploration_turns_by_the_least_factor_whatever_its_trial_carried() {
+        // After a change the tuner explored down from 22 streams to 11, which carried under
+        // half of what 22 did: the turn upwards tries 33, not 22 times the trial's shortfall.
+        let mut auto = auto_remembering(&[(10, 22, 18_000.0), (11, 22, 18_000.0)], 0.015);
+        let down = Probe::explore(22, -1, LEAST_FACTOR, 64).expect("room below 22");
+        auto.mode = Mode::Probe(down);
+        let ramp = IntervalRamp {
+            interval: 1.0,
+            ramp_left: -1.0,
+            retiring: false,
+        };
+        let mut o = Observation::for_test(12, 11, 8_000.0, 0.015);
+        o.throughput_ratio = 0.44;
+        auto.memory.record(11, o.utility, o.mi, true);
+        let first = auto.tuner_decides(11, &o, ramp, true, 10.0);
+        assert_eq!(first, 33);
     }
 
     #[test]

@@ -25,6 +25,7 @@ mod schedule;
 mod settle;
 mod signals;
 pub mod sim;
+mod trough;
 mod utility;
 
 pub use auto::{Auto, AutoParams};
