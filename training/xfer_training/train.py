@@ -247,6 +247,7 @@ def train(args: argparse.Namespace) -> Path:
         "n_steps": args.n_steps,
         "batch_size": args.batch_size,
         "learning_rate": args.learning_rate,
+        "gamma": args.gamma,
     }
     model = PPO(
         "MlpPolicy",
@@ -395,6 +396,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--n-steps", type=int, default=HYPERPARAMETERS["n_steps"], help="per env")
     p.add_argument("--batch-size", type=int, default=HYPERPARAMETERS["batch_size"])
+    p.add_argument(
+        "--gamma",
+        type=float,
+        default=HYPERPARAMETERS["gamma"],
+        help="discount per interval: how far ahead a decision's reward counts (about "
+        "1/(1-gamma) intervals)",
+    )
     p.add_argument(
         "--learning-rate",
         type=float,
