@@ -53,7 +53,7 @@ use std::collections::{BTreeMap, VecDeque};
 use crate::controller::{Acting, Controller};
 use crate::policy::{Measured, UtilityMemory, SAMPLES};
 use crate::running_mean::RunningMean;
-use crate::settle::{IntervalRamp, RampClock};
+use crate::settle::{IntervalRamp, RampClock, BURST_LOSS};
 use crate::signals::Observation;
 use crate::trough::Trough;
 
@@ -518,11 +518,6 @@ impl Peaks {
 /// Least factor by which an exploration upwards multiplies the count.
 const LEAST_FACTOR: f64 = 1.5;
 
-/// Loss rate from which an exploration's trial that lost more than `AutoParams::cliff` of the
-/// utility fell off a cliff: on the emulated paths 99 in 100 intervals of a fixed count of 1
-/// to 20 streams lost less (`settle::BURST_LOSS`).
-const CLIFF_LOSS: f64 = 0.01;
-
 /// Throughput over the best seen at which an exploration upwards stops.
 const REACHED: f64 = 0.9;
 
@@ -978,7 +973,9 @@ impl Auto {
             return p.trial;
         }
         let d = index(p.direction);
-        let cliff = gain < -self.params.cliff && o.loss >= CLIFF_LOSS && base > 0.0;
+        // A loss no interval of an ordinary count reaches (settle.rs measured it on the
+        // emulated paths) marks the overflow.
+        let cliff = gain < -self.params.cliff && o.loss >= BURST_LOSS && base > 0.0;
         if p.explore && (p.improved || p.turned) && cliff {
             // Past a cliff (a buffer or host that overflows) every count beyond it loses as
             // much: narrowing down by halves would land there again and again. Single-stream

@@ -45,7 +45,7 @@ pub const RETIRING_SHARE: f64 = 0.1;
 /// intervals of a fixed count of 1 to 20 streams lost less (at most 0.7 %; 35 and 50 streams
 /// behind one bandwidth-delay product, 1.1 and 2.9 %: [`BURST_RISE`] tells those apart),
 /// while the overshoots lost 2.7 to 10 %.
-const BURST_LOSS: f64 = 0.01;
+pub(crate) const BURST_LOSS: f64 = 0.01;
 
 /// How many times the loss of the interval before a rise the overshoot's interval loses at
 /// least: a count that raises a steady loss of 1 % by a few tenths is congested, not
