@@ -109,3 +109,24 @@ def tmpfs(path: str, size: str, huge: str = "always") -> Iterator[str]:
         yield path
     finally:
         subprocess.run(["umount", "-l", path], capture_output=True)
+
+
+@contextmanager
+def sparse_ext4(path: str, size: str) -> Iterator[str]:
+    """An ext4 file system of `size` (such as `2T`) mounted at `path` (created), on a sparse
+    image file beside it: a receiver's root that accepts (and preallocates) files far larger
+    than this machine's disk, as long as little is written. Unmounted and removed on exit.
+    Needs root."""
+    os.makedirs(path, exist_ok=True)
+    image = f"{path}.img"
+    subprocess.run(["truncate", "-s", size, image], check=True)
+    try:
+        lazy = "lazy_itable_init=1,lazy_journal_init=1"
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-E", lazy, image], check=True)
+        subprocess.run(["mount", "-o", "loop", image, path], check=True)
+        try:
+            yield path
+        finally:
+            subprocess.run(["umount", path], capture_output=True)
+    finally:
+        os.remove(image)

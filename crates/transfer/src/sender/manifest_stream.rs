@@ -3,10 +3,10 @@
 //! batch's plan from the receiver into units for the queue and seals for files with nothing
 //! left to send, and says when the session can finish.
 
-use super::work_queue::Unit;
 use super::{ControlEvent, SendError, Shared};
 use crate::manifest::{FileEntry, Scanner};
 use crate::wire::{self, FileStatus};
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 
 /// Scans the rest of the sources after the first batch and hands each batch to the control
@@ -77,14 +77,14 @@ impl Planner {
         let mut complete = Vec::new();
         for (file, status) in (first..).zip(plan) {
             let source = shared.source_file(file)?;
-            let units = units_to_send(file, &source.entry, status, shared.unit_size)?;
-            let bytes: u64 = units.iter().map(|u| u64::from(u.len)).sum();
+            let ranges = ranges_to_send(&source.entry, status)?;
+            let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
             to_send += bytes;
             skipped += source.entry.size - bytes;
             match status {
                 FileStatus::Complete => complete.push(file),
-                _ if units.is_empty() => seal_now.push(file),
-                _ => queued.push((file, units)),
+                _ if ranges.is_empty() => seal_now.push(file),
+                _ => queued.push((file, ranges)),
             }
         }
         self.next = end as u32;
@@ -94,8 +94,8 @@ impl Planner {
         shared.bytes_skipped.fetch_add(skipped, Ordering::Relaxed);
         {
             let mut queue = shared.queue();
-            for (file, units) in queued {
-                queue.add_file(file, units);
+            for (file, ranges) in queued {
+                queue.add_file(file, ranges);
             }
             if last {
                 queue.close();
@@ -130,14 +130,12 @@ impl Planner {
     }
 }
 
-/// The units of `file` (described by `entry`) that the receiver does not hold, by its `status`,
-/// each at most `unit_size` bytes. A plan range outside the file is a protocol error.
-pub(super) fn units_to_send(
-    file: u32,
+/// The byte ranges of the file described by `entry` that the receiver does not hold, by its
+/// `status`, in order and not empty. A plan range outside the file is a protocol error.
+pub(super) fn ranges_to_send(
     entry: &FileEntry,
     status: &FileStatus,
-    unit_size: u32,
-) -> Result<Vec<Unit>, SendError> {
+) -> Result<Vec<Range<u64>>, SendError> {
     let mut have = rangemap::RangeSet::new();
     match status {
         FileStatus::Complete => return Ok(Vec::new()),
@@ -159,14 +157,5 @@ pub(super) fn units_to_send(
             }
         }
     }
-    let mut units = Vec::new();
-    for gap in have.gaps(&(0..entry.size)) {
-        let mut offset = gap.start;
-        while offset < gap.end {
-            let len = (gap.end - offset).min(u64::from(unit_size)) as u32;
-            units.push(Unit { file, offset, len });
-            offset += u64::from(len);
-        }
-    }
-    Ok(units)
+    Ok(have.gaps(&(0..entry.size)).collect())
 }

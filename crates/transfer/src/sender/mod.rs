@@ -11,7 +11,9 @@
 //!
 //! The manifest is streamed (`manifest_stream.rs`): the sources are scanned a batch at a time
 //! while data flows, each batch's files join the queue once the receiver's plan for them
-//! arrives, and a file is forgotten once it is in place, so memory does not grow with the tree.
+//! arrives, and a file is forgotten once it is in place, so memory does not grow with the tree;
+//! the queue cuts a file's missing ranges into units only as streams ask for them, so it does
+//! not grow with a file's size either.
 
 mod control;
 mod join;
@@ -596,8 +598,6 @@ struct Shared {
     session_key: SessionKey,
     /// Whether the streams seal their frames ([`SendConfig::integrity`]).
     sealed: bool,
-    /// Largest unit in bytes (the configured size within the receiver's limit).
-    unit_size: u32,
     /// Files announced and not yet settled (finalised, or found complete), by number.
     files: RwLock<HashMap<u32, Arc<SourceFile>>>,
     /// How many files are in `files`; the scanner holds back while there are
@@ -1074,9 +1074,10 @@ impl Transfer {
         let (control_tx, control_rx) = mpsc::channel();
         let (manager_tx, manager_rx) = mpsc::channel();
         let max_streams = limits.max_streams.max(1) as usize;
+        // Largest unit in bytes: the configured size within the receiver's limit.
+        let unit_size = config.unit_size.clamp(1, limits.max_chunk);
         let shared = Arc::new(Shared {
             target: AtomicUsize::new(config.streams.clamp(1, max_streams)),
-            unit_size: config.unit_size.clamp(1, limits.max_chunk),
             config,
             addrs,
             transport,
@@ -1091,7 +1092,7 @@ impl Transfer {
             skipped: Mutex::default(),
             source: source_data,
             start,
-            queue: Mutex::default(),
+            queue: Mutex::new(WorkQueue::new(unit_size)),
             queue_cv: Condvar::new(),
             max_streams,
             bytes_total: AtomicU64::new(0),
@@ -2029,20 +2030,25 @@ fn ask_for_quic<R: std::io::Read>(
     }
 }
 
-/// What the sender does with a receiver's resume plan for `files`: the units left to send.
+/// What the sender does with a receiver's resume plan for `files`: the units left to send, in
+/// the order a work queue hands them out.
 #[cfg(feature = "fuzzing")]
 pub(crate) fn queue_for_fuzzing(
     files: &[crate::manifest::FileEntry],
     plan: &[crate::wire::FileStatus],
     unit_size: u32,
 ) -> Result<Vec<(u32, u64, u32)>, String> {
-    let mut units = Vec::new();
+    let mut queue = WorkQueue::new(unit_size);
     for (file, (entry, status)) in (0..).zip(files.iter().zip(plan)) {
-        let file_units = manifest_stream::units_to_send(file, entry, status, unit_size);
-        units.extend(file_units.map_err(|e| e.to_string())?);
+        let ranges = manifest_stream::ranges_to_send(entry, status).map_err(|e| e.to_string())?;
+        if !ranges.is_empty() {
+            queue.add_file(file, ranges);
+        }
     }
-    Ok(units
-        .into_iter()
-        .map(|u| (u.file, u.offset, u.len))
-        .collect())
+    queue.close();
+    let mut units = Vec::new();
+    while let Next::Unit(u) = queue.next(0, Instant::now()) {
+        units.push((u.file, u.offset, u.len));
+    }
+    Ok(units)
 }

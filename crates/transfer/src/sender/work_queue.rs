@@ -7,8 +7,13 @@
 //! chunk it already holds no second time). A unit is carried by at most two streams. Files join
 //! the queue as the receiver plans each batch of the manifest; the queue is done once it is
 //! closed (the last batch was planned) and every unit is acknowledged.
+//!
+//! A file joins as the byte ranges it still needs, and a range is cut into units only as they
+//! are handed out: the queue's memory grows with the number of ranges and of units in flight,
+//! never with the size of the data (a 100 TiB file is one range, not 26 million units).
 
 use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 /// A unit in flight for this many times the usual time from hand-out to acknowledgement is a
@@ -21,6 +26,13 @@ pub(crate) struct Unit {
     pub(super) file: u32,
     pub(super) offset: u64,
     pub(super) len: u32,
+}
+
+/// Bytes of one file not handed out yet, from `range.start` on.
+#[derive(Debug)]
+struct Run {
+    file: u32,
+    range: Range<u64>,
 }
 
 /// A unit handed out and not yet acknowledged.
@@ -44,10 +56,16 @@ pub(super) enum Next {
     Done,
 }
 
-/// Units waiting, units in flight, and bytes not yet acknowledged of each file with units.
-#[derive(Debug, Default)]
+/// Units given back, ranges not handed out yet, units in flight, and bytes not yet
+/// acknowledged of each file with units.
+#[derive(Debug)]
 pub(super) struct WorkQueue {
-    pending: VecDeque<Unit>,
+    /// The most bytes a unit carries.
+    unit_size: u32,
+    /// Units handed back unacknowledged: they go out again before any new one.
+    returned: VecDeque<Unit>,
+    /// Ranges still to cut into units, in the order files joined.
+    runs: VecDeque<Run>,
     in_flight: HashMap<Unit, InFlight>,
     remaining: HashMap<u32, u64>,
     /// No more files will join.
@@ -57,11 +75,28 @@ pub(super) struct WorkQueue {
 }
 
 impl WorkQueue {
-    /// Queues `units`, the parts of `file` still to send, which together are not empty.
-    pub(super) fn add_file(&mut self, file: u32, units: Vec<Unit>) {
-        let bytes = units.iter().map(|u| u64::from(u.len)).sum();
+    /// An open, empty queue that cuts units of at most `unit_size` bytes (at least 1).
+    pub(super) fn new(unit_size: u32) -> Self {
+        WorkQueue {
+            unit_size: unit_size.max(1),
+            returned: VecDeque::new(),
+            runs: VecDeque::new(),
+            in_flight: HashMap::new(),
+            remaining: HashMap::new(),
+            closed: false,
+            unit_time: None,
+        }
+    }
+
+    /// Queues `ranges`, the parts of `file` still to send, which together are not empty. Each
+    /// range's units start at its start: the last unit of a range may be short.
+    pub(super) fn add_file(&mut self, file: u32, ranges: impl IntoIterator<Item = Range<u64>>) {
+        let mut bytes = 0;
+        for range in ranges.into_iter().filter(|r| !r.is_empty()) {
+            bytes += range.end - range.start;
+            self.runs.push_back(Run { file, range });
+        }
         self.remaining.insert(file, bytes);
-        self.pending.extend(units);
     }
 
     /// No more files will join: the queue is done once its units are acknowledged.
@@ -71,18 +106,45 @@ impl WorkQueue {
 
     /// Whether every unit is acknowledged and no more will come.
     pub(super) fn is_done(&self) -> bool {
-        self.closed && self.pending.is_empty() && self.in_flight.is_empty()
+        self.closed && self.waiting_is_empty() && self.in_flight.is_empty()
+    }
+
+    fn waiting_is_empty(&self) -> bool {
+        self.returned.is_empty() && self.runs.is_empty()
     }
 
     /// Whether `unit` is still waiting for its first acknowledgement (handed out or not).
     pub(super) fn awaits_ack(&self, unit: Unit) -> bool {
-        self.in_flight.contains_key(&unit) || self.pending.contains(&unit)
+        self.in_flight.contains_key(&unit)
+            || self.returned.contains(&unit)
+            || (self.runs.iter()).any(|r| r.file == unit.file && r.range.contains(&unit.offset))
+    }
+
+    /// The unit that goes out next: one given back, else the front of the first range.
+    fn take_waiting(&mut self) -> Option<Unit> {
+        if let Some(unit) = self.returned.pop_front() {
+            return Some(unit);
+        }
+        let run = self.runs.front_mut()?;
+        let offset = run.range.start;
+        // At most `unit_size`, so the cast cannot truncate.
+        let len = (run.range.end - offset).min(u64::from(self.unit_size)) as u32;
+        let unit = Unit {
+            file: run.file,
+            offset,
+            len,
+        };
+        run.range.start += u64::from(len);
+        if run.range.is_empty() {
+            self.runs.pop_front();
+        }
+        Some(unit)
     }
 
     /// The next unit for `stream` at `now`: a waiting one, else a copy of the oldest straggler
     /// that only another stream carries.
     pub(super) fn next(&mut self, stream: u64, now: Instant) -> Next {
-        if let Some(unit) = self.pending.pop_front() {
+        if let Some(unit) = self.take_waiting() {
             let flight = InFlight {
                 since: now,
                 streams: vec![stream],
@@ -148,7 +210,7 @@ impl WorkQueue {
         flight.streams.retain(|&s| s != stream);
         if flight.streams.is_empty() {
             self.in_flight.remove(&unit);
-            self.pending.push_front(unit);
+            self.returned.push_front(unit);
         }
     }
 }
@@ -156,6 +218,7 @@ impl WorkQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::iter;
 
     fn unit(offset: u64) -> Unit {
         Unit {
@@ -166,8 +229,8 @@ mod tests {
     }
 
     fn queue(units: u64) -> WorkQueue {
-        let mut q = WorkQueue::default();
-        q.add_file(0, (0..units).map(|i| unit(i * 10)).collect());
+        let mut q = WorkQueue::new(10);
+        q.add_file(0, iter::once(0..units * 10));
         q.close();
         q
     }
@@ -229,9 +292,9 @@ mod tests {
             "a straggler copy"
         );
         q.give_back(unit(0), 1);
-        assert!(q.pending.is_empty(), "stream 2 still carries it");
+        assert!(q.waiting_is_empty(), "stream 2 still carries it");
         q.give_back(unit(0), 2);
-        assert_eq!(q.pending, [unit(0)]);
+        assert_eq!(q.returned, [unit(0)]);
         assert_eq!(q.next(3, t0 + 11 * MS), Next::Unit(unit(0)));
         assert_eq!(q.acked(unit(0), t0 + 12 * MS), Some(true));
         q.give_back(unit(0), 3);
@@ -241,10 +304,10 @@ mod tests {
     #[test]
     fn an_open_queue_waits_for_more_files_and_is_done_only_once_closed() {
         let t0 = Instant::now();
-        let mut q = WorkQueue::default();
+        let mut q = WorkQueue::new(10);
         assert_eq!(q.next(1, t0), Next::Wait(None));
         assert!(!q.is_done());
-        q.add_file(0, vec![unit(0)]);
+        q.add_file(0, iter::once(0..10));
         assert_eq!(q.next(1, t0), Next::Unit(unit(0)));
         assert_eq!(q.acked(unit(0), t0), Some(true));
         assert_eq!(q.next(1, t0), Next::Wait(None), "more files may come");
@@ -253,12 +316,85 @@ mod tests {
             offset: 0,
             len: 5,
         };
-        q.add_file(7, vec![later]);
+        q.add_file(7, iter::once(0..5));
         q.close();
         assert_eq!(q.next(2, t0), Next::Unit(later));
         assert_eq!(q.acked(later, t0), Some(true));
         assert!(q.is_done());
         assert_eq!(q.next(1, t0), Next::Done);
+    }
+
+    #[test]
+    fn ranges_are_cut_into_units_as_they_go_out_and_a_huge_file_costs_one_range() {
+        let t0 = Instant::now();
+        let mut q = WorkQueue::new(4 << 20);
+        let huge = 100u64 << 40;
+        // A 100 TiB file missing all but its second unit, and a small file behind it.
+        q.add_file(3, vec![0..4 << 20, 8 << 20..huge]);
+        q.add_file(4, iter::once(0..7));
+        q.close();
+        assert_eq!(q.runs.len(), 3, "one entry per range, whatever its size");
+        let first = |q: &mut WorkQueue, s| match q.next(s, t0) {
+            Next::Unit(u) => u,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            first(&mut q, 1),
+            Unit {
+                file: 3,
+                offset: 0,
+                len: 4 << 20
+            }
+        );
+        assert_eq!(
+            first(&mut q, 1),
+            Unit {
+                file: 3,
+                offset: 8 << 20,
+                len: 4 << 20
+            }
+        );
+        assert!(q.awaits_ack(Unit {
+            file: 3,
+            offset: huge - (4 << 20),
+            len: 4 << 20
+        }));
+        assert!(
+            !q.awaits_ack(Unit {
+                file: 3,
+                offset: 4 << 20,
+                len: 4 << 20
+            }),
+            "held already"
+        );
+        assert!(
+            !q.awaits_ack(Unit {
+                file: 4,
+                offset: 7,
+                len: 1
+            }),
+            "beyond the file"
+        );
+        // Skip to the tail of the huge file: its last unit ends exactly at its end.
+        q.runs[0].range.start = huge - (4 << 20) - 5;
+        assert_eq!(first(&mut q, 2).len, 4 << 20);
+        assert_eq!(
+            first(&mut q, 2),
+            Unit {
+                file: 3,
+                offset: huge - 5,
+                len: 5
+            }
+        );
+        assert_eq!(
+            first(&mut q, 2),
+            Unit {
+                file: 4,
+                offset: 0,
+                len: 7
+            }
+        );
+        assert!(q.runs.is_empty());
     }
 
     /// What a test does next to the queue: a stream asks for work, receives the oldest answer
