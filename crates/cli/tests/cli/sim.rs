@@ -237,7 +237,8 @@ fn auto_logs_who_acts_and_why_control_changed_hands() {
     );
     assert_eq!(summary["controller"], "auto");
     // This path is the shipped policy's weakest (a deeper buffer and more background flows
-    // than any training path; models/MODEL.md, "Where it is weakest").
+    // than any training path; docs/experiments/2026-11-26-the-shipped-policies-notebook.md,
+    // "Where it is weakest").
     let utility = summary["utility_fraction"].as_f64().unwrap();
     assert!(utility > 0.9, "{summary}");
 }

@@ -63,11 +63,12 @@ fn loss_for_window(window: f64, rtt: f64) -> f64 {
 /// The loss rate an unpaced flow sees at an empty queue, from its bursts alone, when it is
 /// the only one behind a buffer of no packets; calibrated with [`BURST_BUFFER_PACKETS`] and
 /// [`BURST_FLOWS_EXPONENT`] on the emulated WAN (200 Mbit/s, 20 and 100 ms, buffers of 23 to
-/// 1726 packets, 1 to 16 streams: `models/MODEL.md`, "Shallow buffers"). A sender without
-/// pacing sends what each ACK frees at its line rate, so a bunch of ACKs becomes a burst that
-/// a buffer of a few dozen packets cannot hold, long before the link is full: one unpaced
-/// stream carried 42 Mbit/s of 200 at 100 ms behind 86 packets and lost segments all along;
-/// paced to 190 Mbit/s (`SO_MAX_PACING_RATE`), it lost none after slow start.
+/// 1726 packets, 1 to 16 streams; "Shallow buffers" in
+/// `docs/experiments/2026-11-26-the-shipped-policies-notebook.md`). A sender without pacing
+/// sends what each ACK frees at its line rate, so a bunch of ACKs becomes a burst that a
+/// buffer of a few dozen packets cannot hold, long before the link is full: one unpaced stream
+/// carried 42 Mbit/s of 200 at 100 ms behind 86 packets and lost segments all along; paced to
+/// 190 Mbit/s (`SO_MAX_PACING_RATE`), it lost none after slow start.
 const BURST_LOSS: f64 = 6e-5;
 /// The buffer, in packets, over which the burst loss falls by a factor of e (2.72).
 const BURST_BUFFER_PACKETS: f64 = 300.0;

@@ -151,8 +151,9 @@ fn long_path(buffer_kib: f64, cap: Option<f64>) -> Scenario {
 #[test]
 fn bursts_hold_unpaced_streams_below_a_shallow_buffered_link() {
     let mbps = |s: Scenario, n| Simulator::new(s, 1).steady_state(n, 0.0).throughput / 1e6;
-    // The emulated WAN (MODEL.md, "Shallow buffers"): 42 Mbit/s for one stream behind 86
-    // packets, 151 for 16; one stream fills the link behind one bandwidth-delay product.
+    // The emulated WAN (docs/experiments/2026-11-26-the-shipped-policies-notebook.md,
+    // "Shallow buffers"): 42 Mbit/s for one stream behind 86 packets, 151 for 16; one stream
+    // fills the link behind one bandwidth-delay product.
     let shallow = long_path(122.0, None);
     assert!(
         (30.0..60.0).contains(&mbps(shallow.clone(), 1)),
