@@ -159,3 +159,73 @@ pub(super) fn ranges_to_send(
     }
     Ok(have.gaps(&(0..entry.size)).collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::work_queue::{Next, WorkQueue};
+    use super::*;
+    use crate::manifest::Timestamp;
+    use std::time::Instant;
+
+    fn entry(size: u64) -> FileEntry {
+        let t = Timestamp { secs: 0, nanos: 0 };
+        FileEntry {
+            path: b"f".to_vec(),
+            size,
+            mode: 0o644,
+            mtime: t,
+            ctime: t,
+            inode: 1,
+            content: None,
+        }
+    }
+
+    #[test]
+    fn a_range_outside_the_file_is_refused() {
+        let plan = FileStatus::Partial(vec![(90, 20)]);
+        let e = ranges_to_send(&entry(100), &plan).unwrap_err();
+        assert!(e.to_string().contains("outside a file of 100 bytes"), "{e}");
+        let plan = FileStatus::Partial(vec![(u64::MAX, 2)]);
+        assert!(ranges_to_send(&entry(100), &plan).is_err());
+    }
+
+    proptest::proptest! {
+        /// Whatever the receiver holds, the units a queue hands out for the rest tile exactly
+        /// the bytes it does not hold: none twice, none it holds, none missed, none longer
+        /// than a unit, and each hole's units start at the hole's start.
+        #[test]
+        fn the_units_handed_out_tile_what_the_receiver_lacks(
+            size in 1..5_000u64,
+            held in proptest::collection::vec((0..5_000u64, 0..700u64), 0..8),
+            unit_size in 1..900u32,
+        ) {
+            let held: Vec<(u64, u64)> = held
+                .into_iter()
+                .map(|(offset, len)| (offset % size, len.min(size - offset % size)))
+                .collect();
+            let ranges = ranges_to_send(&entry(size), &FileStatus::Partial(held.clone())).unwrap();
+            let mut queue = WorkQueue::new(unit_size);
+            if !ranges.is_empty() {
+                queue.add_file(0, ranges.clone());
+            }
+            queue.close();
+            let mut covered = vec![false; size as usize];
+            for &(offset, len) in &held {
+                covered[offset as usize..(offset + len) as usize].fill(true);
+            }
+            let lacking: Vec<bool> = covered.iter().map(|&c| !c).collect();
+            let mut sent = vec![false; size as usize];
+            let mut next_in_range = ranges.iter().map(|r| r.start).collect::<Vec<_>>();
+            while let Next::Unit(u) = queue.next(1, Instant::now()) {
+                proptest::prop_assert!(u.len >= 1 && u.len <= unit_size, "{u:?}");
+                let (start, end) = (u.offset as usize, (u.offset + u64::from(u.len)) as usize);
+                proptest::prop_assert!(sent[start..end].iter().all(|&s| !s), "{u:?} twice");
+                sent[start..end].fill(true);
+                let hole = ranges.iter().position(|r| r.contains(&u.offset)).unwrap();
+                proptest::prop_assert_eq!(u.offset, next_in_range[hole]);
+                next_in_range[hole] += u64::from(u.len);
+            }
+            proptest::prop_assert_eq!(sent, lacking);
+        }
+    }
+}
