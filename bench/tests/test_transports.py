@@ -11,10 +11,10 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network n
 def test_table_has_every_row():
     rows = [
         transports.Row("tcp via B", 4, 0.5, 1.0, 0.1, 0.2),
-        transports.Row("mptcp", 4, 0.7, 1.4, 0.12, 0.25),
+        transports.Row("mptcp", 4, 0.7, 1.4, 0.12, 0.25, 1.5, 1.25),
     ]
     table = transports.format_table(rows)
-    assert "mptcp" in table and "1.40" in table and "0.250" in table
+    assert "mptcp" in table and "1.40" in table and "0.250" in table and "1.25" in table
 
 
 @needs_root
@@ -25,9 +25,10 @@ def test_mptcp_beats_the_faster_path_and_everything_is_removed(tmp_path, capsys)
     args = ["--reps", "1", "--size", "24MiB", "--rate-a", "50", "--rate-b", "100"]
     assert transports.main([*args, "--streams", "2", "--json", str(out)]) == 0
     rows = {r["case"]: r for r in json.loads(out.read_text())}
-    assert set(rows) == {"tcp via B", "tcp via A", "mptcp", "quic via B"}
-    # Path B's htb rate bounds TCP and QUIC over it; MPTCP uses both paths.
+    assert set(rows) == {"tcp via B", "tcp via A", "mptcp", "quic via B", "iperf3 via B"}
+    # Path B's htb rate bounds TCP, QUIC and iperf3 over it; MPTCP uses both paths.
     assert rows["tcp via B"]["gbps"] < 0.1
+    assert 0.05 < rows["iperf3 via B"]["gbps"] < 0.1, rows
     assert 0.02 < rows["quic via B"]["gbps"] < 0.1, rows
     assert rows["mptcp"]["gbps"] > 0.1, rows
     assert rows["mptcp"]["vs_tcp_b"] > 1.0

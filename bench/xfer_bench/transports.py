@@ -1,5 +1,5 @@
-"""Transports benchmark (issue 7): TCP, MPTCP and QUIC on the same two emulated paths,
-throughput and CPU seconds per Gbit moved, as ratios within one run.
+"""Transports benchmark (issue 7): TCP, MPTCP and QUIC on the same two emulated paths, and
+iperf3 beside them, throughput and CPU seconds per Gbit moved, as ratios within one run.
 
 Two namespaces are joined by two veth pairs, paths A and B, each held by htb on the sender's
 side to its own rate (B is the faster). TCP runs over path B alone (the best any single-path
@@ -7,19 +7,23 @@ transport can do here) and over path A; MPTCP runs with the receiver's path mana
 announcing its path-B address, so that every connection gets a subflow on each path; QUIC (one
 connection per stream, single-path) runs over path B, with the congestion controller of
 `--quic-congestion`. Each cell is `xfer send --mem SIZE --streams N --transport T --json`;
-runs are interleaved and repeated, and the median is reported. CPU is user + system seconds of
-the sender and of the receiver during the run, from the supervisor that runs each of them.
+the reference is `iperf3 -P N -n SIZE` over path B, whose CPU per Gbit each xfer case is also
+given over (issue 42's target for TCP: at most 1.2 on both sides). Runs are interleaved and
+repeated, and the median is reported. CPU is user + system seconds of the sender and of the
+receiver during the run, from the supervisor that runs each of them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,8 +31,10 @@ from pathlib import Path
 
 from xfer_bench import supervise
 from xfer_bench.dataplane import (
+    IPERF3_PORT,
     add_common_options,
     check_runnable,
+    iperf3_gbps,
     parse_size,
     print_report,
     write_key_file,
@@ -81,7 +87,9 @@ class Case:
         return self.transport if self.transport == "mptcp" else f"{self.transport} via {self.path}"
 
 
-CASES = (Case("tcp", "B"), Case("tcp", "A"), Case("mptcp", "A"), Case("quic", "B"))
+#: The reference: iperf3 over TCP on path B.
+IPERF3 = Case("iperf3", "B")
+CASES = (Case("tcp", "B"), Case("tcp", "A"), Case("mptcp", "A"), Case("quic", "B"), IPERF3)
 
 
 @dataclass
@@ -103,6 +111,47 @@ class Row:
     vs_tcp_b: float
     sender_cpu_per_gbit: float
     receiver_cpu_per_gbit: float
+    #: CPU per Gbit over iperf3's on the same side.
+    sender_cpu_vs_iperf3: float = 0.0
+    receiver_cpu_vs_iperf3: float = 0.0
+
+
+def run_iperf3(topo: Topology, streams: int, size: int, tmp: Path) -> Run:
+    """One `iperf3 -P streams -n size` run, server and client each under the supervisor (so
+    that both report their CPU time)."""
+    logs = {side: tmp / f"iperf3-{side}.log" for side in ("sender", "receiver")}
+    server_cmd = ["iperf3", "-s", "-1", "-p", str(IPERF3_PORT)]
+    client_cmd = ["iperf3", "-c", topo.receiver_addr, "-p", str(IPERF3_PORT)]
+    client_cmd += ["-P", str(streams), "-n", str(size), "-J"]
+    with logs["receiver"].open("w") as server_err:
+        server = supervise.start(
+            topo.receiver_cmd(supervise.supervised(server_cmd)),
+            stdout=subprocess.DEVNULL,
+            stderr=server_err,
+        )
+        try:
+            for _ in range(50):
+                with logs["sender"].open("w") as err:
+                    client = supervise.start(
+                        topo.sender_cmd(supervise.supervised(client_cmd)),
+                        stdout=subprocess.PIPE,
+                        stderr=err,
+                    )
+                    assert client.stdout is not None
+                    report = json.loads(client.stdout.read().decode() or "{}")
+                    client.wait()
+                    supervise.stop(client)
+                if "Connection refused" not in report.get("error", ""):
+                    break
+                time.sleep(0.1)
+            gbps = iperf3_gbps(report)
+            server.wait(timeout=30)
+        finally:
+            supervise.stop(server)
+    cpu = {side: supervise.cpu_seconds(log) for side, log in logs.items()}
+    if None in cpu.values():
+        raise RuntimeError(f"no CPU report from the supervisor: {cpu}")
+    return Run(gbps, cpu["sender"] or 0.0, cpu["receiver"] or 0.0)
 
 
 def run_once(
@@ -117,6 +166,8 @@ def run_once(
     """One `xfer send --mem` of `case` with a receiver of its own (so that its CPU time is the
     run's)."""
     topo = paths[case.path]
+    if case == IPERF3:
+        return run_iperf3(topo, streams, size, tmp)
     logs = {side: tmp / f"{side}.log" for side in ("sender", "receiver")}
     options = ["--transport", case.transport]
     # Listening on every address lets MPTCP subflows join on the announced path-B address.
@@ -163,20 +214,30 @@ def measure(
                 run = run_once(paths, xfer, case, n, size, tmp, quic_congestion)
                 runs.setdefault((case, n), []).append(run)
     rows = []
+    gbit = size * 8 / 1e9
+
+    def cpu_per_gbit(case: Case, n: int) -> tuple[float, float]:
+        got = runs[(case, n)]
+        sender = statistics.median(r.sender_cpu for r in got) / gbit
+        return sender, statistics.median(r.receiver_cpu for r in got) / gbit
+
     for n in streams:
         base = statistics.median(r.gbps for r in runs[(CASES[0], n)])
+        reference = cpu_per_gbit(IPERF3, n)
         for case in CASES:
-            got = runs[(case, n)]
-            gbps = statistics.median(r.gbps for r in got)
-            gbit = size * 8 / 1e9
+            gbps = statistics.median(r.gbps for r in runs[(case, n)])
+            cpu = cpu_per_gbit(case, n)
+            vs = [c / ref if ref else 0.0 for c, ref in zip(cpu, reference, strict=True)]
             rows.append(
                 Row(
                     case=case.name,
                     streams=n,
                     gbps=gbps,
                     vs_tcp_b=gbps / base if base else 0.0,
-                    sender_cpu_per_gbit=statistics.median(r.sender_cpu for r in got) / gbit,
-                    receiver_cpu_per_gbit=statistics.median(r.receiver_cpu for r in got) / gbit,
+                    sender_cpu_per_gbit=cpu[0],
+                    receiver_cpu_per_gbit=cpu[1],
+                    sender_cpu_vs_iperf3=vs[0],
+                    receiver_cpu_vs_iperf3=vs[1],
                 )
             )
     return rows
@@ -185,12 +246,13 @@ def measure(
 def format_table(rows: Sequence[Row]) -> str:
     """The rows as an aligned text table."""
     head = f"{'case':<12} {'streams':>7} {'Gbit/s':>8} {'vs tcp B':>9} {'snd CPU s/Gbit':>15} "
-    head += f"{'rcv CPU s/Gbit':>15}"
+    head += f"{'rcv CPU s/Gbit':>15} {'snd vs iperf3':>14} {'rcv vs iperf3':>14}"
     lines = [head]
     for r in rows:
         lines.append(
             f"{r.case:<12} {r.streams:>7} {r.gbps:>8.3f} {r.vs_tcp_b:>9.2f} "
-            f"{r.sender_cpu_per_gbit:>15.3f} {r.receiver_cpu_per_gbit:>15.3f}"
+            f"{r.sender_cpu_per_gbit:>15.3f} {r.receiver_cpu_per_gbit:>15.3f} "
+            f"{r.sender_cpu_vs_iperf3:>14.2f} {r.receiver_cpu_vs_iperf3:>14.2f}"
         )
     return "\n".join(lines)
 
