@@ -3,9 +3,8 @@
 //! the receiver's plans, `Finalized` answers and heartbeats, and ends the session.
 
 use std::io::BufReader;
-use std::net::TcpStream;
 
-use crate::link::{LinkReader, LinkWriter};
+use crate::link::{LinkReader, LinkWriter, PollRead};
 use crate::seal::FrameWriter;
 use std::sync::mpsc;
 
@@ -49,7 +48,7 @@ pub(super) fn run_writer(
 /// a failure (the socket's read timeout is the stall timeout).
 pub(super) fn run_reader(
     shared: &Shared,
-    mut reader: FrameReader<BufReader<LinkReader<TcpStream>>>,
+    mut reader: FrameReader<BufReader<LinkReader<PollRead>>>,
     mut planner: Planner,
 ) {
     loop {

@@ -1820,7 +1820,7 @@ struct ControlLink {
     /// The transport in use, and why it is not the one asked for.
     transport: Transport,
     fallback: Option<String>,
-    reader: FrameReader<std::io::BufReader<link::LinkReader<TcpStream>>>,
+    reader: FrameReader<std::io::BufReader<link::LinkReader<link::PollRead>>>,
     writer: FrameWriter<link::LinkWriter>,
     welcomed: auth::Welcomed,
 }

@@ -401,7 +401,7 @@ type Opened<R, C> = (FrameReader<BufReader<R>>, FrameWriter<LinkWriter>, C);
 fn open_tcp(
     shared: &Shared,
     handle: &StreamHandle,
-) -> Result<Opened<link::LinkReader<TcpStream>, TcpStream>, StreamFailure> {
+) -> Result<Opened<link::LinkReader<link::PollRead>, TcpStream>, StreamFailure> {
     let (socket, _, fallback) = connect(&shared.addrs, &shared.config.addr, shared.transport)
         .map_err(|e| unless_done(shared, e))?;
     if let Some(why) = fallback {
