@@ -99,7 +99,9 @@ def run_once(argv: list[str], mi_log: Path) -> Sample:
             time.sleep(0.01)
     finally:
         if ended is None:
-            proc.send_signal(signal.SIGKILL)
+            # Not Popen.send_signal, which reaps a sender that just ended and leaves wait4
+            # nothing to wait for; an unreaped sender keeps its pid, so this kills no other.
+            os.kill(proc.pid, signal.SIGKILL)
             _, status, usage = os.wait4(proc.pid, 0)
             ended = (status, usage)
         status, usage = ended
