@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -85,36 +85,57 @@ def iperf3_report(
     seconds: float,
     files: tuple[Path, Path] | None = None,
     omit: float = 0,
+    amount: int | None = None,
+    cpu_logs: dict[str, Path] | None = None,
 ) -> dict:
     """One `iperf3 -P streams -J` run; returns its report. Memory to memory for `seconds`
-    (the first `omit` seconds left out), or with `files` = (source, output) file to file (-F on
-    both sides) for the source's size."""
+    (the first `omit` seconds left out) or for `amount` bytes (-n), or with `files` = (source,
+    output) file to file (-F on both sides) for the source's size. With `cpu_logs` (paths for
+    "sender" and "receiver") both sides run under the supervisor, which writes their CPU time
+    there (`supervise.cpu_seconds`), and the server is let finish rather than killed."""
     server_cmd = ["iperf3", "-s", "-1", "-p", str(IPERF3_PORT)]
     cmd = ["iperf3", "-c", topo.receiver_addr, "-p", str(IPERF3_PORT), "-P", str(streams), "-J"]
-    if files is None:
-        cmd += ["-t", f"{seconds:g}", "-O", f"{omit:g}"]
-    else:
+    if files is not None:
         cmd += ["-F", str(files[0])]
         server_cmd += ["-F", str(files[1])]
-    server = subprocess.Popen(
-        topo.receiver_cmd(server_cmd),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    elif amount is not None:
+        cmd += ["-n", str(amount)]
+    else:
+        cmd += ["-t", f"{seconds:g}", "-O", f"{omit:g}"]
+
+    def launch(
+        argv: list[str], on_side: Callable[[list[str]], list[str]], side: str, stdout: int
+    ) -> subprocess.Popen:
+        if cpu_logs is None:
+            return subprocess.Popen(on_side(argv), stdout=stdout, stderr=subprocess.DEVNULL)
+        with cpu_logs[side].open("w") as err:
+            return supervise.start(on_side(supervise.supervised(argv)), stdout=stdout, stderr=err)
+
+    server = launch(server_cmd, topo.receiver_cmd, "receiver", subprocess.DEVNULL)
     try:
         for _ in range(50):
-            out = subprocess.run(topo.sender_cmd(cmd), capture_output=True, text=True)
-            report = json.loads(out.stdout or "{}")
+            client = launch(cmd, topo.sender_cmd, "sender", subprocess.PIPE)
+            assert client.stdout is not None
+            # Read to the end before stopping: a supervisor stops its process when its stdin
+            # closes, as `communicate` would close it at once.
+            report = json.loads(client.stdout.read() or "{}")
+            client.wait()
+            supervise.stop(client)
             if "Connection refused" in report.get("error", ""):
                 time.sleep(0.1)
                 continue
             if "error" in report:
                 raise RuntimeError(f"iperf3: {report['error']}")
+            if cpu_logs is not None:
+                server.wait(timeout=30)
             return report
         raise RuntimeError("iperf3 server never came up")
     finally:
-        server.kill()
-        server.wait()
+        if cpu_logs is None:
+            server.kill()
+            server.wait()
+        else:
+            supervise.stop(server)
 
 
 def run_iperf3(

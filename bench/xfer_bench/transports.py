@@ -16,14 +16,12 @@ receiver during the run, from the supervisor that runs each of them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,10 +29,10 @@ from pathlib import Path
 
 from xfer_bench import supervise
 from xfer_bench.dataplane import (
-    IPERF3_PORT,
     add_common_options,
     check_runnable,
     iperf3_gbps,
+    iperf3_report,
     parse_size,
     print_report,
     write_key_file,
@@ -120,38 +118,11 @@ def run_iperf3(topo: Topology, streams: int, size: int, tmp: Path) -> Run:
     """One `iperf3 -P streams -n size` run, server and client each under the supervisor (so
     that both report their CPU time)."""
     logs = {side: tmp / f"iperf3-{side}.log" for side in ("sender", "receiver")}
-    server_cmd = ["iperf3", "-s", "-1", "-p", str(IPERF3_PORT)]
-    client_cmd = ["iperf3", "-c", topo.receiver_addr, "-p", str(IPERF3_PORT)]
-    client_cmd += ["-P", str(streams), "-n", str(size), "-J"]
-    with logs["receiver"].open("w") as server_err:
-        server = supervise.start(
-            topo.receiver_cmd(supervise.supervised(server_cmd)),
-            stdout=subprocess.DEVNULL,
-            stderr=server_err,
-        )
-        try:
-            for _ in range(50):
-                with logs["sender"].open("w") as err:
-                    client = supervise.start(
-                        topo.sender_cmd(supervise.supervised(client_cmd)),
-                        stdout=subprocess.PIPE,
-                        stderr=err,
-                    )
-                    assert client.stdout is not None
-                    report = json.loads(client.stdout.read().decode() or "{}")
-                    client.wait()
-                    supervise.stop(client)
-                if "Connection refused" not in report.get("error", ""):
-                    break
-                time.sleep(0.1)
-            gbps = iperf3_gbps(report)
-            server.wait(timeout=30)
-        finally:
-            supervise.stop(server)
+    report = iperf3_report(topo, streams, 0, amount=size, cpu_logs=logs)
     cpu = {side: supervise.cpu_seconds(log) for side, log in logs.items()}
     if None in cpu.values():
         raise RuntimeError(f"no CPU report from the supervisor: {cpu}")
-    return Run(gbps, cpu["sender"] or 0.0, cpu["receiver"] or 0.0)
+    return Run(iperf3_gbps(report), cpu["sender"] or 0.0, cpu["receiver"] or 0.0)
 
 
 def run_once(
