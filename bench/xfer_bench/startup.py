@@ -33,6 +33,7 @@ from pathlib import Path
 from xfer_bench.dataplane import (
     add_common_options,
     check_runnable,
+    empty_dir,
     parse_size,
     print_report,
     read_mi_log,
@@ -143,9 +144,7 @@ def measure(xfer: Path, cases: Sequence[Case], reps: int, work: Path) -> list[Ro
                     what = case.source(size, work)
                     argv = send_command(xfer, rx.addr, key_file, what, mi_log)
                     samples[size].append(run_once(argv, mi_log))
-                    for child in Path(root).iterdir():
-                        if child.is_file():
-                            child.unlink()
+                    empty_dir(Path(root))
 
             def median(size: int, field: str, s: dict[int, list[Sample]] = samples) -> float:
                 return statistics.median(getattr(x, field) for x in s[size])
