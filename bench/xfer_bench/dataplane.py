@@ -44,6 +44,19 @@ from xfer_bench.netns import LOOPBACK, Topology, tear_down_on_signals, tmpfs, ve
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_XFER = REPO / "target" / "release" / "xfer"
+
+
+def harness_beside(xfer: Path) -> Path:
+    """The harness's own tools (`xfer-harness`: the delay line, the checksum-rate probe), built
+    beside `xfer` by the same `cargo build`."""
+    harness = Path(xfer).with_name("xfer-harness")
+    if not harness.exists():
+        raise FileNotFoundError(
+            f"{harness} is missing: build it with cargo build --release -p xfer-harness"
+        )
+    return harness
+
+
 IPERF3_PORT = 5299
 
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}

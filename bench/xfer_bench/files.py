@@ -2,7 +2,7 @@
 globus-url-copy (GridFTP, at several -cc/-p/-pp settings), rsync and scp, over loopback and
 over the emulated WAN, in one run: files/s, Gbit/s and CPU seconds of both sides, and each
 tool's files/s as a ratio to GridFTP's best setting in the same run; then the rate at which one
-core computes xfer's checksums (`xfer checksum-rate`) beside the fastest xfer run's.
+core computes xfer's checksums (`xfer-harness checksum-rate`) beside the fastest xfer run's.
 
 Datasets (`COUNTxSIZE`, such as `10000x64KiB`) are generated once per invocation on a tmpfs,
 random bytes, at most 1000 files per directory. Every run writes into a fresh directory on a
@@ -49,6 +49,7 @@ from xfer_bench import supervise
 from xfer_bench.dataplane import (
     add_common_options,
     check_runnable,
+    harness_beside,
     parse_size,
     print_report,
     xfer_summary,
@@ -475,7 +476,7 @@ def disk_costs(rows: Sequence[Row]) -> list[str]:
 
 
 def checksum_costs(rates: dict, rows: Sequence[Row]) -> list[str]:
-    """One core's checksum rates (`xfer checksum-rate --json`) beside the fastest xfer run's
+    """One core's checksum rates (`xfer-harness checksum-rate --json`) beside the fastest xfer run's
     Gbit/s: whether checksumming could limit that link."""
     out = [
         f"checksums on one core: xxh3 {rates['xxh3_gbit_per_s']:.1f} Gbit/s (every chunk), "
@@ -641,7 +642,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nWAN: {args.rate_mbit:g} Mbit/s, {args.rtt_ms:g} ms RTT")
     print_report(command, format_table(rows), rows, args.json)
     rates = subprocess.run(
-        [str(args.xfer), "checksum-rate", "--json"], capture_output=True, text=True, check=True
+        [str(harness_beside(args.xfer)), "checksum-rate", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     for line in disk_costs(rows) + checksum_costs(json.loads(rates.stdout), rows):
         print(line)

@@ -4,8 +4,8 @@ Senders, a router and a receiver each get a network namespace. Data goes through
 all the way: sender -> veth -> router (htb bottleneck with a burst of at least 2 ms of the rate,
 a byte-limited bfifo drop-tail buffer, nftables random loss) -> veth -> receiver. The round-trip
 delay sits on the reverse (ACK) path: either netem on the router, where the kernel has it, or
-`xfer delay-line`, which carries the receiver's packets to each sender through a pair of TUN
-devices after the delay.
+`xfer-harness delay-line`, which carries the receiver's packets to each sender through a pair
+of TUN devices after the delay.
 
 What makes the delay line keep time on a two-core machine: it runs with real-time priority on
 the last CPU, and RPS steers every device's receive processing to the other CPUs, because
@@ -34,10 +34,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xfer_bench.dataplane import DEFAULT_XFER, harness_beside
 from xfer_bench.netns import Topology, namespaces
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_XFER = REPO / "target" / "release" / "xfer"
 RECEIVER_ADDR = "10.212.200.1"
 #: Where `ip netns exec NS` finds files to mount over /etc (here: hosts).
 NETNS_ETC = Path("/etc/netns")
@@ -330,7 +329,7 @@ def emulated_wan(spec: WanSpec, xfer: Path = DEFAULT_XFER, prefix: str = "xw") -
                 _ip("-n", receiver, "route", "add", f"10.212.{i + 1}.0/24", "dev", tun_c)
                 _sysctl(ns, **{f"net__ipv4__conf__{tun_s}__rp_filter": "0"})
                 links.append(f"{receiver}/{tun_c}={ns}/{tun_s}")
-            argv = [str(xfer), "delay-line", "--realtime"]
+            argv = [str(harness_beside(xfer)), "delay-line", "--realtime"]
             for link in links:
                 argv += ["--link", link]
             if spec.rtt_schedule:
@@ -344,7 +343,7 @@ def emulated_wan(spec: WanSpec, xfer: Path = DEFAULT_XFER, prefix: str = "xw") -
             assert line.stdout is not None
             if line.stdout.readline().strip() != "ready":
                 line.wait(timeout=5)
-                raise RuntimeError(f"xfer delay-line did not start: {line.stderr.read()}")
+                raise RuntimeError(f"xfer-harness delay-line did not start: {line.stderr.read()}")
             wan.delay_line_pid = line.pid
         if cpu is not None:
             for n, d in devices:

@@ -1,4 +1,4 @@
-//! Command-line arguments and the parsers for destinations, sizes and stream schedules.
+//! Command-line arguments and the parsers for destinations, sizes and times.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use optimizer::env::{InitialStreams, RewardKind};
 use optimizer::policy::ObservationLayout;
-use optimizer::{RewardParams, UtilityParams};
+use optimizer::{parse_time, RewardParams, UtilityParams};
 use transfer::optimizer_choice::Tuning;
 use transfer::policy_source::PolicyRuntime;
 use transfer::quic::Congestion;
@@ -56,50 +56,6 @@ pub enum Command {
     /// Show a learned policy's metadata, check it against its golden vectors and time its
     /// decisions.
     Model(ModelArgs),
-    /// Delay packets between TUN devices: the propagation delay of the emulated WAN in bench/.
-    DelayLine(DelayLineArgs),
-    /// Measure how fast one core computes the checksums a transfer uses (xxh3 of every chunk,
-    /// BLAKE3 of every file with --verify), to compare with the link's rate.
-    ChecksumRate(ChecksumRateArgs),
-}
-
-/// `xfer checksum-rate`.
-#[derive(Debug, Args)]
-pub struct ChecksumRateArgs {
-    /// Bytes hashed in each measurement, in MiB (of generated data in memory).
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=16384))]
-    pub mib: u32,
-    /// Print one JSON object instead of text.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// `xfer delay-line`.
-#[derive(Debug, Args)]
-#[command(
-    after_help = "Example (the harness in bench/ sets up the namespaces, devices and routes):\n  xfer delay-line --link rcv/dlr=snd/dls --delay 50ms --cpu 0 --realtime"
-)]
-pub struct DelayLineArgs {
-    /// Packets entering the first TUN device come out of the second after the delay, in order:
-    /// NETNS/DEV=NETNS/DEV (namespaces as made by `ip netns add`). Repeat for more links.
-    #[arg(long, required = true, value_name = "NETNS/DEV=NETNS/DEV")]
-    pub link: Vec<String>,
-    /// Delay added to every packet.
-    #[arg(long, default_value = "0ms", value_parser = parse_delay)]
-    pub delay: Duration,
-    /// Delay changing over time instead, e.g. "0s:50ms,60s:100ms" (times since the start, or
-    /// since the last SIGUSR1: the harness sends one when the transfer it measures starts).
-    #[arg(long, value_parser = parse_delay_schedule, conflicts_with = "delay")]
-    pub schedule: Option<Schedule<Duration>>,
-    /// Pin the delay line to this CPU.
-    #[arg(long)]
-    pub cpu: Option<usize>,
-    /// Ask for real-time FIFO scheduling (needs root; a warning when refused).
-    #[arg(long)]
-    pub realtime: bool,
-    /// Packets each link can hold at once; more are dropped and counted.
-    #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
-    pub capacity: u32,
 }
 
 /// `xfer sim`.
@@ -326,18 +282,15 @@ pub struct SendArgs {
     /// at this for the whole transfer.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub streams: Option<u32>,
-    /// Change the stream count over time, e.g. "0s:1,5s:16,10s:4" (times since the start).
-    #[arg(long, value_parser = parse_schedule, conflicts_with = "optimizer")]
-    pub streams_schedule: Option<Schedule<u32>>,
     /// Who chooses the stream count each monitoring interval: gd (gradient ascent on the
     /// utility), bo (Bayesian optimisation), ppo (the built-in learned policy), ppo:PATH (an
     /// export of training/), auto or auto:PATH (that policy, with a tuner that takes over
     /// once it settles, probes the counts next to it and hands back when the path changes),
     /// external:SOCKET (an agent on a Unix socket xfer listens on,
     /// speaking the protocol of `xfer env`), fixed:N or schedule:TIME:N,... (counts on a
-    /// timetable, on interval boundaries, e.g. schedule:0s:1,15s:6,40s:1) [default: auto (gd when --k/--b ask
-    /// for a utility the built-in policy was not trained for), or none when --streams or
-    /// --streams-schedule is given].
+    /// timetable, on interval boundaries, e.g. schedule:0s:1,15s:6,40s:1; with --mi 100ms
+    /// they change every 100 ms) [default: auto (gd when --k/--b ask for a utility the
+    /// built-in policy was not trained for), or none when --streams is given].
     #[arg(long)]
     pub optimizer: Option<OptimizerSpec>,
     /// Write one JSON line per monitoring interval here: the signals, utility, reward, the
@@ -595,74 +548,6 @@ fn parse_unsent_limit(s: &str) -> Result<u32, String> {
     parse_bounded_size(s, "unsent limit", 1 << 30, "1 GiB")
 }
 
-/// Values that change at given times since a start (stream counts, delays).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Schedule<T>(pub Vec<(Duration, T)>);
-
-impl<T: Copy> Schedule<T> {
-    /// The same value from the start on.
-    pub fn constant(value: T) -> Self {
-        Schedule(vec![(Duration::ZERO, value)])
-    }
-
-    /// The value in force at `elapsed`, if the schedule has started.
-    pub fn at(&self, elapsed: Duration) -> Option<T> {
-        self.0
-            .iter()
-            .rev()
-            .find(|(t, _)| *t <= elapsed)
-            .map(|&(_, v)| v)
-    }
-}
-
-/// Parses `"0s:1,5s:16,10s:4"` (times: `500ms`, `5s`, `1.5s`, `2m`, or bare seconds), each value
-/// read by `value`, which names what it expected when it fails.
-fn parse_steps<T>(
-    s: &str,
-    value: impl Fn(&str) -> Result<T, String>,
-) -> Result<Schedule<T>, String> {
-    let mut steps = Vec::new();
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (time, v) = part
-            .split_once(':')
-            .ok_or_else(|| format!("schedule step {part:?} is not TIME:VALUE"))?;
-        let v = value(v.trim()).map_err(|e| format!("schedule step {part:?}: {e}"))?;
-        steps.push((
-            parse_time(time.trim()).ok_or_else(|| {
-                format!("schedule step {part:?}: {time:?} is not a time like 5s or 500ms")
-            })?,
-            v,
-        ));
-    }
-    if steps.is_empty() {
-        return Err("the schedule is empty".into());
-    }
-    steps.sort_by_key(|&(t, _)| t);
-    Ok(Schedule(steps))
-}
-
-/// Parses a stream-count schedule such as `"0s:1,5s:16,10s:4"`.
-pub fn parse_schedule(s: &str) -> Result<Schedule<u32>, String> {
-    parse_steps(s, |count| {
-        count
-            .parse()
-            .ok()
-            .filter(|n| (1..=256).contains(n))
-            .ok_or_else(|| "streams must be 1 to 256".to_string())
-    })
-}
-
-/// Parses a delay schedule such as `"0s:50ms,60s:100ms"`.
-fn parse_delay_schedule(s: &str) -> Result<Schedule<Duration>, String> {
-    parse_steps(s, |delay| {
-        parse_time(delay).ok_or_else(|| format!("{delay:?} is not a delay like 50ms"))
-    })
-}
-
-fn parse_delay(s: &str) -> Result<Duration, String> {
-    parse_time(s).ok_or_else(|| format!("{s:?} is not a delay like 50ms or 0.2s"))
-}
-
 fn parse_positive_time(s: &str) -> Result<Duration, String> {
     parse_time(s)
         .filter(|d| !d.is_zero())
@@ -681,20 +566,6 @@ fn parse_stall_timeout(s: &str) -> Result<Duration, String> {
         ));
     }
     Ok(timeout)
-}
-
-fn parse_time(s: &str) -> Option<Duration> {
-    let (number, scale) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (s, 1.0)
-    };
-    let secs = number.trim().parse::<f64>().ok()? * scale;
-    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
 }
 
 #[cfg(test)]
@@ -728,19 +599,6 @@ mod tests {
         assert!(parse_destination("@host:x").is_err());
         assert!(parse_destination("host:0").is_err());
         assert!(parse_destination("host:70000").is_err());
-    }
-
-    #[test]
-    fn schedules() {
-        let s = parse_schedule("5s:16, 0s:1,10s:4,500ms:2").unwrap();
-        assert_eq!(s.at(Duration::ZERO), Some(1));
-        assert_eq!(s.at(Duration::from_millis(600)), Some(2));
-        assert_eq!(s.at(Duration::from_secs(7)), Some(16));
-        assert_eq!(s.at(Duration::from_secs(70)), Some(4));
-        assert_eq!(parse_schedule("1s:3").unwrap().at(Duration::ZERO), None);
-        assert!(parse_schedule("5s").is_err());
-        assert!(parse_schedule("xs:3").is_err());
-        assert!(parse_schedule("1s:0").is_err());
     }
 
     #[test]

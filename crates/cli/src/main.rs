@@ -4,11 +4,10 @@
 // The doc comments of `args` are clap's help text, where brackets mean "optional"
 // (`HOST:PORT[:DEST]`), not links.
 #![allow(rustdoc::broken_intra_doc_links)]
+#![forbid(unsafe_code)]
 
 mod args;
-mod checksum_rate;
 mod controllers;
-mod delay_line;
 mod env;
 mod external;
 mod metrics_endpoint;
@@ -53,8 +52,6 @@ fn main() {
         args::Command::Sim(a) => sim::run(a),
         args::Command::Env(a) => env::run(a),
         args::Command::Model(a) => model::run(a),
-        args::Command::DelayLine(a) => delay_line::run(a),
-        args::Command::ChecksumRate(a) => checksum_rate::run(a),
     };
     if let Err(e) = result {
         eprintln!("xfer: error: {e:#}");
@@ -62,16 +59,17 @@ fn main() {
     }
 }
 
-/// The most memory this process has had resident at once (its peak RSS), in bytes.
+/// The most memory this process has had resident at once (its peak RSS), in bytes: `VmHWM`
+/// of /proc/self/status, the figure `getrusage` reports as `ru_maxrss`; 0 where it cannot be
+/// read.
 fn peak_rss_bytes() -> u64 {
-    // SAFETY: getrusage fills the struct it is given and nothing else.
-    let usage = unsafe {
-        let mut usage = std::mem::zeroed::<libc::rusage>();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    // Linux reports kibibytes.
-    u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|kib| kib.trim().strip_suffix("kB"))
+        .and_then(|kib| kib.trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
 }
 
 /// Raises this process's soft limit on open files to its hard limit: a receiver serving many

@@ -24,7 +24,7 @@ use crate::args::{parse_destination, Destination, SendArgs};
 use crate::controllers;
 use crate::ssh_start::SshStart;
 
-/// How often the progress bar and the stream schedule are updated.
+/// How often the progress bar is updated.
 const TICK: Duration = Duration::from_millis(100);
 /// How often a JSON progress object is printed.
 const REPORT_EVERY: Duration = Duration::from_secs(1);
@@ -120,10 +120,9 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
             }
         }
     };
-    let schedule = args.streams_schedule.clone();
     let controller = match args.optimizer.clone() {
         Some(spec) => Some(spec),
-        None if args.streams.is_some() || schedule.is_some() => None,
+        None if args.streams.is_some() => None,
         None => Some(controllers::announced_default_optimizer(
             &args.tuning,
             args.quiet,
@@ -152,10 +151,8 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     let controller = controller
         .map(|spec| spec.build(&args.tuning, utility, args.seed, true))
         .transpose()?;
-    let initial = schedule
-        .as_ref()
-        .and_then(|s| s.at(Duration::ZERO))
-        .or(args.streams)
+    let initial = args
+        .streams
         .map(|n| n as usize)
         .or(named_initial)
         .unwrap_or(DEFAULT_STREAMS);
@@ -217,11 +214,6 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         let finished = transfer.wait_timeout(TICK);
         warn_skipped(&transfer, bar.as_ref(), args.quiet);
         let progress = transfer.progress();
-        if let Some(n) = schedule.as_ref().and_then(|s| s.at(progress.elapsed)) {
-            if n as usize != progress.streams_target {
-                transfer.set_target_streams(n as usize);
-            }
-        }
         if let Some(bar) = &bar {
             bar.set_length(progress.bytes_total);
             bar.set_position(progress.bytes_acked);

@@ -7,9 +7,10 @@ use serde::Serialize;
 
 use crate::bo::{BayesianOptimizer, BoParams};
 use crate::gd::{GdParams, GradientDescent};
-use crate::schedule::{CountSchedule, ScheduleError};
+use crate::schedule::CountSchedule;
 use crate::settle::Settling;
 use crate::signals::Observation;
+use crate::timetable::TimetableError;
 use crate::utility::UtilityParams;
 
 /// Chooses the stream count: the observation of the interval that just ended in, the count for
@@ -172,7 +173,7 @@ pub enum SpecError {
     Unknown(String),
     /// A schedule that could not be read.
     #[error(transparent)]
-    Schedule(#[from] ScheduleError),
+    Schedule(#[from] TimetableError),
 }
 
 impl FromStr for ControllerSpec {

@@ -25,6 +25,7 @@ mod schedule;
 mod settle;
 mod signals;
 pub mod sim;
+mod timetable;
 mod trough;
 mod utility;
 
@@ -32,7 +33,8 @@ pub use auto::{Auto, AutoParams};
 pub use bo::{BayesianOptimizer, BoParams};
 pub use controller::{Acting, Controller, ControllerSpec, Fixed, SpecError};
 pub use gd::{GdParams, GradientDescent};
-pub use schedule::{CountSchedule, ScheduleError};
+pub use schedule::CountSchedule;
 pub use settle::{IntervalRamp, RampClock, Settling, RAMP_RTTS, RETIRING_SHARE};
 pub use signals::{MiStats, Observation, SignalTracker};
+pub use timetable::{parse_time, Timetable, TimetableError};
 pub use utility::{RewardParams, UtilityParams};

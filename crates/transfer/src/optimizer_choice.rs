@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use optimizer::policy::PolicyController;
 use optimizer::{
-    Auto, AutoParams, Controller, ControllerSpec, ScheduleError, SpecError, UtilityParams,
+    Auto, AutoParams, Controller, ControllerSpec, SpecError, TimetableError, UtilityParams,
 };
 use serde::{Deserialize, Serialize};
 
@@ -76,7 +76,7 @@ pub enum OptimizerError {
     Unknown(String),
     /// A `schedule:` whose timetable could not be read.
     #[error(transparent)]
-    Schedule(#[from] ScheduleError),
+    Schedule(#[from] TimetableError),
     /// The tuning's values are out of range.
     #[error("{0}")]
     Tuning(String),

@@ -5,7 +5,6 @@
 
 mod bad_input;
 mod chaos;
-mod checksum_rate;
 mod common;
 mod daemon;
 mod faults;

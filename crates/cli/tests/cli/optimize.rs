@@ -152,7 +152,7 @@ fn optimized_transfer(optimizer: Option<&str>) -> Vec<serde_json::Value> {
 fn optimizer_flags_that_cannot_work_are_refused_before_anything_is_sent() {
     let root = tempfile::tempdir().unwrap();
     let receiver = Receiver::start(root.path());
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 8] = [
         (&["--optimizer", "pp"], "unknown optimizer \"pp\""),
         (
             &["--optimizer", "schedule:2s:1"],
@@ -163,10 +163,6 @@ fn optimizer_flags_that_cannot_work_are_refused_before_anything_is_sent() {
             "cannot read policy metadata /nonexistent/model",
         ),
         (&["--optimizer", "ppo", "--k", "1.1"], "re-train it"),
-        (
-            &["--optimizer", "gd", "--streams-schedule", "0s:2"],
-            "cannot be used with",
-        ),
         (
             &["--streams", "4", "--mi-log", "x.jsonl"],
             "--mi-log needs an optimizer",

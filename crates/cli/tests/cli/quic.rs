@@ -44,8 +44,10 @@ fn a_quic_tree_arrives_byte_identical_while_the_stream_count_changes() {
             "--verify",
             "--unit-size",
             "1MiB",
-            "--streams-schedule",
-            "0s:1,300ms:6,700ms:2,1s:4",
+            "--optimizer",
+            "schedule:0s:1,300ms:6,700ms:2,1s:4",
+            "--mi",
+            "100ms",
             "--json",
         ],
     ));

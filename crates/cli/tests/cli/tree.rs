@@ -131,13 +131,16 @@ fn stream_count_follows_a_schedule_mid_transfer() {
         .map(|(t, n)| format!("{t}s:{n}"))
         .collect::<Vec<_>>()
         .join(",");
+    let schedule_arg = format!("schedule:{schedule_arg}");
     let out = ok(send(
         &receiver,
         &[
             src.path().join("two-gib.bin").to_str().unwrap(),
             &receiver.addr,
-            "--streams-schedule",
+            "--optimizer",
             &schedule_arg,
+            "--mi",
+            "100ms",
             "--stream-rate-cap",
             "320",
             "--unit-size",
@@ -219,8 +222,10 @@ fn an_encrypted_tree_arrives_byte_identical_and_plain_senders_are_refused() {
             &receiver.addr,
             "--encrypt",
             "--verify",
-            "--streams-schedule",
-            "0s:2,300ms:6,700ms:3",
+            "--optimizer",
+            "schedule:0s:2,300ms:6,700ms:3",
+            "--mi",
+            "100ms",
         ],
     ));
     assert_same_tree(src.path(), root.path());

@@ -1,5 +1,5 @@
-//! `xfer checksum-rate`: how fast one core computes the checksums of a transfer, the xxh3 of
-//! every chunk (on both sides, always) and the BLAKE3 of every whole file (on both sides, with
+//! `xfer-harness checksum-rate`: how fast one core computes the checksums of a transfer, the
+//! xxh3 of every chunk (on both sides, always) and the BLAKE3 of every whole file (on both sides, with
 //! `--verify`), so that a user can see whether checksumming could limit a link: each side
 //! hashes on its streams' threads, one chunk per stream at a time, and a file's BLAKE3 on one
 //! thread.
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use transfer::wire::chunk_checksum;
 
-use crate::args::ChecksumRateArgs;
+use crate::ChecksumRateArgs;
 
 /// Chunk size of the xxh3 measurement: xfer's default unit.
 const CHUNK: usize = 4 << 20;
@@ -27,7 +27,7 @@ struct Rates {
     bytes: usize,
 }
 
-/// Runs `xfer checksum-rate`.
+/// Runs `xfer-harness checksum-rate`.
 pub fn run(args: ChecksumRateArgs) -> anyhow::Result<()> {
     let mut data = vec![0u8; (args.mib as usize) << 20];
     blake3::Hasher::new_derive_key("xfer checksum-rate")

@@ -1,4 +1,4 @@
-//! `xfer delay-line`: the propagation delay of the emulated WAN (`bench/xfer_bench/wan.py`), for
+//! `xfer-harness delay-line`: the propagation delay of the emulated WAN (`bench/xfer_bench/wan.py`), for
 //! kernels without netem.
 //!
 //! Each link joins two TUN devices that the harness made, usually in different network
@@ -7,24 +7,28 @@
 //! link, so the data path stays in the kernel (router namespace, htb bottleneck, drop-tail
 //! buffer) and the whole round-trip time is added here.
 //!
-//! One thread serves all links: it sleeps in `ppoll` until a device is readable or the oldest
+//! One thread serves all links: it sleeps in `poll` until a device is readable or the oldest
 //! held packet is due, and keeps packets in a preallocated ring per link (no allocation per
 //! packet). Real-time priority and pinning to one CPU keep its timing within a fraction of a
 //! millisecond while both cores are busy; the harness steers the receiving stack's work to the
 //! other CPU (RPS), since writing a packet into a TUN device runs the stack in the writer.
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use optimizer::Timetable;
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
+use rustix::thread::{CpuSet, LinkNameSpaceType};
 use serde::Serialize;
 
-use crate::args::{DelayLineArgs, Schedule};
+use crate::{sys, DelayLineArgs};
 
 /// Largest packet a link carries (the TUN devices' MTU must not exceed it).
 const SLOT: usize = 2048;
@@ -32,7 +36,7 @@ const SLOT: usize = 2048;
 /// A TUN device in some network namespace, attached for reading and writing.
 struct Tun {
     name: String,
-    fd: OwnedFd,
+    file: File,
 }
 
 /// Runs `f` with the calling thread inside the network namespace `netns` (as made by
@@ -41,16 +45,12 @@ fn in_netns<T>(netns: &str, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Re
     let home = File::open("/proc/thread-self/ns/net").context("opening this thread's netns")?;
     let target = File::open(format!("/var/run/netns/{netns}"))
         .with_context(|| format!("network namespace {netns:?}"))?;
-    // SAFETY: setns with a valid namespace fd only changes this thread's network namespace.
-    if unsafe { libc::setns(target.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("entering network namespace {netns:?}"));
-    }
+    let enter = |ns: &File| {
+        rustix::thread::move_into_link_name_space(ns.as_fd(), Some(LinkNameSpaceType::Network))
+    };
+    enter(&target).with_context(|| format!("entering network namespace {netns:?}"))?;
     let result = f();
-    // SAFETY: as above, back to the namespace the thread started in.
-    if unsafe { libc::setns(home.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("returning to the original netns");
-    }
+    enter(&home).context("returning to the original netns")?;
     result
 }
 
@@ -58,65 +58,37 @@ impl Tun {
     /// Attaches to the existing TUN device `name` (made with `ip tuntap add mode tun`) of the
     /// calling thread's network namespace, non-blocking, without packet-information headers.
     fn attach(name: &str) -> anyhow::Result<Tun> {
-        if name.is_empty() || name.len() >= libc::IFNAMSIZ {
-            bail!("{name:?} is not a network device name");
-        }
-        let path = CString::new("/dev/net/tun").expect("no NUL");
-        // SAFETY: open with a valid C string; the result is checked.
-        let raw = unsafe {
-            libc::open(
-                path.as_ptr(),
-                libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
-            )
-        };
-        if raw < 0 {
-            return Err(std::io::Error::last_os_error()).context("opening /dev/net/tun");
-        }
-        // SAFETY: `raw` is a freshly opened descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: ifreq is plain old data; all-zero is a valid value.
-        let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
-        for (dst, src) in request.ifr_name.iter_mut().zip(name.bytes()) {
-            *dst = src as libc::c_char;
-        }
-        request.ifr_ifru.ifru_flags = (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short;
-        // SAFETY: TUNSETIFF reads a valid ifreq that outlives the call.
-        if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF, &request) } != 0 {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("attaching to TUN device {name:?}"));
-        }
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open("/dev/net/tun")
+            .context("opening /dev/net/tun")?;
+        sys::attach_tun(&file, name)
+            .with_context(|| format!("attaching to TUN device {name:?}"))?;
         Ok(Tun {
             name: name.to_string(),
-            fd,
+            file,
         })
     }
 
     /// Reads one packet into `buf`; `None` when none is waiting.
     fn read(&self, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
-        // SAFETY: reads at most buf.len() bytes into buf.
-        let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        match n {
-            n if n >= 0 => Ok(Some(n as usize)),
-            _ => match std::io::Error::last_os_error() {
-                e if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
-                e if e.kind() == std::io::ErrorKind::Interrupted => Ok(None),
-                e => Err(e),
-            },
+        match rustix::io::read(&self.file, buf) {
+            Ok(n) => Ok(Some(n)),
+            Err(Errno::AGAIN | Errno::INTR) => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 
     /// Writes one packet; `false` when the device could not take it now (it is dropped).
     fn write(&self, packet: &[u8]) -> std::io::Result<bool> {
-        // SAFETY: writes packet.len() bytes from packet.
-        let n = unsafe { libc::write(self.fd.as_raw_fd(), packet.as_ptr().cast(), packet.len()) };
-        if n >= 0 {
-            return Ok(true);
-        }
-        match std::io::Error::last_os_error() {
-            e if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+        match rustix::io::write(&self.file, packet) {
+            Ok(_) => Ok(true),
+            Err(Errno::AGAIN) => Ok(false),
             // The kernel refused this packet (e.g. no route in the far namespace): drop it.
-            e if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
-            e => Err(e),
+            Err(Errno::INVAL) => Ok(false),
+            Err(e) => Err(e.into()),
         }
     }
 }
@@ -212,31 +184,26 @@ fn parse_end(text: &str) -> anyhow::Result<(&str, &str)> {
 /// Gives this thread real-time FIFO priority and pins it to `cpu`, when asked and permitted.
 fn tune_thread(realtime: bool, cpu: Option<usize>) -> anyhow::Result<()> {
     if let Some(cpu) = cpu {
-        // SAFETY: cpu_set_t is plain old data, filled by the CPU_* helpers.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: as above; `cpu` is checked against the set size by the caller's bound.
-        unsafe { libc::CPU_SET(cpu, &mut set) };
-        // SAFETY: sched_setaffinity reads a valid cpu_set_t of the given size.
-        if unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) } != 0 {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("pinning the delay line to CPU {cpu}"));
-        }
+        let mut set = CpuSet::new();
+        set.set(cpu);
+        rustix::thread::sched_setaffinity(None, &set)
+            .with_context(|| format!("pinning the delay line to CPU {cpu}"))?;
     }
     if realtime {
-        let param = libc::sched_param { sched_priority: 50 };
-        // SAFETY: sched_setscheduler reads a valid sched_param.
-        if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
-            let e = std::io::Error::last_os_error();
-            eprintln!("xfer: warning: no real-time priority for the delay line ({e}); timing may suffer under load");
+        if let Err(e) = sys::set_realtime_fifo(50) {
+            eprintln!(
+                "xfer-harness: warning: no real-time priority for the delay line ({e}); timing \
+                 may suffer under load"
+            );
         }
     }
     Ok(())
 }
 
-/// Runs `xfer delay-line` until SIGINT or SIGTERM.
+/// Runs `xfer-harness delay-line` until SIGINT or SIGTERM.
 pub fn run(args: DelayLineArgs) -> anyhow::Result<()> {
     if let Some(cpu) = args.cpu {
-        if cpu >= libc::CPU_SETSIZE as usize {
+        if cpu >= CpuSet::MAX_CPU {
             bail!("--cpu {cpu} is beyond the CPUs this system can name");
         }
     }
@@ -271,7 +238,7 @@ pub fn run(args: DelayLineArgs) -> anyhow::Result<()> {
     let schedule = args
         .schedule
         .clone()
-        .unwrap_or_else(|| Schedule::constant(args.delay));
+        .unwrap_or_else(|| Timetable::constant(args.delay));
     let mut out = std::io::stdout().lock();
     writeln!(out, "ready")?;
     out.flush()?;
@@ -287,20 +254,13 @@ pub fn run(args: DelayLineArgs) -> anyhow::Result<()> {
 /// start or since `restart` was last set.
 fn serve(
     links: &mut [Link],
-    schedule: &Schedule<Duration>,
+    schedule: &Timetable<Duration>,
     restart: &AtomicBool,
     stop: &AtomicBool,
 ) -> anyhow::Result<()> {
     let mut start = Instant::now();
-    let mut polls: Vec<libc::pollfd> = links
-        .iter()
-        .map(|l| libc::pollfd {
-            fd: l.from.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
     let mut scratch = vec![0u8; SLOT];
+    let mut readable = vec![false; links.len()];
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         let next_due = links.iter().filter_map(|l| l.held.head_due()).min();
@@ -310,33 +270,27 @@ fn serve(
                 due.saturating_duration_since(now)
             })
             .min(Duration::from_millis(100));
-        let timeout = libc::timespec {
-            tv_sec: wait.as_secs() as libc::time_t,
-            tv_nsec: wait.subsec_nanos() as libc::c_long,
-        };
-        // SAFETY: polls is a valid array of pollfd of the given length; no signal mask change.
-        let ready = unsafe {
-            libc::ppoll(
-                polls.as_mut_ptr(),
-                polls.len() as libc::nfds_t,
-                &timeout,
-                std::ptr::null(),
-            )
-        };
-        if ready < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e).context("waiting for packets");
+        let timeout = Timespec::try_from(wait).expect("at most 100 ms");
+        let mut polls: Vec<PollFd<'_>> = links
+            .iter()
+            .map(|l| PollFd::new(&l.from.file, PollFlags::IN))
+            .collect();
+        match rustix::event::poll(&mut polls, Some(&timeout)) {
+            Ok(_) => {}
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(std::io::Error::from(e)).context("waiting for packets"),
         }
+        for (r, poll) in readable.iter_mut().zip(&polls) {
+            *r = poll.revents().contains(PollFlags::IN);
+        }
+        drop(polls);
         let now = Instant::now();
         if restart.swap(false, Ordering::Relaxed) {
             start = now;
         }
-        let delay = schedule.at(now - start).unwrap_or_default();
-        for (link, poll) in links.iter_mut().zip(&polls) {
-            if poll.revents & libc::POLLIN != 0 {
+        let delay = *schedule.at(now - start);
+        for (link, &readable) in links.iter_mut().zip(&readable) {
+            if readable {
                 receive(link, now + delay, &mut scratch)?;
             }
             send_due(link, Instant::now())?;
