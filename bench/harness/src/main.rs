@@ -2,8 +2,6 @@
 //! product binary: the emulated WAN's delay line (`bench/xfer_bench/wan.py`) and a probe of how
 //! fast one core computes xfer's checksums (`bench/xfer_bench/files.py`).
 
-#![deny(unsafe_code)]
-
 mod checksum_rate;
 mod delay_line;
 mod sys;

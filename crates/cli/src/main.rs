@@ -4,7 +4,6 @@
 // The doc comments of `args` are clap's help text, where brackets mean "optional"
 // (`HOST:PORT[:DEST]`), not links.
 #![allow(rustdoc::broken_intra_doc_links)]
-#![forbid(unsafe_code)]
 
 mod args;
 mod controllers;

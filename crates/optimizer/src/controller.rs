@@ -5,6 +5,7 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
+#[cfg(feature = "bo")]
 use crate::bo::{BayesianOptimizer, BoParams};
 use crate::gd::{GdParams, GradientDescent};
 use crate::schedule::CountSchedule;
@@ -148,7 +149,8 @@ pub enum ControllerSpec {
     Fixed(usize),
     /// [`GradientDescent`] with default parameters.
     Gd,
-    /// [`BayesianOptimizer`] with default parameters.
+    /// `BayesianOptimizer` with default parameters (feature `bo`).
+    #[cfg(feature = "bo")]
     Bo,
     /// The counts of a timetable ([`CountSchedule`]).
     Schedule(CountSchedule),
@@ -171,6 +173,14 @@ pub enum SpecError {
     /// No controller has this name.
     #[error("unknown optimizer {0:?}: expected gd, bo, fixed:N (N >= 1) or schedule:TIME:N,...")]
     Unknown(String),
+    /// A controller this build leaves out: the crate's `feature` brings it.
+    #[error("optimizer {name:?} is not in this build: it needs the {feature:?} feature")]
+    NotBuilt {
+        /// The controller asked for.
+        name: &'static str,
+        /// The cargo feature that brings it.
+        feature: &'static str,
+    },
     /// A schedule that could not be read.
     #[error(transparent)]
     Schedule(#[from] TimetableError),
@@ -182,7 +192,13 @@ impl FromStr for ControllerSpec {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.split_once(':') {
             None if s == "gd" => Ok(ControllerSpec::Gd),
+            #[cfg(feature = "bo")]
             None if s == "bo" => Ok(ControllerSpec::Bo),
+            #[cfg(not(feature = "bo"))]
+            None if s == "bo" => Err(SpecError::NotBuilt {
+                name: "bo",
+                feature: "bo",
+            }),
             Some(("fixed", n)) => match n.parse::<usize>() {
                 Ok(n) if n >= 1 => Ok(ControllerSpec::Fixed(n)),
                 _ => Err(SpecError::Unknown(s.into())),
@@ -198,6 +214,7 @@ impl fmt::Display for ControllerSpec {
         match self {
             ControllerSpec::Fixed(n) => write!(f, "fixed:{n}"),
             ControllerSpec::Gd => f.write_str("gd"),
+            #[cfg(feature = "bo")]
             ControllerSpec::Bo => f.write_str("bo"),
             ControllerSpec::Schedule(schedule) => schedule.fmt(f),
         }
@@ -219,6 +236,8 @@ impl ControllerSpec {
     /// // From 1 stream, ramp-up included: gd climbs to about 20 in the first 20 s.
     /// assert!(summary.score.utility_fraction > 0.8, "gd keeps most of the oracle's utility");
     /// ```
+    // Only `bo` uses the utility and the seed.
+    #[cfg_attr(not(feature = "bo"), allow(unused_variables))]
     pub fn build(
         self,
         max_streams: usize,
@@ -231,6 +250,7 @@ impl ControllerSpec {
                 max_streams,
                 ..GdParams::default()
             }))),
+            #[cfg(feature = "bo")]
             ControllerSpec::Bo => Box::new(Settling::new(BayesianOptimizer::new(BoParams {
                 max_streams,
                 utility,

@@ -7,14 +7,19 @@
 //! into an [`Observation`] (throughput, loss, RTT ratio and gradient, utility, reward), and a
 //! [`Controller`] answers with the stream count for the next interval.
 //!
-//! The controllers: [`Fixed`], [`CountSchedule`], [`GradientDescent`], [`BayesianOptimizer`], the learned
-//! [`policy::PolicyController`] (a PPO policy exported by `training/`, run by tract or, with
-//! the `tch` feature, libtorch), and [`Auto`], which guards and fine-tunes a policy. The [`mod@env`] module serves the environment protocol that trains such a
-//! policy on the [`sim`]ulator.
+//! The controllers: [`Fixed`], [`CountSchedule`], [`GradientDescent`], `BayesianOptimizer`
+//! (feature `bo`), the learned [`policy::PolicyController`] (a PPO policy exported by
+//! `training/`, run by tract with the `onnx` feature or libtorch with `tch`), and [`Auto`],
+//! which guards and fine-tunes a policy. The [`mod@env`] module serves the environment
+//! protocol that trains such a policy on the [`sim`]ulator.
+//!
+//! Features: `onnx` and `bo` (both default) bring tract and egobox, more than half of the
+//! crate's dependencies; without them the crate has everything else.
 
 #![warn(missing_docs)]
 
 mod auto;
+#[cfg(feature = "bo")]
 mod bo;
 mod controller;
 pub mod env;
@@ -30,6 +35,7 @@ mod trough;
 mod utility;
 
 pub use auto::{Auto, AutoParams};
+#[cfg(feature = "bo")]
 pub use bo::{BayesianOptimizer, BoParams};
 pub use controller::{Acting, Controller, ControllerSpec, Fixed, SpecError};
 pub use gd::{GdParams, GradientDescent};

@@ -9,7 +9,6 @@
 
 use std::fs::File;
 use std::io::{Error, ErrorKind};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 
 use memmap2::MmapMut;
@@ -39,20 +38,11 @@ pub(crate) fn open_error(e: Error) -> Error {
 /// later): one that needs more, or has no direct I/O for this file, is refused with that reason
 /// before any data moves. Where nothing is said, the reads and writes will tell.
 pub(crate) fn check_alignment(file: &File) -> std::io::Result<()> {
-    // SAFETY: statx is plain old data; all-zero is a valid value.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: with AT_EMPTY_PATH and an empty path, statx describes the open descriptor (which
-    // `file` keeps open) into `stx`, which lives for the call.
-    let rc = unsafe {
-        libc::statx(
-            file.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            libc::STATX_DIOALIGN,
-            &mut stx,
-        )
+    use rustix::fs::{statx, AtFlags, StatxFlags};
+    let Ok(stx) = statx(file, "", AtFlags::EMPTY_PATH, StatxFlags::DIOALIGN) else {
+        return Ok(());
     };
-    if rc != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
+    if stx.stx_mask & StatxFlags::DIOALIGN.bits() == 0 {
         return Ok(());
     }
     let (offset, memory) = (stx.stx_dio_offset_align, stx.stx_dio_mem_align);

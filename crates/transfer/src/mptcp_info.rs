@@ -1,76 +1,15 @@
 //! Per-subflow statistics of an MPTCP connection, read with `getsockopt(SOL_MPTCP,
 //! MPTCP_FULL_INFO)` (Linux 6.5 and later): each subflow's id, addresses and `TCP_INFO` in one
 //! consistent snapshot, so that the optimiser sees the RTT and the losses of every path. The
-//! structs below mirror include/uapi/linux/mptcp.h.
+//! kernel's structs are mirrored in `sys/socket_info.rs`.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 
 use serde::Serialize;
 
-use crate::sockopt;
-use crate::tcp_info::{KernelTcpInfo, TcpInfo};
-
-/// `SOL_MPTCP` (include/linux/socket.h).
-const SOL_MPTCP: libc::c_int = 284;
-/// `MPTCP_INFO`: the connection-level `struct mptcp_info`.
-const MPTCP_INFO: libc::c_int = 1;
-/// `MPTCP_FULL_INFO`: `struct mptcp_full_info` with the subflow arrays.
-const MPTCP_FULL_INFO: libc::c_int = 4;
-/// Most subflows read per sample: the in-kernel path manager allows at most 8.
-const MAX_SUBFLOWS: usize = 8;
-
-#[repr(C)]
-#[derive(Default, Clone, Copy)]
-struct KernelMptcpInfo {
-    subflows: u8,
-    add_addr_signal: u8,
-    add_addr_accepted: u8,
-    subflows_max: u8,
-    add_addr_signal_max: u8,
-    add_addr_accepted_max: u8,
-    flags: u32,
-    token: u32,
-    write_seq: u64,
-    snd_una: u64,
-    rcv_nxt: u64,
-    local_addr_used: u8,
-    local_addr_max: u8,
-    csum_enabled: u8,
-    retransmits: u32,
-    bytes_retrans: u64,
-    bytes_sent: u64,
-    bytes_received: u64,
-    bytes_acked: u64,
-    subflows_total: u8,
-    endp_add_addr_max: u8,
-    reserved: [u8; 2],
-    last_data_sent: u32,
-    last_data_recv: u32,
-    last_ack_recv: u32,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct KernelSubflowInfo {
-    id: u32,
-    local: libc::sockaddr_storage,
-    remote: libc::sockaddr_storage,
-}
-
-#[repr(C)]
-#[derive(Default)]
-struct KernelFullInfo {
-    size_tcpinfo_kernel: u32,
-    size_tcpinfo_user: u32,
-    size_sfinfo_kernel: u32,
-    size_sfinfo_user: u32,
-    num_subflows: u32,
-    size_arrays_user: u32,
-    subflow_info: u64,
-    tcp_info: u64,
-    mptcp_info: KernelMptcpInfo,
-}
+use crate::sys::socket_info;
+use crate::tcp_info::TcpInfo;
 
 /// One subflow of an MPTCP connection at one instant.
 ///
@@ -95,15 +34,6 @@ pub struct Subflow {
     pub tcp: TcpInfo,
 }
 
-/// Whether an MPTCP socket has fallen back to plain TCP (the peer answered without MPTCP):
-/// the kernel then refuses MPTCP-level options.
-pub(crate) fn fell_back(socket: &impl AsRawFd) -> bool {
-    let mut info = KernelMptcpInfo::default();
-    // SAFETY: `mptcp_info` holds integers only.
-    let result = unsafe { sockopt::get(socket, SOL_MPTCP, MPTCP_INFO, &mut info) };
-    result.is_err() || info.flags & 1 != 0 // MPTCP_INFO_FLAG_FALLBACK
-}
-
 /// The subflows of an MPTCP connection; an error when the socket is not MPTCP (or fell back
 /// to TCP) or the kernel predates `MPTCP_FULL_INFO`.
 ///
@@ -116,63 +46,21 @@ pub(crate) fn fell_back(socket: &impl AsRawFd) -> bool {
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub fn subflows(socket: &impl AsRawFd) -> std::io::Result<Vec<Subflow>> {
-    let empty_addr = || {
-        // SAFETY: all-zero bytes are a valid `sockaddr_storage` (family AF_UNSPEC).
-        unsafe { std::mem::zeroed::<libc::sockaddr_storage>() }
-    };
-    let mut sfinfo = [KernelSubflowInfo {
-        id: 0,
-        local: empty_addr(),
-        remote: empty_addr(),
-    }; MAX_SUBFLOWS];
-    let mut tcpinfo = [KernelTcpInfo::default(); MAX_SUBFLOWS];
-    let mut full = KernelFullInfo {
-        size_tcpinfo_user: std::mem::size_of::<KernelTcpInfo>() as u32,
-        size_sfinfo_user: std::mem::size_of::<KernelSubflowInfo>() as u32,
-        size_arrays_user: MAX_SUBFLOWS as u32,
-        subflow_info: sfinfo.as_mut_ptr() as u64,
-        tcp_info: tcpinfo.as_mut_ptr() as u64,
-        ..KernelFullInfo::default()
-    };
-    // SAFETY: the struct holds integers only; its two pointers are to live arrays of
-    // `size_arrays_user` elements of the sizes it states, which the kernel fills.
-    unsafe { sockopt::get(socket, SOL_MPTCP, MPTCP_FULL_INFO, &mut full)? };
-    let count = (full.num_subflows as usize).min(MAX_SUBFLOWS);
-    Ok(sfinfo[..count]
+    Ok(socket_info::mptcp_subflows(socket)?
         .iter()
-        .zip(&tcpinfo[..count])
-        .map(|(sf, tcp)| Subflow {
+        .map(|sf| Subflow {
             id: sf.id,
-            local: socket_addr(&sf.local),
-            remote: socket_addr(&sf.remote),
-            tcp: TcpInfo::from(tcp),
+            local: sf.local,
+            remote: sf.remote,
+            tcp: TcpInfo::from(&sf.tcp),
         })
         .collect())
 }
 
-/// A kernel socket address as a `SocketAddr` (the unspecified IPv4 address for a family that
-/// is neither IPv4 nor IPv6, which the kernel does not report for subflows).
-fn socket_addr(storage: &libc::sockaddr_storage) -> SocketAddr {
-    match libc::c_int::from(storage.ss_family) {
-        libc::AF_INET => {
-            // SAFETY: the family says the storage holds a `sockaddr_in`, which it is large
-            // and aligned enough for.
-            let sin = unsafe { &*(storage as *const _ as *const libc::sockaddr_in) };
-            SocketAddr::new(
-                IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))),
-                u16::from_be(sin.sin_port),
-            )
-        }
-        libc::AF_INET6 => {
-            // SAFETY: as above, for `sockaddr_in6`.
-            let sin6 = unsafe { &*(storage as *const _ as *const libc::sockaddr_in6) };
-            SocketAddr::new(
-                IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)),
-                u16::from_be(sin6.sin6_port),
-            )
-        }
-        _ => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
-    }
+/// Whether an MPTCP socket has fallen back to plain TCP (the peer answered without MPTCP):
+/// the kernel then refuses MPTCP-level options.
+pub(crate) fn fell_back(socket: &impl AsRawFd) -> bool {
+    socket_info::mptcp_fell_back(socket)
 }
 
 #[cfg(test)]
@@ -181,21 +69,6 @@ mod tests {
     use crate::transport::{self, Transport};
     use std::io::{Read, Write};
     use std::time::Duration;
-
-    #[test]
-    fn layouts_match_the_kernel() {
-        // Offsets and sizes from include/uapi/linux/mptcp.h on x86_64.
-        assert_eq!(std::mem::offset_of!(KernelMptcpInfo, flags), 8);
-        assert_eq!(std::mem::offset_of!(KernelMptcpInfo, retransmits), 44);
-        assert_eq!(std::mem::offset_of!(KernelMptcpInfo, bytes_acked), 72);
-        assert_eq!(std::mem::offset_of!(KernelMptcpInfo, last_data_sent), 84);
-        assert_eq!(std::mem::size_of::<KernelMptcpInfo>(), 96);
-        assert_eq!(std::mem::offset_of!(KernelSubflowInfo, local), 8);
-        assert_eq!(std::mem::offset_of!(KernelSubflowInfo, remote), 136);
-        assert_eq!(std::mem::size_of::<KernelSubflowInfo>(), 264);
-        assert_eq!(std::mem::offset_of!(KernelFullInfo, subflow_info), 24);
-        assert_eq!(std::mem::offset_of!(KernelFullInfo, mptcp_info), 40);
-    }
 
     #[test]
     fn reads_the_subflow_of_a_loopback_connection() {

@@ -77,6 +77,9 @@ pub enum OptimizerError {
     /// A `schedule:` whose timetable could not be read.
     #[error(transparent)]
     Schedule(#[from] TimetableError),
+    /// An optimiser this build leaves out (`bo` without the `bo` feature).
+    #[error(transparent)]
+    NotBuilt(SpecError),
     /// The tuning's values are out of range.
     #[error("{0}")]
     Tuning(String),
@@ -118,6 +121,7 @@ impl FromStr for OptimizerChoice {
                 .map_err(|e| match e {
                     SpecError::Schedule(e) => OptimizerError::Schedule(e),
                     SpecError::Unknown(_) => OptimizerError::Unknown(s.into()),
+                    e @ SpecError::NotBuilt { .. } => OptimizerError::NotBuilt(e),
                 }),
         }
     }
@@ -377,8 +381,8 @@ impl Tuning {
     }
 
     /// The optimiser that runs when none is named: `auto` (the built-in policy with its
-    /// tuner), unless `k`/`b` ask for a utility that policy was not trained for, when it is
-    /// `gd` and the second value says why.
+    /// tuner), unless `k`/`b` ask for a utility that policy was not trained for, or the crate
+    /// was built without the `onnx` feature, when it is `gd` and the second value says why.
     ///
     /// ```
     /// use transfer::optimizer_choice::Tuning;
@@ -392,6 +396,14 @@ impl Tuning {
     /// # Ok::<(), transfer::optimizer_choice::OptimizerError>(())
     /// ```
     pub fn default_choice(&self) -> Result<(OptimizerChoice, Option<String>), OptimizerError> {
+        if !cfg!(feature = "onnx") {
+            let note = "this build has no ONNX runtime for the built-in policy (the onnx \
+                        feature), so gd chooses the stream count";
+            return Ok((
+                OptimizerChoice::Builtin(ControllerSpec::Gd),
+                Some(note.into()),
+            ));
+        }
         let trained = PolicySource::open(None)?.metadata.utility;
         let wanted = self.utility_or(trained)?;
         if wanted == trained {

@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use optimizer::policy::{OnnxModel, PolicyError, PolicyMetadata, PolicyModel};
+#[cfg(feature = "onnx")]
+use optimizer::policy::OnnxModel;
+use optimizer::policy::{PolicyError, PolicyMetadata, PolicyModel};
 use serde::{Deserialize, Serialize};
 
 /// metadata.json of the default policy, built into the library.
@@ -81,6 +83,12 @@ pub enum PolicyLoadError {
          --policy-runtime onnx"
     )]
     NoTorch,
+    /// The ONNX runtime was asked for in a build without it.
+    #[error(
+        "this build of the transfer crate has no ONNX runtime for learned policies (ppo, \
+         auto): turn on its onnx feature (on by default)"
+    )]
+    NoOnnx,
 }
 
 /// Which export of a policy runs it; in configuration files `"onnx"` or `"torchscript"`.
@@ -249,24 +257,25 @@ impl PolicySource {
     /// assert_eq!(logits.len(), source.metadata.layout.actions.len(), "one logit per action");
     /// ```
     pub fn model(&self, runtime: PolicyRuntime) -> Result<Box<dyn PolicyModel>, PolicyLoadError> {
-        let size = self.metadata.layout.size;
-        let model: Box<dyn PolicyModel> = match runtime {
-            PolicyRuntime::Onnx => Box::new(
-                OnnxModel::from_bytes(&self.read("onnx", DEFAULT_ONNX)?, size)
+        match runtime {
+            #[cfg(feature = "onnx")]
+            PolicyRuntime::Onnx => Ok(Box::new(
+                OnnxModel::from_bytes(&self.read("onnx", DEFAULT_ONNX)?, self.metadata.layout.size)
                     .map_err(|e| self.error(e))?,
-            ),
+            )),
+            #[cfg(not(feature = "onnx"))]
+            PolicyRuntime::Onnx => Err(PolicyLoadError::NoOnnx),
             #[cfg(feature = "tch")]
-            PolicyRuntime::Torchscript => Box::new(
+            PolicyRuntime::Torchscript => Ok(Box::new(
                 optimizer::policy::TorchModel::from_bytes(
                     &self.read("torchscript", DEFAULT_TORCHSCRIPT)?,
-                    size,
+                    self.metadata.layout.size,
                 )
                 .map_err(|e| self.error(e))?,
-            ),
+            )),
             #[cfg(not(feature = "tch"))]
-            PolicyRuntime::Torchscript => return Err(PolicyLoadError::NoTorch),
-        };
-        Ok(model)
+            PolicyRuntime::Torchscript => Err(PolicyLoadError::NoTorch),
+        }
     }
 
     /// Size of the ONNX export in bytes.
@@ -496,6 +505,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "onnx")]
     fn a_broken_network_file_or_input_is_an_error_not_a_crash() {
         assert!(OnnxModel::from_bytes(b"not onnx", 144).is_err());
         for runtime in runtimes() {

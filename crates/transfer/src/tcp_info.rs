@@ -1,65 +1,14 @@
 //! Per-stream TCP statistics read from the kernel's `TCP_INFO` socket option.
 //!
 //! `getsockopt(TCP_INFO)` copies a snapshot under the socket lock for a few microseconds and never
-//! waits for the data path, so sampling from a monitor thread does not slow a stream. The struct
-//! below mirrors the kernel's `struct tcp_info` (include/uapi/linux/tcp.h) up to
-//! `tcpi_bytes_retrans`; the `libc` crate's copy stops before `tcpi_bytes_acked`,
-//! `tcpi_min_rtt`, `tcpi_data_segs_out` and `tcpi_delivery_rate`, which the optimiser needs.
-//! Older kernels fill a shorter prefix; fields they lack read as zero.
+//! waits for the data path, so sampling from a monitor thread does not slow a stream. The
+//! kernel's `struct tcp_info` is mirrored in `sys/socket_info.rs`.
 
 use std::os::fd::AsRawFd;
 
 use serde::Serialize;
 
-use crate::sockopt;
-
-#[repr(C)]
-#[derive(Default, Clone, Copy)]
-pub(crate) struct KernelTcpInfo {
-    state_and_flags: [u8; 8],
-    rto: u32,
-    ato: u32,
-    snd_mss: u32,
-    rcv_mss: u32,
-    unacked: u32,
-    sacked: u32,
-    lost: u32,
-    retrans: u32,
-    fackets: u32,
-    last_data_sent: u32,
-    last_ack_sent: u32,
-    last_data_recv: u32,
-    last_ack_recv: u32,
-    pmtu: u32,
-    rcv_ssthresh: u32,
-    rtt: u32,
-    rttvar: u32,
-    snd_ssthresh: u32,
-    snd_cwnd: u32,
-    advmss: u32,
-    reordering: u32,
-    rcv_rtt: u32,
-    rcv_space: u32,
-    total_retrans: u32,
-    pacing_rate: u64,
-    max_pacing_rate: u64,
-    bytes_acked: u64,
-    bytes_received: u64,
-    segs_out: u32,
-    segs_in: u32,
-    notsent_bytes: u32,
-    min_rtt: u32,
-    data_segs_in: u32,
-    data_segs_out: u32,
-    delivery_rate: u64,
-    busy_time: u64,
-    rwnd_limited: u64,
-    sndbuf_limited: u64,
-    delivered: u32,
-    delivered_ce: u32,
-    bytes_sent: u64,
-    bytes_retrans: u64,
-}
+use crate::sys::socket_info::{self, KernelTcpInfo};
 
 /// One stream's TCP counters at one instant (cumulative counters are totals since the
 /// connection opened; the optimiser differences them per monitoring interval).
@@ -115,10 +64,7 @@ pub const INFINITE_SSTHRESH: u32 = 0x7fff_ffff;
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub fn sample(socket: &impl AsRawFd) -> std::io::Result<TcpInfo> {
-    let mut raw = KernelTcpInfo::default();
-    // SAFETY: every bit pattern is a valid `KernelTcpInfo` (integers only).
-    unsafe { sockopt::get(socket, libc::IPPROTO_TCP, libc::TCP_INFO, &mut raw)? };
-    Ok(TcpInfo::from(&raw))
+    Ok(TcpInfo::from(&socket_info::tcp_info(socket)?))
 }
 
 impl From<&KernelTcpInfo> for TcpInfo {
@@ -142,15 +88,6 @@ impl From<&KernelTcpInfo> for TcpInfo {
 mod tests {
     use super::*;
     use std::io::{Read, Write};
-
-    #[test]
-    fn layout_matches_the_kernel_offsets() {
-        // Offsets from include/uapi/linux/tcp.h: tcpi_pacing_rate at 104, tcpi_delivery_rate at 160.
-        assert_eq!(std::mem::offset_of!(KernelTcpInfo, pacing_rate), 104);
-        assert_eq!(std::mem::offset_of!(KernelTcpInfo, min_rtt), 148);
-        assert_eq!(std::mem::offset_of!(KernelTcpInfo, delivery_rate), 160);
-        assert_eq!(std::mem::offset_of!(KernelTcpInfo, bytes_retrans), 208);
-    }
 
     #[test]
     fn counts_bytes_acked_on_loopback() {

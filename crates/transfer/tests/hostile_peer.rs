@@ -459,17 +459,16 @@ fn wrong_keys_are_refused_and_the_receiver_keeps_serving() {
 fn special_files_in_the_root_are_never_written_or_replaced() {
     let root = tempfile::tempdir().unwrap();
     let addr = start(root.path());
-    let mknod = |path: &Path, mode: libc::mode_t| {
-        let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid C path; makedev(1, 3) is the device number of /dev/null.
-        let rc = unsafe { libc::mknod(c_path.as_ptr(), mode, libc::makedev(1, 3)) };
-        assert_eq!(rc, 0, "mknod {}", path.display());
+    use rustix::fs::{makedev, mknodat, FileType, Mode, CWD};
+    let mknod = |path: &Path, kind: FileType| {
+        // makedev(1, 3) is the device number of /dev/null.
+        mknodat(CWD, path, kind, Mode::from(0o600), makedev(1, 3))
+            .unwrap_or_else(|e| panic!("mknod {}: {e}", path.display()));
     };
-    let mut kinds = vec![(libc::S_IFIFO | 0o600, "FIFO")];
-    // SAFETY: a plain syscall.
-    if unsafe { libc::geteuid() } == 0 {
+    let mut kinds = vec![(FileType::Fifo, "FIFO")];
+    if rustix::process::geteuid().is_root() {
         // Writing into a /dev/null node would lose the data without a word.
-        kinds.push((libc::S_IFCHR | 0o600, "character device"));
+        kinds.push((FileType::CharacterDevice, "character device"));
     }
     for (mode, what) in kinds {
         let target = root.path().join("ten");

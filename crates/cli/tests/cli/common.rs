@@ -314,8 +314,7 @@ pub fn complete_looking_files(root: &Path) -> Vec<PathBuf> {
 
 /// True when this process runs as root (needed to mount small filesystems in tests).
 pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
 }
 
 /// A tmpfs mounted for a test, unmounted when dropped (also when the test panics).

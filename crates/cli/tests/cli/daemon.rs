@@ -78,11 +78,11 @@ fn paced_send(receiver: &Receiver, file: &Path, mbit: &str) -> Child {
 }
 
 fn sigterm(receiver: &Receiver) {
-    // SAFETY: kill with a pid of a child this test started and has not reaped.
-    assert_eq!(
-        unsafe { libc::kill(receiver.child.id() as i32, libc::SIGTERM) },
-        0
-    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&receiver.child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
 }
 
 /// Waits up to `limit` for the receiver to exit; its status.

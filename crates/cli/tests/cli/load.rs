@@ -275,11 +275,11 @@ fn a_receiver_daemon_serves_many_sessions_at_once_each_intact_and_apart() {
     );
 
     // The daemon stops cleanly.
-    // SAFETY: kill with the pid of a child this test started and has not reaped.
-    assert_eq!(
-        unsafe { libc::kill(receiver.child.id() as i32, libc::SIGTERM) },
-        0
-    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&receiver.child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
         if let Some(status) = receiver.child.try_wait().unwrap() {

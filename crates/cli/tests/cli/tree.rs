@@ -87,10 +87,14 @@ fn links_and_special_files_found_mid_transfer_are_skipped_with_a_warning() {
         }
     }
     std::os::unix::fs::symlink("/etc/passwd", tree.join("d2/zz-link")).unwrap();
-    let fifo =
-        std::ffi::CString::new(tree.join("d2/zz-fifo").as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        tree.join("d2/zz-fifo"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from(0o600),
+        0,
+    )
+    .unwrap();
     let receiver = Receiver::start(root.path());
     let out = send(
         &receiver,

@@ -10,6 +10,7 @@
 mod features;
 mod memory;
 mod metadata;
+#[cfg(feature = "onnx")]
 mod onnx;
 #[cfg(feature = "tch")]
 mod torch;
@@ -19,6 +20,7 @@ pub use features::{
 };
 pub use memory::{Measured, UtilityMemory, SAMPLES};
 pub use metadata::{PolicyMetadata, MODEL_FORMAT};
+#[cfg(feature = "onnx")]
 pub use onnx::OnnxModel;
 #[cfg(feature = "tch")]
 pub use torch::TorchModel;
@@ -87,6 +89,7 @@ pub trait PolicyModel: Send {
 }
 
 /// Refuses an input whose length is not the model's input size.
+#[cfg(any(feature = "onnx", feature = "tch"))]
 fn check_input_size(input: &[f32], size: usize) -> Result<(), PolicyError> {
     if input.len() == size {
         Ok(())

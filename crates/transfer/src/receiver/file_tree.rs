@@ -12,7 +12,6 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::fs::File;
 use std::ops::Range;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt as _, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -27,8 +26,8 @@ use super::destination::{
 use crate::direct_io;
 use crate::journal::{Journal, PartPaths, SourceIdentity};
 use crate::manifest::{split_relative, DirEntry, FileEntry, ManifestBatch, PathError, Timestamp};
-use crate::mapped::{Detachable, Truncated, WriteWindow, MAPPED_MIN};
 use crate::seal::ChunkCheck;
+use crate::sys::mapped::{Detachable, Truncated, WriteWindow, MAPPED_MIN};
 use crate::wire::FileStatus;
 
 /// Files smaller than this that arrive in one chunk get no journal: an interruption before
@@ -444,11 +443,7 @@ impl FileTree {
         }
         let io = io_at(Path::new("."));
         let root = open_dir_for_metadata(&self.root, Path::new(".")).map_err(&io)?;
-        // SAFETY: syncfs only reads the fd, which `root` keeps open for the call.
-        if unsafe { libc::syncfs(root.as_raw_fd()) } != 0 {
-            return Err(io(std::io::Error::last_os_error()));
-        }
-        Ok(())
+        rustix::fs::syncfs(&root).map_err(|e| io(e.into()))
     }
 }
 
@@ -599,11 +594,9 @@ impl TreeFile {
             }
             let mut blocked = false;
             for w in state.writing.iter_mut().filter(|w| w.blocks(&range)) {
-                match w.window {
+                match &w.window {
                     Some(window) if verified_copy => {
-                        // SAFETY: the window's stream removes its claim, under this lock,
-                        // before it unmaps the window; the claim is here, so it is mapped.
-                        unsafe { window.detach() }.map_err(io_at(&self.rel))?;
+                        window.detach().map_err(io_at(&self.rel))?;
                         w.detached = true;
                     }
                     _ if verified_copy => blocked = true,
@@ -810,17 +803,17 @@ impl TreeFile {
     }
 }
 
-/// Reserves the file's blocks so that a full disk fails at the first chunk, not halfway.
+/// Reserves the file's blocks so that a full disk fails at the first chunk, not halfway. A
+/// file system that cannot reserve them (`EOPNOTSUPP`) gets the file's length alone: writing
+/// every block, as glibc's `posix_fallocate` would, costs a whole pass over the disk first.
 fn preallocate(file: &File, size: u64) -> std::io::Result<()> {
     if size == 0 {
         return Ok(());
     }
-    // SAFETY: plain syscall on an fd that `file` keeps open.
-    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size as libc::off_t) };
-    match rc {
-        0 => Ok(()),
-        libc::EOPNOTSUPP | libc::EINVAL => file.set_len(size),
-        err => Err(std::io::Error::from_raw_os_error(err)),
+    match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, size) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::INVAL) => file.set_len(size),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -18,7 +18,6 @@ mod tenant;
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -629,7 +628,7 @@ impl Receiver {
                 },
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     self.shared.refusals.tick();
-                    wait_readable(&self.listener, 100)
+                    wait_readable(&self.listener, Duration::from_millis(100))
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -642,14 +641,15 @@ impl Receiver {
     }
 }
 
-fn wait_readable(listener: &TcpListener, timeout_ms: i32) {
-    let mut fd = libc::pollfd {
-        fd: listener.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut fd, 1, timeout_ms) };
+/// Waits until `listener` has a connection to accept, at most `timeout` (a signal or an error
+/// ends the wait early: the caller's loop simply tries again).
+fn wait_readable(listener: &TcpListener, timeout: Duration) {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let timeout = Timespec::try_from(timeout).ok();
+    let _ = poll(
+        &mut [PollFd::new(listener, PollFlags::IN)],
+        timeout.as_ref(),
+    );
 }
 
 impl Shared {

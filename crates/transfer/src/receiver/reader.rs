@@ -175,7 +175,7 @@ impl ConnReader {
         if want == self.lowat {
             return;
         }
-        let rc = crate::sockopt::set(
+        let rc = crate::sys::sockopt::set(
             socket,
             libc::SOL_SOCKET,
             libc::SO_RCVLOWAT,

@@ -9,7 +9,7 @@ use super::{SendError, Unit};
 use crate::direct_io::{self, AlignedBuffer};
 use crate::journal::SourceIdentity;
 use crate::manifest::FileEntry;
-use crate::mapped::{ReadWindow, MAPPED_MIN};
+use crate::sys::mapped::{ReadWindow, MAPPED_MIN};
 use crate::wire::chunk_checksum;
 
 /// A file announced to the receiver and not yet settled: what the manifest said of it and

@@ -19,7 +19,7 @@ use crate::link::{self, Connection, LinkWriter};
 use crate::mptcp_info::Subflow;
 use crate::quic::{QuicClient, QuicError, QuicReader};
 use crate::seal::{FrameWrite, FrameWriter};
-use crate::sockopt;
+use crate::sys::sockopt;
 use crate::tcp_info::TcpInfo;
 use crate::telemetry;
 use crate::transport::Transport;
@@ -741,18 +741,7 @@ mod tests {
     }
 
     fn max_pacing_rate(socket: &TcpStream) -> u64 {
-        let mut rate = 0u64;
-        // SAFETY: any bits are a valid integer.
-        unsafe {
-            sockopt::get(
-                socket,
-                libc::SOL_SOCKET,
-                libc::SO_MAX_PACING_RATE,
-                &mut rate,
-            )
-        }
-        .unwrap();
-        rate
+        sockopt::get(socket, libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE).unwrap()
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::cell::Cell;
 use std::fs::File;
 use std::io;
 use std::sync::atomic::{compiler_fence, AtomicBool, Ordering};
-use std::sync::{Once, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock, PoisonError};
 
 use memmap2::{Advice, MmapMut, MmapOptions};
 
@@ -48,6 +48,9 @@ pub(crate) struct WriteWindow {
     map: MmapMut,
     skip: usize,
     len: usize,
+    /// Whether `map` is still mapped: cleared, under this lock, before the window is unmapped,
+    /// and held by [`Detachable::detach`] while it maps over the window.
+    mapped: Arc<Mutex<bool>>,
 }
 
 /// The mapping options for a window over `offset..offset + len`, and how far into the mapping
@@ -95,7 +98,12 @@ impl WriteWindow {
         // is checksummed through `guard` before it counts as verified.
         let map = unsafe { options.map_mut(file)? };
         map.advise_range(Advice::PopulateWrite, skip, len)?;
-        Ok(WriteWindow { map, skip, len })
+        Ok(WriteWindow {
+            map,
+            skip,
+            len,
+            mapped: Arc::new(Mutex::new(true)),
+        })
     }
 
     /// Runs `f` on the window's bytes; a truncation meanwhile gives [`Truncated`].
@@ -115,28 +123,44 @@ impl WriteWindow {
         Detachable {
             addr: self.map.as_ptr() as usize,
             len: self.map.len(),
+            mapped: self.mapped.clone(),
         }
     }
 }
 
-/// Where a [`WriteWindow`] is mapped.
-#[derive(Debug, Clone, Copy)]
+impl Drop for WriteWindow {
+    fn drop(&mut self) {
+        // From here on no `Detachable` maps over the address range, which `map` unmaps next
+        // and the process may reuse.
+        *lock(&self.mapped) = false;
+    }
+}
+
+/// The lock of a window's `mapped` flag; a thread that panicked holding it left a valid bool.
+fn lock(mapped: &Mutex<bool>) -> MutexGuard<'_, bool> {
+    mapped.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Where a [`WriteWindow`] is mapped, for another thread.
+#[derive(Debug, Clone)]
 pub(crate) struct Detachable {
     addr: usize,
     len: usize,
+    mapped: Arc<Mutex<bool>>,
 }
 
 impl Detachable {
     /// Maps private zeroed memory over the window, so that what its owner still writes into it
     /// (from a `read` that may be waiting on a stalled connection) no longer reaches the file.
-    ///
-    /// # Safety
-    ///
-    /// The window must still be mapped: the caller holds whatever keeps its owner from dropping
-    /// it meanwhile.
-    pub(crate) unsafe fn detach(self) -> io::Result<()> {
-        // SAFETY: replaces, in place, a mapping that the caller guarantees is still the window.
-        let mapped = unsafe {
+    /// A window already dropped is left alone.
+    pub(crate) fn detach(&self) -> io::Result<()> {
+        let mapped = lock(&self.mapped);
+        if !*mapped {
+            return Ok(());
+        }
+        // SAFETY: replaces, in place, the window's own mapping: `mapped` says it is still
+        // mapped, and its owner cannot unmap it while this thread holds the lock.
+        let replaced = unsafe {
             libc::mmap(
                 self.addr as *mut libc::c_void,
                 self.len,
@@ -146,7 +170,7 @@ impl Detachable {
                 0,
             )
         };
-        if mapped == libc::MAP_FAILED {
+        if replaced == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
         Ok(())
@@ -309,14 +333,24 @@ mod tests {
         let (_dir, file, data) = file_of(1 << 20);
         let mut window = WriteWindow::map(&file, 0, 1 << 20).unwrap();
         window.for_kernel()[..10].fill(1);
-        // SAFETY: the window is alive until the end of the test.
-        unsafe { window.detachable().detach() }.unwrap();
+        window.detachable().detach().unwrap();
         window.for_kernel().fill(2);
         drop(window);
         let mut back = vec![0u8; 1 << 20];
         file.read_exact_at(&mut back, 0).unwrap();
         assert!(back[..10].iter().all(|&x| x == 1));
         assert_eq!(back[10..], data[10..]);
+    }
+
+    #[test]
+    fn a_window_dropped_before_its_detach_is_left_alone() {
+        let (_dir, file, _) = file_of(1 << 20);
+        let window = WriteWindow::map(&file, 0, 1 << 20).unwrap();
+        let detachable = window.detachable();
+        drop(window);
+        // The range is unmapped and may be reused: detaching must not map over it.
+        detachable.detach().unwrap();
+        assert!(!*lock(&detachable.mapped));
     }
 
     #[test]

@@ -1,7 +1,20 @@
-//! Socket options that neither `std` nor `socket2` exposes: setting `SO_RCVLOWAT` or
-//! `SO_MAX_PACING_RATE`, reading `TCP_INFO` or `MPTCP_FULL_INFO`.
+//! Socket options that neither `std`, `socket2` nor `rustix` exposes: setting `SO_RCVLOWAT`
+//! or `SO_MAX_PACING_RATE`, reading `TCP_INFO` or `MPTCP_FULL_INFO`.
 
 use std::os::fd::AsRawFd;
+
+/// A value any bit pattern of which is valid, with no pointers inside: what [`get`] may let
+/// the kernel write into.
+///
+/// # Safety
+///
+/// Implement it only for integers, arrays of them and `#[repr(C)]` structs of those.
+pub(crate) unsafe trait Plain: Default {}
+
+// SAFETY: integers.
+unsafe impl Plain for libc::c_int {}
+// SAFETY: an integer.
+unsafe impl Plain for u64 {}
 
 /// Sets socket option `name` at `level` to `value`, passed by pointer with its own size as the
 /// kernel expects (`c_int` for most options; `u64` where the kernel accepts the wider form).
@@ -28,15 +41,26 @@ pub(crate) fn set<T: Copy>(
     }
 }
 
-/// Reads socket option `name` at `level` into `value` (the kernel fills at most its size and
-/// may fill less: an older kernel's shorter struct leaves the rest as it was). Returns how many
-/// bytes the kernel wrote.
+/// Reads socket option `name` at `level` as a `T` (the kernel fills at most its size and may
+/// fill less: an older kernel's shorter struct leaves the rest at its default, zeros).
+pub(crate) fn get<T: Plain>(
+    socket: &impl AsRawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> std::io::Result<T> {
+    let mut value = T::default();
+    // SAFETY: `T: Plain`: whatever the kernel writes is a valid `T`, and it holds no pointers.
+    unsafe { get_into(socket, level, name, &mut value)? };
+    Ok(value)
+}
+
+/// Reads socket option `name` at `level` into `value`, which may carry input for the kernel
+/// (as `MPTCP_FULL_INFO`'s array pointers). Returns how many bytes the kernel wrote.
 ///
 /// # Safety
-/// Every bit pattern the kernel may write must be a valid `T` (plain integers and arrays of
-/// them), and for options that take input (such as `MPTCP_FULL_INFO`) any pointers inside
-/// `value` must point to live buffers of the sizes `value` states.
-pub(crate) unsafe fn get<T>(
+/// Every bit pattern the kernel may write must be a valid `T`, and any pointers inside `value`
+/// must point to live buffers of the sizes `value` states.
+pub(crate) unsafe fn get_into<T>(
     socket: &impl AsRawFd,
     level: libc::c_int,
     name: libc::c_int,
@@ -66,11 +90,7 @@ mod tests {
     use super::*;
 
     fn get_int(socket: &impl AsRawFd, level: libc::c_int, name: libc::c_int) -> libc::c_int {
-        let mut value: libc::c_int = 0;
-        // SAFETY: any bits are a valid integer.
-        let len = unsafe { get(socket, level, name, &mut value) }.unwrap();
-        assert_eq!(len, std::mem::size_of::<libc::c_int>());
-        value
+        get(socket, level, name).unwrap()
     }
 
     #[test]
