@@ -4,8 +4,9 @@
 //! typed [`SendError`].
 //!
 //! The transfer runs on its own threads, as [`Transfer`] does; the job's methods only wait on
-//! channels, so they can be awaited in any async runtime (or in none, with
-//! `futures::executor::block_on`) and never block one.
+//! channels, so they can be awaited in any async runtime and never block one. A program
+//! without one waits on its own thread instead: [`SendJob::wait`] and
+//! [`SendJob::next_event_blocking`].
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
@@ -584,10 +585,65 @@ impl SendJob {
     /// ```
     pub async fn finish(mut self) -> Result<Summary, SendError> {
         while self.events.recv().await.is_some() {}
-        self.result.await.unwrap_or(Err(SendError::Internal(
-            "the transfer's thread ended without a result".into(),
-        )))
+        self.result
+            .await
+            .unwrap_or_else(|_| Err(ended_without_result()))
     }
+
+    /// The next event, waiting on this thread: [`SendJob::next_event`] for a program without an
+    /// async runtime. Called from inside an async runtime's task it panics (await
+    /// `next_event` there).
+    ///
+    /// ```
+    /// use transfer::auth::KeySetting;
+    /// use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
+    ///
+    /// let settings = SenderSettings::new(
+    ///     "127.0.0.1:9",
+    ///     KeySetting::Text("an-example-key-0123456789".into()),
+    ///     SourceSetting::Memory(1 << 20),
+    /// );
+    /// let mut job = SendJob::start(settings)?;
+    /// let mut last = None;
+    /// while let Some(event) = job.next_event_blocking() {
+    ///     last = Some(event);
+    /// }
+    /// assert!(matches!(last, Some(SendEvent::Finished(Err(_)))), "nobody listens there");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn next_event_blocking(&mut self) -> Option<SendEvent> {
+        self.events.blocking_recv()
+    }
+
+    /// Waits on this thread for the end of the transfer (passing over the events not yet
+    /// read): [`SendJob::finish`] for a program without an async runtime
+    /// (`examples/send_directory.rs`). Called from inside an async runtime's task it panics.
+    ///
+    /// ```
+    /// use transfer::auth::KeySetting;
+    /// use transfer::job::{SendJob, SenderSettings, SourceSetting};
+    /// use transfer::sender::SendError;
+    ///
+    /// let settings = SenderSettings::new(
+    ///     "127.0.0.1:9",
+    ///     KeySetting::Text("an-example-key-0123456789".into()),
+    ///     SourceSetting::Memory(1 << 20),
+    /// );
+    /// let result = SendJob::start(settings)?.wait();
+    /// assert!(matches!(result, Err(SendError::Connect { .. })), "nobody listens there");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn wait(mut self) -> Result<Summary, SendError> {
+        while self.events.blocking_recv().is_some() {}
+        self.result
+            .blocking_recv()
+            .unwrap_or_else(|_| Err(ended_without_result()))
+    }
+}
+
+/// The error of a job whose thread ended without sending its result (it panicked).
+fn ended_without_result() -> SendError {
+    SendError::Internal("the transfer's thread ended without a result".into())
 }
 
 /// An optimiser that cannot be had, as the job's error.

@@ -32,9 +32,11 @@
 //! own configuration file), reports it as a stream of [`job::SendEvent`]s (progress, the
 //! optimiser's decisions, notices, the end), can be cancelled at any moment, and ends with a
 //! [`sender::Summary`] or a [`sender::SendError`]. Its methods only wait on channels, so they
-//! suit any async runtime. The `examples/` directory has a send/receive pair
-//! (`send_receive`), a queue of transfers with a concurrency limit (`transfer_queue`) and a
-//! controller of one's own (`custom_controller`).
+//! suit any async runtime; a program without one waits on its own thread
+//! ([`job::SendJob::wait`]). The `examples/` directory has a send/receive pair
+//! (`send_receive`), a directory sent with no async runtime (`send_directory`), a queue of
+//! transfers with a concurrency limit (`transfer_queue`) and a controller of one's own
+//! (`custom_controller`).
 //!
 //! A receiver ([`receiver::ReceiverSettings`], serde as well) reports its sessions as a stream
 //! of [`receiver::ReceiverEvent`]s ([`receiver::Receiver::subscribe`]): each start, each end

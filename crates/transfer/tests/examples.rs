@@ -78,3 +78,8 @@ fn transfer_queue_runs() {
 fn custom_controller_runs() {
     run("custom_controller");
 }
+
+#[test]
+fn send_directory_runs() {
+    run("send_directory");
+}
