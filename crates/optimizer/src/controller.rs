@@ -144,6 +144,7 @@ impl Controller for Fixed {
 /// assert_eq!(spec.to_string(), "fixed:8");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ControllerSpec {
     /// [`Fixed`] at this count.
     Fixed(usize),
@@ -169,6 +170,7 @@ pub enum ControllerSpec {
 /// assert!(matches!("schedule:2s:1".parse::<ControllerSpec>(), Err(SpecError::Schedule(_))));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SpecError {
     /// No controller has this name.
     #[error("unknown optimizer {0:?}: expected gd, bo, fixed:N (N >= 1) or schedule:TIME:N,...")]

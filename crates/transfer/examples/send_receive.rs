@@ -63,7 +63,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 mi.decision
             ),
             SendEvent::Notice(notice) => println!("notice: {notice}"),
-            SendEvent::Finished(_) => {}
+            // The end (`Finished`), and kinds of event a later library brings.
+            _ => {}
         }
     }
     let summary = job.finish().await?;

@@ -35,6 +35,7 @@ pub const MIN_KEY_LEN: usize = 16;
 /// assert!(matches!(SessionKey::from_text("short"), Err(AuthError::InvalidKey(_))));
 /// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum AuthError {
     /// The key text is unusable.
     #[error("invalid key: {0}")]
@@ -802,6 +803,7 @@ pub fn name(msg: &Message) -> &'static str {
 /// ```
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
 pub enum KeySetting {
     /// A key file.
     File(PathBuf),

@@ -80,6 +80,7 @@ const EVENT_BUFFER: usize = 64;
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
 pub enum SourceSetting {
     /// Local files and directories.
     Paths(Vec<PathBuf>),
@@ -308,6 +309,7 @@ impl SenderSettings {
 ///         SendEvent::Decision(mi) => format!("interval {}: {:?} streams", mi.observation.mi, mi.decision),
 ///         SendEvent::Finished(Ok(summary)) => format!("done: {} bytes", summary.bytes),
 ///         SendEvent::Finished(Err(e)) => format!("failed: {e}"),
+///         _ => return None, // kinds of event a later version brings
 ///     })
 /// }
 /// assert_eq!(
@@ -316,6 +318,7 @@ impl SenderSettings {
 /// );
 /// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum SendEvent {
     /// Connected and authenticated, data flowing over this transport (TCP where MPTCP was
     /// asked for and could not be had).

@@ -52,10 +52,16 @@
 //!   [`sender::Transfer::set_target_streams`] changes the stream count live,
 //!   [`sender::Transfer::sample_streams`] reads each stream's counters, and
 //!   [`sender::Transfer::optimize`] hands the count to a controller.
-//! - [`wire`] is the protocol, [`auth`] the key handshake, [`manifest`] what is sent,
-//!   [`journal`] the receiver's record of verified chunks, [`tls`] the optional encryption and
-//!   [`link`] a connection's halves, plain, TLS or QUIC; [`policy_source`] loads learned
-//!   policies.
+//! - [`auth`] is the key handshake and the keys, [`manifest`] what is sent, [`policy_source`]
+//!   loads learned policies.
+//! - The protocol's internals (`wire`, the frames and messages; `journal`, the receiver's
+//!   record of verified chunks; `tls` and `seal`, encryption and integrity; `link`, a
+//!   connection's halves) are public only for the crate's own tests, fuzz targets and
+//!   benchmarks: hidden from this documentation and outside the API's promises.
+//!   `docs/architecture.md` in the repository describes them.
+//!
+//! The types most programs need are re-exported here: [`SendJob`] and its settings and
+//! events, [`Receiver`] and its, [`SendError`], [`Summary`].
 
 #![warn(missing_docs)]
 
@@ -64,7 +70,9 @@ mod direct_io;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod job;
+#[doc(hidden)]
 pub mod journal;
+#[doc(hidden)]
 pub mod link;
 pub mod manifest;
 pub mod mptcp_info;
@@ -72,6 +80,7 @@ pub mod optimizer_choice;
 pub mod policy_source;
 pub mod quic;
 pub mod receiver;
+#[doc(hidden)]
 pub mod seal;
 mod seconds;
 pub mod sender;
@@ -79,9 +88,23 @@ pub mod session_id;
 mod sys;
 pub mod tcp_info;
 pub mod telemetry;
+#[doc(hidden)]
 pub mod tls;
 pub mod transport;
+#[doc(hidden)]
 pub mod wire;
+
+pub use auth::{KeySetting, SessionKey};
+pub use job::{SendEvent, SendJob, SenderSettings, SourceSetting};
+pub use optimizer_choice::{OptimizerChoice, OptimizerError, Tuning};
+pub use receiver::{
+    Receiver, ReceiverConfig, ReceiverError, ReceiverEvent, ReceiverSettings, SessionOutcome,
+    SessionReport, Stopper,
+};
+pub use sender::{SendError, Summary, Transfer};
+pub use session_id::SessionId;
+pub use transport::Transport;
+pub use wire::Limit;
 
 /// The optimiser crate, for controllers of one's own ([`optimizer::Controller`]) and the
 /// signals they see ([`optimizer::Observation`]).

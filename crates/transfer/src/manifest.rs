@@ -163,6 +163,7 @@ pub struct FileEntry {
 /// # let _ = start;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum SinkKind {
     /// Files under the receiver's root.
     Files,
@@ -261,6 +262,7 @@ impl ManifestBatch {
 /// assert!(matches!(Scanner::new(&["/nonexistent".into()]), Err(ScanError::Unreadable { .. })));
 /// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ScanError {
     /// A source could not be read.
     #[error("cannot read source {path}: {error}")]
@@ -539,6 +541,7 @@ impl ScannedBatch {
 /// assert!(matches!(split_relative(b"a//b", false), Err(PathError::Malformed(_))));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PathError {
     /// Absolute paths would leave the root.
     #[error("absolute path {0:?} refused: paths must stay under the receiver's root")]

@@ -44,6 +44,7 @@ use crate::policy_source::{PolicyLoadError, PolicyRuntime, PolicySource};
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
+#[non_exhaustive]
 pub enum OptimizerChoice {
     /// `gd`, `bo`, `fixed:N` or `schedule:TIME:N,...`.
     Builtin(ControllerSpec),
@@ -67,6 +68,7 @@ pub enum OptimizerChoice {
 /// # Ok::<(), OptimizerError>(())
 /// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum OptimizerError {
     /// The name is not one of the optimisers.
     #[error(
@@ -77,9 +79,10 @@ pub enum OptimizerError {
     /// A `schedule:` whose timetable could not be read.
     #[error(transparent)]
     Schedule(#[from] TimetableError),
-    /// An optimiser this build leaves out (`bo` without the `bo` feature).
+    /// A built-in controller that cannot be had, such as one this build leaves out (`bo`
+    /// without the `bo` feature, [`SpecError::NotBuilt`]).
     #[error(transparent)]
-    NotBuilt(SpecError),
+    Spec(SpecError),
     /// The tuning's values are out of range.
     #[error("{0}")]
     Tuning(String),
@@ -121,7 +124,7 @@ impl FromStr for OptimizerChoice {
                 .map_err(|e| match e {
                     SpecError::Schedule(e) => OptimizerError::Schedule(e),
                     SpecError::Unknown(_) => OptimizerError::Unknown(s.into()),
-                    e @ SpecError::NotBuilt { .. } => OptimizerError::NotBuilt(e),
+                    e => OptimizerError::Spec(e),
                 }),
         }
     }

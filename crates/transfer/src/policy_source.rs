@@ -32,6 +32,7 @@ const DEFAULT_TORCHSCRIPT: &[u8] = include_bytes!("../../../models/default/polic
 /// }
 /// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PolicyLoadError {
     /// The metadata file (named by `ppo:PATH` or `auto:PATH`) could not be read.
     #[error(
@@ -107,6 +108,7 @@ pub enum PolicyLoadError {
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum PolicyRuntime {
     /// The ONNX export in pure Rust (tract): every build.
     #[default]

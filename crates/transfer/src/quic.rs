@@ -62,6 +62,7 @@ const UDP_BUFFER: usize = 8 << 20;
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Congestion {
     /// CUBIC (RFC 9438), as Linux TCP uses by default.
     #[default]
@@ -726,6 +727,7 @@ impl QuicClient {
 /// assert!(matches!(refused, Err(QuicError::WrongCertificate)));
 /// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum QuicError {
     /// The receiver showed a certificate other than the one announced for the session.
     #[error(

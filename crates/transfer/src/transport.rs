@@ -33,6 +33,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Transport {
     /// One TCP connection per stream.
     #[default]

@@ -63,6 +63,7 @@ pub(crate) const CHECK_LEN: usize = 8;
 /// assert!(matches!(damaged, Err(WireError::Corrupted(_))));
 /// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum WireError {
     /// The underlying socket failed or closed mid-frame.
     #[error("{0}")]
@@ -181,6 +182,7 @@ pub struct SessionLimits {
 /// assert_eq!(Limit::Sessions { max: 32 }.to_string(), "the receiver serves 32 sessions at once already");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[non_exhaustive]
 pub enum Limit {
     /// The receiver serves its most sessions at once already.
     #[error("the receiver serves {max} sessions at once already")]

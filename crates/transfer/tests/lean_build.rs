@@ -8,13 +8,17 @@
 
 use transfer::auth::{KeySetting, SessionKey};
 use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
+use transfer::optimizer::SpecError;
 use transfer::optimizer_choice::{OptimizerChoice, OptimizerError, Tuning};
 use transfer::receiver::{Receiver, ReceiverConfig};
 
 #[test]
 fn the_optimisers_left_out_are_refused_with_the_feature_to_turn_on() {
     let bo = "bo".parse::<OptimizerChoice>().unwrap_err();
-    assert!(matches!(bo, OptimizerError::NotBuilt(_)), "{bo:?}");
+    assert!(
+        matches!(bo, OptimizerError::Spec(SpecError::NotBuilt { .. })),
+        "{bo:?}"
+    );
     assert!(bo.to_string().contains("\"bo\" feature"), "{bo}");
     for name in ["ppo", "auto"] {
         let choice: OptimizerChoice = name.parse().unwrap();

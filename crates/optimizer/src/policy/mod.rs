@@ -37,6 +37,7 @@ use crate::utility::UtilityParams;
 /// assert!(matches!(OnnxModel::from_bytes(b"not a network", 40), Err(PolicyError::Model(_))));
 /// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PolicyError {
     /// The metadata file is not valid JSON or lacks a field.
     #[error("model metadata: {0}")]

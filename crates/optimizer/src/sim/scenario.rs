@@ -153,6 +153,7 @@ fn default_noise() -> f64 {
 /// assert!(matches!(Scenario::shipped("mars"), Err(ScenarioError::Unknown(..))));
 /// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ScenarioError {
     /// Not valid TOML, or not a scenario.
     #[error("bad scenario: {0}")]

@@ -16,6 +16,7 @@ use crate::wire::FileStatus;
 
 /// A failure of the destination.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DestinationError {
     /// The peer broke the protocol (a chunk outside its file, an unknown file, ...).
     #[error("protocol violation: {0}")]
@@ -38,6 +39,7 @@ pub const CLAIM_WAIT: Duration = Duration::from_secs(5);
 
 /// Why paths could not be claimed.
 #[derive(Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ClaimError {
     /// Another session still holds this path after the wait.
     Busy(PathBuf),
@@ -120,6 +122,7 @@ impl ActivePaths {
 }
 
 /// A session's destination.
+#[non_exhaustive]
 pub enum Destination {
     /// Files under the root.
     Files(FileTree),

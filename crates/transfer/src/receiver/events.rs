@@ -27,6 +27,7 @@ const EVENT_BUFFER: usize = 1024;
 ///         ReceiverEvent::SessionEnded(report) => format!("{}: {}", report.session.short(), report.outcome),
 ///         ReceiverEvent::Refused { peer, reason } => format!("refused {peer}: {reason}"),
 ///         ReceiverEvent::Missed { events } => format!("({events} events not shown)"),
+///         other => format!("{other:?}"), // kinds of event a later version brings
 ///     }
 /// }
 /// let refused = ReceiverEvent::Refused { peer: "10.0.0.9:51000".parse()?, reason: "wrong key".into() };
@@ -35,6 +36,7 @@ const EVENT_BUFFER: usize = 1024;
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ReceiverEvent {
     /// A sender authenticated and named where its files go; its data streams may join now.
     SessionStarted {
@@ -127,6 +129,7 @@ pub struct SessionReport {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", content = "reason", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum SessionOutcome {
     /// Every file of the manifest is in place.
     Completed,

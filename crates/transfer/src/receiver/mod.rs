@@ -223,6 +223,7 @@ impl ReceiverConfig {
 /// }
 /// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReceiverError {
     /// The listening address could not be bound.
     #[error("cannot listen on {addr}: {error}")]

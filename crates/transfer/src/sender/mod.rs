@@ -69,6 +69,7 @@ const MAX_STREAM_FAILURES: u32 = 32;
 /// # let _ = (trees, probe);
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum SendSource {
     /// Files and directory trees, each landing under its own name in `dest`.
     Paths {
@@ -218,6 +219,7 @@ pub const DEFAULT_UNSENT_LIMIT: u32 = 128 << 10;
 /// );
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SendError {
     /// The settings cannot work together.
     #[error("{0}")]
