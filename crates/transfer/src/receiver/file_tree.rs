@@ -27,7 +27,7 @@ use crate::direct_io;
 use crate::journal::{Journal, PartPaths, SourceIdentity};
 use crate::manifest::{split_relative, DirEntry, FileEntry, ManifestBatch, PathError, Timestamp};
 use crate::seal::ChunkCheck;
-use crate::sys::mapped::{Detachable, Truncated, WriteWindow, MAPPED_MIN};
+use crate::sys::mapped::{self, Detachable, Truncated, WriteWindow, MAPPED_MIN};
 use crate::wire::FileStatus;
 
 /// Files smaller than this that arrive in one chunk get no journal: an interruption before
@@ -339,16 +339,16 @@ impl FileTree {
 
     /// A window of `file`'s part file to receive a chunk of `len` bytes at `offset` straight
     /// into, or `None` when the chunk is better read into a buffer and given to
-    /// [`FileTree::write`]: it is short, the receiver writes with direct I/O, its file is
-    /// sealed, it already verified, another stream is writing it, or the part file cannot be
-    /// mapped.
+    /// [`FileTree::write`]: it is short, the receiver writes with direct I/O, the program did
+    /// not turn mapping on (`crate::enable_mapped_files`), its file is sealed, it already
+    /// verified, another stream is writing it, or the part file cannot be mapped.
     pub(super) fn map_chunk(
         &self,
         file: u32,
         offset: u64,
         len: usize,
     ) -> Result<Option<MappedChunk>, DestinationError> {
-        if len < MAPPED_MIN || self.direct {
+        if len < MAPPED_MIN || self.direct || !mapped::enabled() {
             return Ok(None);
         }
         let Some(f) = self.files.get(file)? else {

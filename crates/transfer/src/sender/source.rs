@@ -9,7 +9,7 @@ use super::{SendError, Unit};
 use crate::direct_io::{self, AlignedBuffer};
 use crate::journal::SourceIdentity;
 use crate::manifest::FileEntry;
-use crate::sys::mapped::{ReadWindow, MAPPED_MIN};
+use crate::sys::mapped::{self, ReadWindow, MAPPED_MIN};
 use crate::wire::chunk_checksum;
 
 /// A file announced to the receiver and not yet settled: what the manifest said of it and
@@ -102,7 +102,7 @@ impl SourceData {
                         .map_err(|e| locate().map_or_else(|e| e, |s| s.read_error(e)))?;
                     return Ok((data, Digest::of(data, sealed)));
                 }
-                if len >= MAPPED_MIN {
+                if len >= MAPPED_MIN && mapped::enabled() {
                     let window = ReadWindow::map(opened, unit.offset, len)
                         .map_err(|e| locate().map_or_else(|e| e, |s| s.read_error(e)))?;
                     let digest = window

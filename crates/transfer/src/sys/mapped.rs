@@ -2,8 +2,11 @@
 //! straight from the sender's page cache, and received straight into the receiver's part file,
 //! instead of being copied through a buffer on each side.
 //!
+//! Mapping is off until the program asks for it ([`enable`], `transfer::enable_mapped_files`),
+//! because it needs a process-wide signal handler: a library installs none on its own.
+//!
 //! A mapped file that another process truncates raises SIGBUS at the next access beyond its new
-//! end, which would kill the process. A process-wide handler, installed with the first window,
+//! end, which would kill the process. A process-wide handler, installed by [`enable`],
 //! turns such a fault inside a window that the faulting thread has armed ([`ReadWindow::guard`],
 //! [`WriteWindow::guard`]) into a page of zeros and a flag: the access finishes, and the guarded
 //! call returns [`Truncated`]. A fault anywhere else goes to the handler that was there before
@@ -31,6 +34,20 @@ pub(crate) const MAPPED_MIN: usize = 256 << 10;
 /// (tmpfs with `huge=`) maps whole ones.
 const WINDOW_ALIGN: u64 = 2 << 20;
 
+/// Whether the data path maps files: off until [`enable`].
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Turns mapping on for the whole process, installing the SIGBUS handler first.
+pub(crate) fn enable() {
+    install_handler();
+    ENABLED.store(true, Ordering::Relaxed);
+}
+
+/// Whether the data path maps files ([`enable`] was called).
+pub(crate) fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
 /// The file was truncated by another process while its window was being read or written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Truncated;
@@ -56,6 +73,7 @@ pub(crate) struct WriteWindow {
 /// The mapping options for a window over `offset..offset + len`, and how far into the mapping
 /// the window starts.
 fn window_options(offset: u64, len: usize) -> (MmapOptions, usize) {
+    // No window without the handler, even one mapped before `enable` (as the tests do).
     install_handler();
     let start = offset - offset % WINDOW_ALIGN;
     let skip = (offset - start) as usize;
@@ -340,6 +358,28 @@ mod tests {
         file.read_exact_at(&mut back, 0).unwrap();
         assert!(back[..10].iter().all(|&x| x == 1));
         assert_eq!(back[10..], data[10..]);
+    }
+
+    /// The SIGBUS action in place now.
+    fn sigbus_handler() -> usize {
+        // SAFETY: sigaction with no new action only writes the current one into `current`.
+        unsafe {
+            let mut current: libc::sigaction = std::mem::zeroed();
+            assert_eq!(
+                libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut current),
+                0
+            );
+            current.sa_sigaction
+        }
+    }
+
+    /// `enable` installs the handler; only it and the making of a window (which the data path
+    /// does only once enabled) install it, so a library that is never told installs none.
+    #[test]
+    fn enabling_mapped_files_installs_the_sigbus_handler() {
+        enable();
+        assert!(enabled());
+        assert_eq!(sigbus_handler(), on_sigbus as *const () as usize);
     }
 
     #[test]
