@@ -187,7 +187,7 @@ fn bad_scenarios_and_optimizers_are_named() {
         ),
         (
             vec!["--scenario", "all", "--optimizer", "schedule:0s:1,4s:0"],
-            "bad stream-count schedule \"0s:1,4s:0\" (\"0\" in \"4s:0\" is not a count)",
+            "bad stream-count schedule \"0s:1,4s:0\" (in \"4s:0\": \"0\" is not a count",
         ),
     ] {
         let out = xfer().arg("sim").args(&args).output().unwrap();
