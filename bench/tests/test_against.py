@@ -1,0 +1,31 @@
+import os
+import shutil
+
+import pytest
+
+from xfer_bench import against, dataplane
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="tmpfs needs root")
+
+
+def test_the_table_gives_medians_their_ratio_and_every_run():
+    row = against.Row(4, "file", [10.0, 2.0, 12.0], [11.0, 13.0, 3.0])
+    assert row.ratio == pytest.approx(11.0 / 10.0)
+    table = against.format_table([row])
+    assert "| 4 | file | 10.00 | 11.00 | 1.100 | 10.0, 2.0, 12.0; 11.0, 13.0, 3.0 |" in table
+
+
+@needs_root
+def test_two_builds_run_alternately_and_every_transfer_is_counted(tmp_path):
+    this = dataplane.DEFAULT_XFER
+    assert this.exists(), "build xfer first (scripts/test runs cargo test --release before pytest)"
+    other = tmp_path / "other" / "xfer"
+    other.parent.mkdir()
+    shutil.copy2(this, other)
+    work = tmp_path / "work"
+    work.mkdir()
+    rows = against.measure(other, this, [2], 2, 64 << 20, 256 << 20, work)
+    assert [(r.streams, r.kind) for r in rows] == [(2, "file"), (2, "mem")]
+    for r in rows:
+        assert len(r.other_gbps) == len(r.this_gbps) == 2
+        assert all(g > 0 for g in r.other_gbps + r.this_gbps), r

@@ -1,0 +1,143 @@
+"""Throughput of this build of xfer against another (`scripts/bench-against REV` builds it), on
+loopback, in one run: the no-regression check of a change to the data path.
+
+Each build runs its own receiver (a sender and a receiver from the same build), writing into a
+tmpfs. For each stream count, file to file (one file, `--file-size`) and memory to memory
+(`--mem-size`) run with `--streams N`, the two builds alternating and taking turns at going
+first, so that both meet the machine in the same states. The table gives the medians and the
+ratio of this build over the other; the individual runs are printed too, because on a shared
+machine file-to-file runs can swing severalfold for both builds alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from xfer_bench.dataplane import (
+    DEFAULT_XFER,
+    empty_dir,
+    parse_size,
+    print_report,
+    run_xfer,
+    topology,
+    write_key_file,
+    xfer_receiver,
+)
+from xfer_bench.netns import tear_down_on_signals, tmpfs
+
+#: What is moved: one file from tmpfs into tmpfs, or generated data into a discarding sink.
+KINDS = ("file", "mem")
+
+
+@dataclass
+class Row:
+    """One stream count and kind: each build's runs (Gbit/s) and their medians' ratio."""
+
+    streams: int
+    kind: str
+    other_gbps: list[float]
+    this_gbps: list[float]
+
+    @property
+    def ratio(self) -> float:
+        """This build's median over the other's."""
+        return statistics.median(self.this_gbps) / statistics.median(self.other_gbps)
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """The medians, their ratio and the runs behind them."""
+    lines = [
+        "| streams | what | other Gbit/s | this Gbit/s | this / other | runs (other; this) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        runs = ", ".join(f"{g:.1f}" for g in r.other_gbps)
+        runs += "; " + ", ".join(f"{g:.1f}" for g in r.this_gbps)
+        lines.append(
+            f"| {r.streams} | {r.kind} | {statistics.median(r.other_gbps):.2f} | "
+            f"{statistics.median(r.this_gbps):.2f} | {r.ratio:.3f} | {runs} |"
+        )
+    return "\n".join(lines)
+
+
+def measure(
+    other: Path, this: Path, streams: Sequence[int], reps: int, file_size: int, mem_size: int,
+    work: Path,
+) -> list[Row]:  # fmt: skip
+    """Alternating runs of both builds for each stream count and kind."""
+    source = work / "src" / "payload.bin"
+    source.parent.mkdir()
+    block = os.urandom(1 << 20)
+    with source.open("wb") as f:
+        for _ in range(max(1, file_size >> 20)):
+            f.write(block)
+    builds = (other, this)
+    roots = {b: work / f"root-{i}" for i, b in enumerate(builds)}
+    for root in roots.values():
+        root.mkdir()
+    rows = []
+    with (
+        topology("loopback") as topo,
+        xfer_receiver(other, topo, roots[other]) as rx_other,
+        xfer_receiver(this, topo, roots[this]) as rx_this,
+    ):
+        rxs = {other: rx_other, this: rx_this}
+        keys = {b: write_key_file(rxs[b], work / f"key-{i}") for i, b in enumerate(builds)}
+        for n in streams:
+            runs: dict[tuple[Path, str], list[float]] = {(b, k): [] for b in builds for k in KINDS}
+            for rep in range(reps):
+                for b in builds if rep % 2 == 0 else builds[::-1]:
+                    rx = rxs[b]
+                    what = {
+                        "file": [str(source), rx.addr],
+                        "mem": ["--mem", str(mem_size), rx.addr],
+                    }
+                    for kind in KINDS:
+                        runs[(b, kind)].append(run_xfer(topo, b, rx, n, what[kind], keys[b]))
+                        empty_dir(roots[b])
+            for kind in KINDS:
+                row = Row(n, kind, runs[(other, kind)], runs[(this, kind)])
+                print(f"N={n} {kind}: this / other {row.ratio:.3f}", file=sys.stderr)
+                rows.append(row)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the comparison and prints the table."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--other", type=Path, required=True, help="the other build's xfer binary")
+    p.add_argument("--xfer", type=Path, default=DEFAULT_XFER, help="this build's xfer binary")
+    p.add_argument("--streams", default="1,4,16", help="stream counts, comma-separated")
+    p.add_argument("--reps", type=int, default=5, help="runs of each build per case")
+    p.add_argument("--file-size", default="2GiB", help="the file of the file-to-file runs")
+    p.add_argument("--mem-size", default="4GiB", help="the memory-to-memory runs' size")
+    p.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = p.parse_args(argv)
+    if os.geteuid() != 0:
+        p.error("needs root (a tmpfs for the files)")
+    for binary in (args.other, args.xfer):
+        if not binary.exists():
+            p.error(f"{binary} does not exist")
+    tear_down_on_signals()
+    file_size, mem_size = parse_size(args.file_size), parse_size(args.mem_size)
+    streams = [int(s) for s in args.streams.split(",")]
+    with tempfile.TemporaryDirectory(prefix="xfer-against-") as work:
+        # Both builds' copies of the file at once, and the source.
+        with tmpfs(work, f"{3 * file_size + (256 << 20)}"):
+            rows = measure(args.other, args.xfer, streams, args.reps, file_size, mem_size,
+                           Path(work))  # fmt: skip
+    command = shlex.join(["xfer-bench-against", *(argv if argv is not None else sys.argv[1:])])
+    print_report(command, format_table(rows), rows, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
