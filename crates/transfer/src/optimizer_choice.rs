@@ -542,7 +542,7 @@ mod tests {
 
     #[test]
     fn a_model_trained_for_another_utility_brings_it_unless_the_tuning_says_otherwise() {
-        let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/default");
+        let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("builtin-policy");
         let dir = tempfile::tempdir().unwrap();
         for entry in std::fs::read_dir(&default).unwrap() {
             let entry = entry.unwrap();

@@ -2,6 +2,9 @@
 //! the default one built into the library (models/default) or an export directory of
 //! `training/`, run by the ONNX runtime (tract) or, in builds with the `tch` feature, by libtorch.
 //! This is the file side of the policy; the network and its inputs are `optimizer::policy`.
+//!
+//! The built-in policy is read from `builtin-policy/` in the crate's directory, a link to the
+//! repository's `models/default`: inside the crate, so that `cargo package` carries it.
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -12,14 +15,14 @@ use optimizer::policy::{PolicyError, PolicyMetadata, PolicyModel};
 use serde::{Deserialize, Serialize};
 
 /// metadata.json of the default policy, built into the library.
-const DEFAULT_METADATA: &str = include_str!("../../../models/default/metadata.json");
+const DEFAULT_METADATA: &str = include_str!("../builtin-policy/metadata.json");
 /// The default policy's ONNX export.
-const DEFAULT_ONNX: &[u8] = include_bytes!("../../../models/default/policy.onnx");
+const DEFAULT_ONNX: &[u8] = include_bytes!("../builtin-policy/policy.onnx");
 /// The default policy's golden vectors.
-const DEFAULT_GOLDEN: &str = include_str!("../../../models/default/golden.json");
+const DEFAULT_GOLDEN: &str = include_str!("../builtin-policy/golden.json");
 /// The default policy's TorchScript export.
 #[cfg(feature = "tch")]
-const DEFAULT_TORCHSCRIPT: &[u8] = include_bytes!("../../../models/default/policy.pt");
+const DEFAULT_TORCHSCRIPT: &[u8] = include_bytes!("../builtin-policy/policy.pt");
 
 /// Why a policy could not be loaded, checked or run. Each names the policy's files.
 ///
