@@ -60,8 +60,9 @@
 //!   benchmarks: hidden from this documentation and outside the API's promises.
 //!   `docs/architecture.md` in the repository describes them.
 //!
-//! The types most programs need are re-exported here: [`SendJob`] and its settings and
-//! events, [`Receiver`] and its, [`SendError`], [`Summary`].
+//! The types most programs need are re-exported here: [`SendJob`] with [`SenderSettings`] and
+//! [`SendEvent`], [`Receiver`] with [`ReceiverSettings`] and [`ReceiverEvent`], [`SendError`]
+//! and [`Summary`].
 
 #![warn(missing_docs)]
 

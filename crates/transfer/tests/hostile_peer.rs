@@ -979,10 +979,18 @@ fn copies_of_a_large_chunk_that_fail_their_checksum_never_land_over_good_ones() 
     assert!(std::fs::read(root.path().join("big")).unwrap() == good);
 }
 
-/// Another process cuts a part file short mid-session: the next chunk or the seal says so, the
+/// Another process cuts a part file short mid-session: the next chunk says so, whether it is
+/// written through a buffer (the library's default) or a mapped window (once the program
+/// enables them; other tests of this binary may then map too, which they do not mind), the
 /// file is not put in place, and the receiver goes on serving.
 #[test]
 fn a_part_file_cut_short_by_another_process_fails_its_session_only() {
+    cut_short_part_file_is_refused();
+    transfer::enable_mapped_files();
+    cut_short_part_file_is_refused();
+}
+
+fn cut_short_part_file_is_refused() {
     const MIB: usize = 1 << 20;
     let root = tempfile::tempdir().unwrap();
     let addr = start(root.path());

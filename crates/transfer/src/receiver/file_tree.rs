@@ -333,6 +333,13 @@ impl FileTree {
         let Some((part, claim)) = f.claim(offset..end, true)? else {
             return Ok(());
         };
+        // The part file was made full length: shorter, another process cut it, and a write
+        // past its end would extend it again over zeros where verified bytes were. (A mapped
+        // window finds the same through the fault it takes, `map_chunk`.)
+        let len = part.file.metadata().map_err(io_at(&f.rel))?.len();
+        if len < f.entry.size {
+            return Err(f.truncated());
+        }
         part.write_at(data, offset).map_err(io_at(&f.rel))?;
         claim.commit(checksum).map(drop)
     }
