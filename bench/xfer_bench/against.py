@@ -29,6 +29,7 @@ from xfer_bench.dataplane import (
     run_xfer,
     topology,
     write_key_file,
+    write_payload,
     xfer_receiver,
 )
 from xfer_bench.netns import tear_down_on_signals, tmpfs
@@ -75,10 +76,7 @@ def measure(
     """Alternating runs of both builds for each stream count and kind."""
     source = work / "src" / "payload.bin"
     source.parent.mkdir()
-    block = os.urandom(1 << 20)
-    with source.open("wb") as f:
-        for _ in range(max(1, file_size >> 20)):
-            f.write(block)
+    write_payload(source, file_size)
     builds = (other, this)
     roots = {b: work / f"root-{i}" for i, b in enumerate(builds)}
     for root in roots.values():

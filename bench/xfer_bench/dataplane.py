@@ -62,6 +62,15 @@ IPERF3_PORT = 5299
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
+def write_payload(path: Path, size: int) -> None:
+    """Writes `size` bytes (whole MiB, at least one) of incompressible data to `path`: one
+    random MiB repeated, which no link or file system along the way can compress."""
+    block = os.urandom(1 << 20)
+    with open(path, "wb") as f:
+        for _ in range(max(1, size >> 20)):
+            f.write(block)
+
+
 def parse_size(text: str) -> int:
     """Bytes in a size such as `4GiB`, `512M` or `1000` (binary multiples)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
@@ -363,10 +372,7 @@ def measure(
     dst.mkdir(exist_ok=True)
     source = src / "payload.bin"
     if not source.exists():
-        with open(source, "wb") as f:
-            block = os.urandom(1 << 20)
-            for _ in range(file_size >> 20):
-                f.write(block)
+        write_payload(source, file_size)
     local_copy_gbps(source, dst)  # something of the same size to free before the first run
     rows = []
     with xfer_receiver(xfer, topo, dst) as rx:

@@ -32,6 +32,7 @@ from xfer_bench.dataplane import (
     print_report,
     run_xfer,
     write_key_file,
+    write_payload,
     xfer_receiver,
 )
 from xfer_bench.netns import LOOPBACK, tmpfs
@@ -136,10 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with tmpfs(os.path.join(tmp, "tmpfs"), str(2 * size + (64 << 20))) as scratch:
             payload, root = Path(scratch) / "payload.bin", Path(scratch) / "root"
             root.mkdir()
-            with open(payload, "wb") as f:
-                block = os.urandom(1 << 20)
-                for _ in range(size >> 20):
-                    f.write(block)
+            write_payload(payload, size)
             with xfer_receiver(args.xfer, LOOPBACK, root) as rx:
                 key = write_key_file(rx, Path(tmp) / "xfer.key")
                 rows = measure(args.xfer, rx, key, streams, args.reps, size, payload)

@@ -15,7 +15,7 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -260,7 +260,17 @@ fn serve(
 ) -> anyhow::Result<()> {
     let mut start = Instant::now();
     let mut scratch = vec![0u8; SLOT];
-    let mut readable = vec![false; links.len()];
+    // The poll set is built once, over duplicates of the devices' descriptors, so that it does
+    // not borrow `links`, which the loop changes.
+    let watched = links
+        .iter()
+        .map(|l| l.from.file.as_fd().try_clone_to_owned())
+        .collect::<std::io::Result<Vec<OwnedFd>>>()
+        .context("duplicating the devices' descriptors")?;
+    let mut polls: Vec<PollFd<'_>> = watched
+        .iter()
+        .map(|fd| PollFd::new(fd, PollFlags::IN))
+        .collect();
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         let next_due = links.iter().filter_map(|l| l.held.head_due()).min();
@@ -271,26 +281,18 @@ fn serve(
             })
             .min(Duration::from_millis(100));
         let timeout = Timespec::try_from(wait).expect("at most 100 ms");
-        let mut polls: Vec<PollFd<'_>> = links
-            .iter()
-            .map(|l| PollFd::new(&l.from.file, PollFlags::IN))
-            .collect();
         match rustix::event::poll(&mut polls, Some(&timeout)) {
             Ok(_) => {}
             Err(Errno::INTR) => continue,
             Err(e) => return Err(std::io::Error::from(e)).context("waiting for packets"),
         }
-        for (r, poll) in readable.iter_mut().zip(&polls) {
-            *r = poll.revents().contains(PollFlags::IN);
-        }
-        drop(polls);
         let now = Instant::now();
         if restart.swap(false, Ordering::Relaxed) {
             start = now;
         }
         let delay = *schedule.at(now - start);
-        for (link, &readable) in links.iter_mut().zip(&readable) {
-            if readable {
+        for (link, poll) in links.iter_mut().zip(&polls) {
+            if poll.revents().contains(PollFlags::IN) {
                 receive(link, now + delay, &mut scratch)?;
             }
             send_due(link, Instant::now())?;
