@@ -56,7 +56,7 @@ def test_bottleneck_rate_holds_within_5_percent_also_after_a_change():
 
 
 @needs_root
-def test_xfer_per_stream_cap_holds_within_5_percent(tmp_path):
+def test_xfer_per_stream_caps_hold(tmp_path):
     xfer = dataplane.DEFAULT_XFER
     assert xfer.exists(), "build xfer first (scripts/test runs cargo test --release before pytest)"
     spec = wan.WanSpec(rate_mbit=100, rtt_ms=10, delay="delay-line")
@@ -82,7 +82,11 @@ def test_xfer_per_stream_cap_holds_within_5_percent(tmp_path):
 
     first, last = progress[0], progress[-2]
     mbit = (acked(last) - acked(first)) * 8 / (last["t"] - first["t"]) / 1e6
-    assert 38 <= mbit <= 42, mbit
+    # The caps must hold: at most 5 % over them. Below them, the rate over these few seconds
+    # varies on this shared 2-core VM: 37.9 to 40.0 Mbit/s in six runs on an idle machine
+    # (2026-11-29), and under 38 now and then with the delay line of either build (inside xfer,
+    # and xfer-harness's). 36 still catches a stream held back or a cap applied twice.
+    assert 36 <= mbit <= 42, mbit
 
 
 @needs_root

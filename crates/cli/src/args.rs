@@ -215,7 +215,7 @@ impl TuningArgs {
     /// The library's tuning these flags give.
     pub fn tuning(&self) -> Tuning {
         Tuning {
-            interval_secs: self.mi.as_secs_f64(),
+            interval: self.mi,
             max_streams: self.max_streams,
             k: self.k,
             b: self.b,
@@ -378,8 +378,8 @@ pub struct SendArgs {
                   xfer recv --config /etc/xfer/recv.toml --log-format json"
 )]
 pub struct RecvArgs {
-    /// Read every setting from this TOML file instead of the flags (fields as the flags, with
-    /// `_secs` for times and `key = { file = "PATH" }`; see crates/cli/systemd/recv.toml).
+    /// Read every setting from this TOML file instead of the flags (fields as the flags, times
+    /// as "90s" or "10m", and `key = { file = "PATH" }`; see crates/cli/systemd/recv.toml).
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "listen", "root", "key_file", "encrypt", "integrity", "transport", "max_streams",
         "max_sessions", "session_memory", "idle_timeout", "direct_io", "handshake_timeout",

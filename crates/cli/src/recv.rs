@@ -1,6 +1,6 @@
 //! `xfer recv`: serve sessions under a root directory, set up by flags or by a configuration
 //! file (`--config`, [`ReceiverSettings`]), until stopped: SIGTERM or SIGINT lets the sessions
-//! running finish (for `shutdown_grace_secs`), a second one ends them at once.
+//! running finish (for `shutdown_grace`), a second one ends them at once.
 
 use std::io::Write;
 use std::path::Path;
@@ -23,7 +23,7 @@ pub fn run(args: RecvArgs) -> anyhow::Result<()> {
             .with_context(|| format!("creating {}", settings.root.display()))?;
         exit_when_stdin_closes();
     }
-    let grace = settings.shutdown_grace()?;
+    let grace = settings.shutdown_grace;
     let receiver = settings.bind()?;
     if let Some(addr) = args.metrics {
         crate::metrics_endpoint::serve(addr)?;
@@ -74,12 +74,12 @@ fn settings_from_flags(args: &RecvArgs) -> anyhow::Result<ReceiverSettings> {
     settings.max_streams = args.max_streams;
     settings.max_sessions = usize::try_from(args.max_sessions).unwrap_or(usize::MAX);
     settings.session_memory = args.session_memory;
-    settings.idle_timeout_secs = args.idle_timeout.as_secs_f64();
-    settings.handshake_timeout_secs = args.handshake_timeout.as_secs_f64();
+    settings.idle_timeout = args.idle_timeout;
+    settings.handshake_timeout = args.handshake_timeout;
     settings.max_handshakes = usize::try_from(args.max_handshakes).unwrap_or(usize::MAX);
     settings.max_handshakes_per_source =
         usize::try_from(args.max_handshakes_per_source).unwrap_or(usize::MAX);
-    settings.shutdown_grace_secs = args.shutdown_grace.as_secs_f64();
+    settings.shutdown_grace = args.shutdown_grace;
     settings.require_encryption = args.encrypt;
     settings.require_integrity = args.integrity;
     settings.transport = args.transport;
@@ -153,7 +153,7 @@ mod tests {
         assert!(unit_value("ReadWritePaths").contains(settings.root.to_str().unwrap()));
         let stop_timeout: f64 = unit_value("TimeoutStopSec").parse().unwrap();
         assert!(
-            stop_timeout > settings.shutdown_grace().unwrap().as_secs_f64() + 5.0,
+            stop_timeout > settings.shutdown_grace.as_secs_f64() + 5.0,
             "systemd must wait longer than the grace period and the 2 s close"
         );
     }

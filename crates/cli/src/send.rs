@@ -2,7 +2,6 @@
 
 use std::fs::File;
 use std::io::{IsTerminal, Write};
-use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -14,8 +13,8 @@ use transfer::auth::SessionKey;
 use transfer::mptcp_info::Subflow;
 use transfer::quic::Congestion;
 use transfer::sender::{
-    MiRecord, OptimizerSettings, Progress, SendConfig, SendSource, StreamSample, Summary, Transfer,
-    DEFAULT_STREAMS,
+    MiRecord, OptimizerSettings, Progress, SendOptions, SendSource, StreamSample, Summary,
+    Transfer, DEFAULT_STREAMS,
 };
 use transfer::tcp_info::TcpInfo;
 use transfer::transport::Transport;
@@ -116,7 +115,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
             }
             SendSource::Paths {
                 paths: sources.iter().map(PathBuf::from).collect(),
-                dest: std::ffi::OsStr::new(&dest).as_bytes().to_vec(),
+                destination: dest.into(),
             }
         }
     };
@@ -176,26 +175,23 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
             (remote.addr.to_string(), remote.key.clone(), Some(remote))
         }
     };
-    let config = SendConfig {
-        addr,
-        key,
-        streams: initial,
-        unit_size: args.unit_size,
-        verify: args.verify,
-        checksum: args.checksum,
-        direct_io: args.direct_io,
-        stream_rate_cap,
-        unsent_limit: args.unsent_limit,
-        encrypt: args.encrypt,
-        integrity: args.integrity,
-        stall_timeout: args.stall_timeout,
-        transport: args.transport,
-        congestion,
-    };
+    let options = SendOptions::default()
+        .streams(initial)
+        .unit_size(args.unit_size)
+        .verify(args.verify)
+        .checksum(args.checksum)
+        .direct_io(args.direct_io)
+        .stream_rate_cap(stream_rate_cap)
+        .unsent_limit(args.unsent_limit)
+        .encrypt(args.encrypt)
+        .integrity(args.integrity)
+        .stall_timeout(args.stall_timeout)
+        .transport(args.transport)
+        .congestion(congestion);
     if let Some(addr) = args.metrics {
         crate::metrics_endpoint::serve(addr)?;
     }
-    let transfer = Transfer::start(config, source)?;
+    let transfer = Transfer::start(&addr, key, source, options)?;
     if !args.quiet {
         for warning in transfer.notices() {
             eprintln!("xfer: warning: {warning}");

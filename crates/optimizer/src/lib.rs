@@ -42,5 +42,5 @@ pub use gd::{GdParams, GradientDescent};
 pub use schedule::CountSchedule;
 pub use settle::{IntervalRamp, RampClock, Settling, RAMP_RTTS, RETIRING_SHARE};
 pub use signals::{MiStats, Observation, SignalTracker};
-pub use timetable::{parse_time, Timetable, TimetableError};
+pub use timetable::{format_time, parse_time, Timetable, TimetableError};
 pub use utility::{RewardParams, UtilityParams};

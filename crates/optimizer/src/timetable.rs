@@ -37,6 +37,21 @@ pub fn parse_time(s: &str) -> Option<Duration> {
     (ns >= 0.0 && ns < u64::MAX as f64).then(|| Duration::from_nanos(ns as u64))
 }
 
+/// Writes a time as [`parse_time`] reads it back: seconds as the shortest decimal, `1.5s`.
+///
+/// ```
+/// use optimizer::{format_time, parse_time};
+/// use std::time::Duration;
+///
+/// assert_eq!(format_time(Duration::from_millis(10_601)), "10.601s");
+/// assert_eq!(format_time(Duration::from_secs(60)), "60s");
+/// assert_eq!(parse_time(&format_time(Duration::from_nanos(1))), Some(Duration::from_nanos(1)));
+/// ```
+pub fn format_time(time: Duration) -> String {
+    // Whole nanoseconds over 1e9 print as the shortest decimal that reads back.
+    format!("{}s", time.as_nanos() as f64 / 1e9)
+}
+
 /// Values from given times on: `(from, value)` steps, the first at zero, the times increasing.
 ///
 /// ```
@@ -141,8 +156,7 @@ impl<T: fmt::Display> fmt::Display for Timetable<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, (from, v)) in self.steps.iter().enumerate() {
             let sep = if i == 0 { "" } else { "," };
-            // Whole nanoseconds over 1e9 print as the shortest decimal that reads back.
-            write!(f, "{sep}{}s:{v}", from.as_nanos() as f64 / 1e9)?;
+            write!(f, "{sep}{}:{v}", format_time(*from))?;
         }
         Ok(())
     }

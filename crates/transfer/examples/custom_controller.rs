@@ -5,10 +5,13 @@
 //!
 //! `cargo run --release -p transfer --example custom_controller`
 
+use std::time::Duration;
+
 use transfer::auth::{KeySetting, SessionKey};
-use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
+use transfer::job::{SendEvent, SendJob, SenderSettings};
 use transfer::optimizer::{Controller, Observation};
 use transfer::receiver::{Receiver, ReceiverConfig};
+use transfer::SendSource;
 
 /// Adds a stream while that pays, steps back once when it stops paying, then holds.
 struct Climb {
@@ -47,11 +50,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut settings = SenderSettings::new(
         addr,
         KeySetting::Text(key_text),
-        SourceSetting::Memory(200_000_000),
+        SendSource::Memory { size: 200_000_000 },
     );
-    settings.streams = 1;
-    settings.stream_rate_cap = Some(40_000_000);
-    settings.tuning.interval_secs = 0.2;
+    settings.options.streams = 1;
+    settings.options.stream_rate_cap = Some(40_000_000);
+    settings.tuning.interval = Duration::from_millis(200);
     let controller = Climb {
         best: 0.0,
         holding: false,

@@ -7,8 +7,9 @@ use std::error::Error;
 use std::path::PathBuf;
 
 use transfer::auth::{KeySetting, SessionKey};
-use transfer::job::{SendJob, SenderSettings, SourceSetting};
+use transfer::job::{SendJob, SenderSettings};
 use transfer::receiver::{Receiver, ReceiverConfig};
+use transfer::SendSource;
 
 fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -21,7 +22,14 @@ fn main() -> Result<(), Box<dyn Error>> {
 
 /// Sends `dir` to `receiver` with the default optimiser and waits for the end.
 fn send(dir: PathBuf, receiver: &str, key: KeySetting) -> Result<(), Box<dyn Error>> {
-    let settings = SenderSettings::new(receiver, key, SourceSetting::Paths(vec![dir]));
+    let settings = SenderSettings::new(
+        receiver,
+        key,
+        SendSource::Paths {
+            paths: vec![dir],
+            destination: PathBuf::new(),
+        },
+    );
     let summary = SendJob::start(settings)?.wait()?;
     let (files, bytes, rate) = (summary.files, summary.bytes, summary.gbit_per_s());
     println!("sent {files} files, {bytes} bytes, at {rate:.2} Gbit/s");

@@ -5,9 +5,12 @@
 //!
 //! `cargo run --release -p transfer --example send_receive`
 
+use std::time::Duration;
+
 use transfer::auth::{KeySetting, SessionKey};
-use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
+use transfer::job::{SendEvent, SendJob, SenderSettings};
 use transfer::receiver::{Receiver, ReceiverConfig, ReceiverEvent};
+use transfer::SendSource;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -31,13 +34,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut settings = SenderSettings::new(
         addr,
         KeySetting::Text(key_text),
-        SourceSetting::Paths(vec![source.clone()]),
+        SendSource::Paths {
+            paths: vec![source.clone()],
+            destination: "incoming".into(),
+        },
     );
-    settings.destination = "incoming".into();
-    settings.tuning.interval_secs = 0.1;
-    settings.progress_every_secs = 0.1;
+    settings.tuning.interval = Duration::from_millis(100);
+    settings.progress_every = Duration::from_millis(100);
     // Paced so that the optimiser has some intervals to decide on.
-    settings.stream_rate_cap = Some(25_000_000);
+    settings.options.stream_rate_cap = Some(25_000_000);
     let mut job = SendJob::start(settings)?;
     while let Some(event) = job.next_event().await {
         match event {

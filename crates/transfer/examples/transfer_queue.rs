@@ -5,13 +5,15 @@
 //! `cargo run --release -p transfer --example transfer_queue`
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use transfer::auth::{KeySetting, SessionKey};
-use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
+use transfer::job::{SendEvent, SendJob, SenderSettings};
 use transfer::receiver::{Receiver, ReceiverConfig};
 use transfer::sender::SendError;
+use transfer::SendSource;
 
 /// Transfers running at once.
 const CONCURRENCY: usize = 3;
@@ -39,12 +41,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut settings = SenderSettings::new(
             addr.clone(),
             KeySetting::Text(key_text.clone()),
-            SourceSetting::Paths(vec![dataset]),
+            SendSource::Paths {
+                paths: vec![dataset],
+                destination: format!("user-{}", n % 2).into(),
+            },
         );
-        settings.destination = format!("user-{}", n % 2);
         settings.optimizer = Some("fixed:2".parse()?);
-        settings.stream_rate_cap = Some(4_000_000);
-        settings.progress_every_secs = 0.2;
+        settings.options.stream_rate_cap = Some(4_000_000);
+        settings.progress_every = Duration::from_millis(200);
         let limit = limit.clone();
         running.spawn(async move {
             let _slot = limit

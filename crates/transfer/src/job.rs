@@ -15,8 +15,7 @@
 //! let settings: SenderSettings = toml::from_str(r#"
 //!     receiver = "dtn.example.org:9000"
 //!     key = { file = "/etc/xfer/key" }
-//!     source = { paths = ["/data/run42"] }
-//!     destination = "incoming"
+//!     source = { paths = ["/data/run42"], destination = "incoming" }
 //!     optimizer = "auto"
 //! "#)?;
 //! let mut job = SendJob::start(settings)?;
@@ -34,9 +33,6 @@
 //! # }
 //! ```
 
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
@@ -46,10 +42,9 @@ use tokio::sync::{mpsc as async_mpsc, oneshot};
 
 use crate::auth::KeySetting;
 use crate::optimizer_choice::{OptimizerChoice, OptimizerError, Tuning};
-use crate::quic::Congestion;
 use crate::sender::{
-    Canceller, MiRecord, OptimizerSettings, Progress, SendConfig, SendError, SendSource, Summary,
-    Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_STREAMS, DEFAULT_UNIT_SIZE, DEFAULT_UNSENT_LIMIT,
+    Canceller, MiRecord, OptimizerSettings, Progress, SendError, SendOptions, SendSource, Summary,
+    Transfer,
 };
 use crate::session_id::SessionId;
 use crate::transport::Transport;
@@ -58,62 +53,41 @@ use crate::transport::Transport;
 /// a newer one follows).
 const EVENT_BUFFER: usize = 64;
 
-/// What a job sends: `{ paths = ["PATH", ...] }` (files and directory trees, each landing under
-/// its own name) or `{ memory = BYTES }` (generated data to a discarding sink, to measure a
-/// path).
+/// Everything a transfer needs, as a service keeps it in its configuration: where it goes
+/// (`receiver`, `key`), what it sends ([`SendSource`]), which controller chooses the stream
+/// count and how it measures, and how to send ([`SendOptions`], the `[options]` table). Only
+/// `receiver`, `key` and `source` must be given; everything else has the default `xfer send`
+/// has.
 ///
 /// ```
-/// use transfer::job::SourceSetting;
-///
-/// #[derive(serde::Deserialize)]
-/// struct Staging {
-///     source: SourceSetting,
-/// }
-/// let trees: Staging = toml::from_str(r#"source = { paths = ["/data/run42", "/data/run43"] }"#)?;
-/// assert_eq!(
-///     trees.source,
-///     SourceSetting::Paths(vec!["/data/run42".into(), "/data/run43".into()])
-/// );
-/// let probe: Staging = toml::from_str("source = { memory = 10_000_000_000 }")?;
-/// assert_eq!(probe.source, SourceSetting::Memory(10_000_000_000));
-/// # Ok::<(), toml::de::Error>(())
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-#[non_exhaustive]
-pub enum SourceSetting {
-    /// Local files and directories.
-    Paths(Vec<PathBuf>),
-    /// This many bytes of generated data.
-    Memory(u64),
-}
-
-/// Everything a transfer needs, as a service keeps it in its configuration. Only `receiver`,
-/// `key` and `source` must be given; every other field has the default `xfer send` has.
-///
-/// ```
+/// use std::time::Duration;
 /// use transfer::auth::KeySetting;
-/// use transfer::job::{SenderSettings, SourceSetting};
+/// use transfer::job::SenderSettings;
 ///
 /// let settings: SenderSettings = toml::from_str(r#"
 ///     receiver = "dtn.example.org:9000"
 ///     key = { file = "/etc/xfer/key" }
-///     source = { paths = ["/data/run42"] }
+///     source = { paths = ["/data/run42"], destination = "incoming" }
 ///     optimizer = "fixed:8"
-///     verify = true
 ///     [tuning]
 ///     max_streams = 32
+///     interval = "500ms"
+///     [options]
+///     verify = true
+///     stall_timeout = "2m"
 /// "#)?;
 /// assert_eq!(settings.key, KeySetting::File("/etc/xfer/key".into()));
 /// assert_eq!(settings.optimizer.unwrap().to_string(), "fixed:8");
-/// assert_eq!(settings.tuning.max_streams, 32);
-/// assert_eq!(settings.streams, transfer::sender::DEFAULT_STREAMS, "left out: the default");
+/// assert_eq!(settings.tuning.interval, Duration::from_millis(500));
+/// assert_eq!(settings.options.stall_timeout, Duration::from_secs(120));
+/// assert_eq!(settings.options.streams, transfer::sender::DEFAULT_STREAMS, "left out: the default");
 ///
 /// // A misspelt field is an error that names it, not a setting silently ignored.
 /// let typo = toml::from_str::<SenderSettings>(r#"
 ///     receiver = "dtn.example.org:9000"
 ///     key = { file = "/etc/xfer/key" }
 ///     source = { memory = 1000 }
+///     [options]
 ///     strems = 4
 /// "#);
 /// assert!(typo.unwrap_err().to_string().contains("unknown field `strems`"));
@@ -121,19 +95,14 @@ pub enum SourceSetting {
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct SenderSettings {
     /// The receiver, `HOST:PORT`.
     pub receiver: String,
     /// The receiver's session key.
     pub key: KeySetting,
     /// What to send.
-    pub source: SourceSetting,
-    /// Directory under the receiver's root the sources land in (empty: the root).
-    #[serde(default)]
-    pub destination: String,
-    /// Streams at the start.
-    #[serde(default = "default_streams")]
-    pub streams: usize,
+    pub source: SendSource,
     /// The controller that chooses the stream count; `None`: `auto`, or `gd` when the tuning
     /// asks for a utility the built-in policy was not trained for
     /// ([`Tuning::default_choice`]). `fixed:N` keeps N streams.
@@ -145,62 +114,17 @@ pub struct SenderSettings {
     /// Seeds the controller's random choices.
     #[serde(default)]
     pub seed: u64,
-    /// Largest work unit in bytes ([`SendConfig::unit_size`]).
-    #[serde(default = "default_unit_size")]
-    pub unit_size: u32,
-    /// Also compare a BLAKE3 hash of each whole file end to end.
+    /// Time between [`SendEvent::Progress`] events.
+    #[serde(default = "default_progress_every", with = "crate::duration")]
+    pub progress_every: Duration,
+    /// How to send.
     #[serde(default)]
-    pub verify: bool,
-    /// Compare files already at the receiver by content ([`SendConfig::checksum`]).
-    #[serde(default)]
-    pub checksum: bool,
-    /// TLS 1.3 on every connection.
-    #[serde(default)]
-    pub encrypt: bool,
-    /// Seal every frame instead ([`SendConfig::integrity`]).
-    #[serde(default)]
-    pub integrity: bool,
-    /// `"tcp"`, `"mptcp"` or `"quic"`.
-    #[serde(default)]
-    pub transport: Transport,
-    /// QUIC's congestion controller.
-    #[serde(default)]
-    pub congestion: Congestion,
-    /// Read sources with direct I/O ([`SendConfig::direct_io`]).
-    #[serde(default)]
-    pub direct_io: bool,
-    /// Cap on each stream's rate in bytes per second (TCP only).
-    #[serde(default)]
-    pub stream_rate_cap: Option<u64>,
-    /// [`SendConfig::unsent_limit`] in bytes.
-    #[serde(default = "default_unsent_limit")]
-    pub unsent_limit: u32,
-    /// Seconds the receiver may stay silent ([`SendConfig::stall_timeout`]).
-    #[serde(default = "default_stall_timeout_secs")]
-    pub stall_timeout_secs: f64,
-    /// Seconds between [`SendEvent::Progress`] events.
-    #[serde(default = "default_progress_every_secs")]
-    pub progress_every_secs: f64,
+    pub options: SendOptions,
 }
 
-fn default_streams() -> usize {
-    DEFAULT_STREAMS
-}
-
-fn default_unit_size() -> u32 {
-    DEFAULT_UNIT_SIZE
-}
-
-fn default_unsent_limit() -> u32 {
-    DEFAULT_UNSENT_LIMIT
-}
-
-fn default_stall_timeout_secs() -> f64 {
-    DEFAULT_STALL_TIMEOUT.as_secs_f64()
-}
-
-fn default_progress_every_secs() -> f64 {
-    1.0
+/// Default [`SenderSettings::progress_every`].
+fn default_progress_every() -> Duration {
+    Duration::from_secs(1)
 }
 
 impl SenderSettings {
@@ -208,88 +132,28 @@ impl SenderSettings {
     ///
     /// ```
     /// use transfer::auth::KeySetting;
-    /// use transfer::job::{SenderSettings, SourceSetting};
+    /// use transfer::job::SenderSettings;
+    /// use transfer::sender::SendSource;
     ///
     /// let mut settings = SenderSettings::new(
     ///     "dtn.example.org:9000",
     ///     KeySetting::File("/etc/xfer/key".into()),
-    ///     SourceSetting::Paths(vec!["/data/run42".into()]),
+    ///     SendSource::Paths { paths: vec!["/data/run42".into()], destination: "incoming/run42".into() },
     /// );
-    /// settings.destination = "incoming/run42".into();
-    /// settings.encrypt = true;
+    /// settings.options.encrypt = true;
     /// assert_eq!(settings.optimizer, None, "auto, the default");
     /// ```
-    pub fn new(receiver: impl Into<String>, key: KeySetting, source: SourceSetting) -> Self {
+    pub fn new(receiver: impl Into<String>, key: KeySetting, source: SendSource) -> Self {
         SenderSettings {
             receiver: receiver.into(),
             key,
             source,
-            destination: String::new(),
-            streams: default_streams(),
             optimizer: None,
             tuning: Tuning::default(),
             seed: 0,
-            unit_size: default_unit_size(),
-            verify: false,
-            checksum: false,
-            encrypt: false,
-            integrity: false,
-            transport: Transport::default(),
-            congestion: Congestion::default(),
-            direct_io: false,
-            stream_rate_cap: None,
-            unsent_limit: default_unsent_limit(),
-            stall_timeout_secs: default_stall_timeout_secs(),
-            progress_every_secs: default_progress_every_secs(),
+            progress_every: default_progress_every(),
+            options: SendOptions::default(),
         }
-    }
-
-    /// A positive time setting, checked.
-    fn seconds(name: &str, value: f64) -> Result<Duration, SendError> {
-        crate::seconds::seconds(name, value, false).map_err(SendError::Settings)
-    }
-
-    /// What the transfer sends.
-    fn send_source(&self) -> Result<SendSource, SendError> {
-        match &self.source {
-            SourceSetting::Paths(paths) if paths.is_empty() => Err(SendError::Settings(
-                "nothing to send: source = { paths = [...] } names no path".into(),
-            )),
-            SourceSetting::Paths(paths) => Ok(SendSource::Paths {
-                paths: paths.clone(),
-                dest: OsStr::new(&self.destination).as_bytes().to_vec(),
-            }),
-            SourceSetting::Memory(_) if !self.destination.is_empty() => Err(SendError::Settings(
-                "generated data goes to a discarding sink; a destination makes no sense".into(),
-            )),
-            SourceSetting::Memory(size) => Ok(SendSource::Memory { size: *size }),
-        }
-    }
-
-    /// The transfer's configuration.
-    fn send_config(&self) -> Result<SendConfig, SendError> {
-        if self.streams == 0 {
-            return Err(SendError::Settings("streams must be at least 1".into()));
-        }
-        Ok(SendConfig {
-            addr: self.receiver.clone(),
-            key: self
-                .key
-                .key()
-                .map_err(|e| SendError::Settings(e.to_string()))?,
-            streams: self.streams,
-            unit_size: self.unit_size,
-            verify: self.verify,
-            checksum: self.checksum,
-            direct_io: self.direct_io,
-            stream_rate_cap: self.stream_rate_cap,
-            unsent_limit: self.unsent_limit,
-            encrypt: self.encrypt,
-            integrity: self.integrity,
-            transport: self.transport,
-            congestion: self.congestion,
-            stall_timeout: Self::seconds("stall_timeout_secs", self.stall_timeout_secs)?,
-        })
     }
 }
 
@@ -333,7 +197,7 @@ pub enum SendEvent {
     /// Something that did not stop the transfer: why MPTCP was not used, a source left out
     /// (links, special files), why the default optimiser is `gd`.
     Notice(String),
-    /// Bytes, files and streams so far, every `progress_every_secs` (a reader that falls
+    /// Bytes, files and streams so far, every `progress_every` (a reader that falls
     /// behind misses some; the next one is newer).
     Progress(Progress),
     /// One monitoring interval: its signals and the controller's decision.
@@ -359,7 +223,8 @@ struct CancelState {
 ///
 /// ```
 /// use transfer::auth::{KeySetting, SessionKey};
-/// use transfer::job::{SendJob, SenderSettings, SourceSetting};
+/// use transfer::job::{SendJob, SenderSettings};
+/// use transfer::sender::SendSource;
 /// use transfer::receiver::{Receiver, ReceiverConfig};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -369,7 +234,7 @@ struct CancelState {
 /// let addr = receiver.local_addr()?.to_string();
 /// std::thread::spawn(move || receiver.serve(Some(1)));
 ///
-/// let settings = SenderSettings::new(addr, KeySetting::Text(key_text), SourceSetting::Memory(8 << 20));
+/// let settings = SenderSettings::new(addr, KeySetting::Text(key_text), SendSource::Memory { size: 8 << 20 });
 /// let job = SendJob::start(settings)?;
 /// let summary = tokio::runtime::Runtime::new()?.block_on(job.finish())?;
 /// assert_eq!(summary.bytes, 8 << 20);
@@ -389,14 +254,15 @@ impl SendJob {
     ///
     /// ```
     /// use transfer::auth::KeySetting;
-    /// use transfer::job::{SendJob, SenderSettings, SourceSetting};
+    /// use transfer::job::{SendJob, SenderSettings};
+    /// use transfer::sender::SendSource;
     ///
     /// let mut settings = SenderSettings::new(
     ///     "127.0.0.1:9",
     ///     KeySetting::Text("an-example-key-0123456789".into()),
-    ///     SourceSetting::Memory(1 << 20),
+    ///     SendSource::Memory { size: 1 << 20 },
     /// );
-    /// settings.streams = 0;
+    /// settings.options.streams = 0;
     /// let refused = SendJob::start(settings).err().unwrap();
     /// assert_eq!(refused.to_string(), "streams must be at least 1");
     /// ```
@@ -419,7 +285,8 @@ impl SendJob {
     ///
     /// ```
     /// use transfer::auth::KeySetting;
-    /// use transfer::job::{SendJob, SenderSettings, SourceSetting};
+    /// use transfer::job::{SendJob, SenderSettings};
+    /// use transfer::sender::SendSource;
     /// use transfer::optimizer::{Controller, Observation};
     ///
     /// /// One more stream every interval while the loss stays under 0.1 %, one fewer after.
@@ -437,7 +304,7 @@ impl SendJob {
     /// let settings = SenderSettings::new(
     ///     "127.0.0.1:9",
     ///     KeySetting::Text("an-example-key-0123456789".into()),
-    ///     SourceSetting::Memory(1 << 20),
+    ///     SendSource::Memory { size: 1 << 20 },
     /// );
     /// // Nobody listens on loopback's discard port: the job starts, then tells why it failed.
     /// let job = SendJob::start_with(settings, Box::new(Cautious))?;
@@ -467,9 +334,19 @@ impl SendJob {
         utility: UtilityParams,
         note: Option<String>,
     ) -> Result<SendJob, SendError> {
-        let source = settings.send_source()?;
-        let config = settings.send_config()?;
-        let every = SenderSettings::seconds("progress_every_secs", settings.progress_every_secs)?;
+        settings.options.check()?;
+        settings.source.check()?;
+        let key = settings
+            .key
+            .key()
+            .map_err(|e| SendError::Settings(e.to_string()))?;
+        let every = crate::duration::positive("progress_every", settings.progress_every)
+            .map_err(SendError::Settings)?;
+        let (receiver, source, options) = (
+            settings.receiver.clone(),
+            settings.source.clone(),
+            settings.options.clone(),
+        );
         let optimizer_settings = OptimizerSettings {
             interval: settings.tuning.interval().map_err(optimizer_error)?,
             utility,
@@ -493,10 +370,11 @@ impl SendJob {
                     run.send(SendEvent::Notice(note));
                 }
                 let name = controller.name();
-                let outcome = Transfer::start(config, source).and_then(|transfer| {
-                    transfer.optimize(controller, optimizer_settings, Some(log_tx))?;
-                    Ok(transfer)
-                });
+                let outcome =
+                    Transfer::start(&receiver, key, source, options).and_then(|transfer| {
+                        transfer.optimize(controller, optimizer_settings, Some(log_tx))?;
+                        Ok(transfer)
+                    });
                 let result = match outcome {
                     Ok(transfer) => run.follow(transfer, name),
                     Err(e) => Err(e),
@@ -516,13 +394,14 @@ impl SendJob {
     ///
     /// ```
     /// use transfer::auth::KeySetting;
-    /// use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
+    /// use transfer::job::{SendEvent, SendJob, SenderSettings};
+    /// use transfer::sender::SendSource;
     ///
     /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
     /// let settings = SenderSettings::new(
     ///     "127.0.0.1:9",
     ///     KeySetting::Text("an-example-key-0123456789".into()),
-    ///     SourceSetting::Memory(1 << 20),
+    ///     SendSource::Memory { size: 1 << 20 },
     /// );
     /// let mut job = SendJob::start(settings)?;
     /// let mut last = None;
@@ -543,13 +422,14 @@ impl SendJob {
     ///
     /// ```
     /// use transfer::auth::KeySetting;
-    /// use transfer::job::{SendJob, SenderSettings, SourceSetting};
+    /// use transfer::job::{SendJob, SenderSettings};
+    /// use transfer::sender::SendSource;
     /// use transfer::sender::SendError;
     ///
     /// let settings = SenderSettings::new(
     ///     "192.0.2.1:9000", // an address nobody answers from: the job is still connecting
     ///     KeySetting::Text("an-example-key-0123456789".into()),
-    ///     SourceSetting::Memory(1 << 30),
+    ///     SendSource::Memory { size: 1 << 30 },
     /// );
     /// let job = SendJob::start(settings)?;
     /// job.cancel();
@@ -570,13 +450,14 @@ impl SendJob {
     ///
     /// ```
     /// use transfer::auth::KeySetting;
-    /// use transfer::job::{SendJob, SenderSettings, SourceSetting};
+    /// use transfer::job::{SendJob, SenderSettings};
+    /// use transfer::sender::SendSource;
     /// use transfer::sender::SendError;
     ///
     /// let settings = SenderSettings::new(
     ///     "127.0.0.1:9",
     ///     KeySetting::Text("an-example-key-0123456789".into()),
-    ///     SourceSetting::Memory(1 << 20),
+    ///     SendSource::Memory { size: 1 << 20 },
     /// );
     /// let job = SendJob::start(settings)?;
     /// match tokio::runtime::Runtime::new()?.block_on(job.finish()) {
@@ -599,12 +480,13 @@ impl SendJob {
     ///
     /// ```
     /// use transfer::auth::KeySetting;
-    /// use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
+    /// use transfer::job::{SendEvent, SendJob, SenderSettings};
+    /// use transfer::sender::SendSource;
     ///
     /// let settings = SenderSettings::new(
     ///     "127.0.0.1:9",
     ///     KeySetting::Text("an-example-key-0123456789".into()),
-    ///     SourceSetting::Memory(1 << 20),
+    ///     SendSource::Memory { size: 1 << 20 },
     /// );
     /// let mut job = SendJob::start(settings)?;
     /// let mut last = None;
@@ -624,13 +506,14 @@ impl SendJob {
     ///
     /// ```
     /// use transfer::auth::KeySetting;
-    /// use transfer::job::{SendJob, SenderSettings, SourceSetting};
+    /// use transfer::job::{SendJob, SenderSettings};
+    /// use transfer::sender::SendSource;
     /// use transfer::sender::SendError;
     ///
     /// let settings = SenderSettings::new(
     ///     "127.0.0.1:9",
     ///     KeySetting::Text("an-example-key-0123456789".into()),
-    ///     SourceSetting::Memory(1 << 20),
+    ///     SendSource::Memory { size: 1 << 20 },
     /// );
     /// let result = SendJob::start(settings)?.wait();
     /// assert!(matches!(result, Err(SendError::Connect { .. })), "nobody listens there");

@@ -29,7 +29,9 @@
 //! # For services
 //!
 //! [`job::SendJob`] runs one transfer from [`job::SenderSettings`] (serde: keep them in your
-//! own configuration file), reports it as a stream of [`job::SendEvent`]s (progress, the
+//! own configuration file): the receiver and its key, what to send ([`sender::SendSource`]),
+//! the controller, and how to send ([`sender::SendOptions`], every field with a default). It
+//! reports it as a stream of [`job::SendEvent`]s (progress, the
 //! optimiser's decisions, notices, the end), can be cancelled at any moment, and ends with a
 //! [`sender::Summary`] or a [`sender::SendError`]. Its methods only wait on channels, so they
 //! suit any async runtime; a program without one waits on its own thread
@@ -48,7 +50,7 @@
 //! # Below the jobs
 //!
 //! - [`receiver::Receiver`] serves sessions on one port ([`receiver::ReceiverConfig`]).
-//! - [`sender::Transfer`] runs one transfer ([`sender::SendConfig`], [`sender::SendSource`]);
+//! - [`sender::Transfer`] runs one transfer ([`sender::SendOptions`], [`sender::SendSource`]);
 //!   [`sender::Transfer::set_target_streams`] changes the stream count live,
 //!   [`sender::Transfer::sample_streams`] reads each stream's counters, and
 //!   [`sender::Transfer::optimize`] hands the count to a controller.
@@ -60,14 +62,15 @@
 //!   benchmarks: hidden from this documentation and outside the API's promises.
 //!   `docs/architecture.md` in the repository describes them.
 //!
-//! The types most programs need are re-exported here: [`SendJob`] with [`SenderSettings`] and
-//! [`SendEvent`], [`Receiver`] with [`ReceiverSettings`] and [`ReceiverEvent`], [`SendError`]
+//! The types most programs need are re-exported here: [`SendJob`] with [`SenderSettings`],
+//! [`SendSource`], [`SendOptions`] and [`SendEvent`], [`Receiver`] with [`ReceiverSettings`] and [`ReceiverEvent`], [`SendError`]
 //! and [`Summary`].
 
 #![warn(missing_docs)]
 
 pub mod auth;
 mod direct_io;
+mod duration;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod job;
@@ -83,7 +86,6 @@ pub mod quic;
 pub mod receiver;
 #[doc(hidden)]
 pub mod seal;
-mod seconds;
 pub mod sender;
 pub mod session_id;
 mod sys;
@@ -96,13 +98,13 @@ pub mod transport;
 pub mod wire;
 
 pub use auth::{KeySetting, SessionKey};
-pub use job::{SendEvent, SendJob, SenderSettings, SourceSetting};
+pub use job::{SendEvent, SendJob, SenderSettings};
 pub use optimizer_choice::{OptimizerChoice, OptimizerError, Tuning};
 pub use receiver::{
     Receiver, ReceiverConfig, ReceiverError, ReceiverEvent, ReceiverSettings, SessionOutcome,
     SessionReport, Stopper,
 };
-pub use sender::{SendError, Summary, Transfer};
+pub use sender::{SendError, SendOptions, SendSource, Summary, Transfer};
 pub use session_id::SessionId;
 pub use transport::Transport;
 pub use wire::Limit;

@@ -242,7 +242,7 @@ impl OptimizerChoice {
 /// ```
 /// use transfer::optimizer_choice::Tuning;
 ///
-/// let tuning: Tuning = toml::from_str("interval_secs = 0.5\nmax_streams = 32\nk = 1.05")?;
+/// let tuning: Tuning = toml::from_str("interval = \"500ms\"\nmax_streams = 32\nk = 1.05")?;
 /// assert_eq!(tuning.utility_or(Default::default()).unwrap().k, 1.05);
 /// assert_eq!(tuning.b, None, "the B the policy was trained for");
 /// # Ok::<(), toml::de::Error>(())
@@ -250,8 +250,9 @@ impl OptimizerChoice {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Tuning {
-    /// Monitoring interval in seconds: how often the controller sees the signals and decides.
-    pub interval_secs: f64,
+    /// Monitoring interval: how often the controller sees the signals and decides.
+    #[serde(with = "crate::duration")]
+    pub interval: Duration,
     /// Most streams the controller may use (1 to 256).
     pub max_streams: u32,
     /// Utility: cost of each extra stream, K in U = T/K^n - T*L*B (at least 1); `None`: the K a
@@ -267,7 +268,7 @@ pub struct Tuning {
 impl Default for Tuning {
     fn default() -> Self {
         Tuning {
-            interval_secs: 1.0,
+            interval: Duration::from_secs(1),
             max_streams: 64,
             k: None,
             b: None,
@@ -286,15 +287,14 @@ impl Tuning {
     /// use std::time::Duration;
     /// use transfer::optimizer_choice::Tuning;
     ///
-    /// let mut tuning = Tuning { interval_secs: 0.25, ..Tuning::default() };
+    /// let mut tuning = Tuning { interval: Duration::from_millis(250), ..Tuning::default() };
     /// assert_eq!(tuning.interval()?, Duration::from_millis(250));
-    /// tuning.interval_secs = 0.0;
+    /// tuning.interval = Duration::ZERO;
     /// assert!(tuning.interval().is_err());
     /// # Ok::<(), transfer::optimizer_choice::OptimizerError>(())
     /// ```
     pub fn interval(&self) -> Result<Duration, OptimizerError> {
-        crate::seconds::seconds("interval_secs", self.interval_secs, false)
-            .map_err(OptimizerError::Tuning)
+        crate::duration::positive("interval", self.interval).map_err(OptimizerError::Tuning)
     }
 
     /// The most streams the controller may use, checked.
@@ -464,7 +464,7 @@ mod tests {
             OptimizerChoice::Builtin(ControllerSpec::Fixed(6))
         );
         assert_eq!(config.tuning.max_streams, 32);
-        assert_eq!(config.tuning.interval_secs, 1.0);
+        assert_eq!(config.tuning.interval, Duration::from_secs(1));
         let err = toml::from_str::<Config>("optimizer = \"ppx\"\n[tuning]\n")
             .err()
             .unwrap();
@@ -478,12 +478,16 @@ mod tests {
         assert!(err.to_string().contains("unknown field `mi`"), "{err}");
 
         let bad = Tuning {
-            interval_secs: 0.0,
+            interval: Duration::ZERO,
             max_streams: 0,
             k: Some(0.5),
             ..Tuning::default()
         };
-        assert!(bad.interval().unwrap_err().to_string().contains("positive"));
+        assert!(bad
+            .interval()
+            .unwrap_err()
+            .to_string()
+            .contains("longer than zero"));
         assert!(bad
             .max_streams()
             .unwrap_err()

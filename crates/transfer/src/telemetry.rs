@@ -44,7 +44,8 @@ const RECEIVER_REFUSED: &str = "xfer_receiver_refused_total";
 /// ```
 /// use metrics_exporter_prometheus::PrometheusBuilder;
 /// use transfer::auth::{KeySetting, SessionKey};
-/// use transfer::job::{SendJob, SenderSettings, SourceSetting};
+/// use transfer::job::{SendJob, SenderSettings};
+/// use transfer::sender::SendSource;
 /// use transfer::receiver::{Receiver, ReceiverConfig};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -56,7 +57,7 @@ const RECEIVER_REFUSED: &str = "xfer_receiver_refused_total";
 /// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), key))?;
 /// let addr = receiver.local_addr()?.to_string();
 /// let serving = std::thread::spawn(move || receiver.serve(Some(1)));
-/// let settings = SenderSettings::new(addr, KeySetting::Text(key_text), SourceSetting::Memory(4 << 20));
+/// let settings = SenderSettings::new(addr, KeySetting::Text(key_text), SendSource::Memory { size: 4 << 20 });
 /// tokio::runtime::Runtime::new()?.block_on(SendJob::start(settings)?.finish())?;
 /// serving.join().unwrap()?;
 ///

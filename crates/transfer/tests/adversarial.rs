@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Socket, Type};
 use transfer::auth::{KeySetting, SessionKey};
-use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
+use transfer::job::{SendEvent, SendJob, SenderSettings};
 use transfer::receiver::{Receiver, ReceiverConfig, ReceiverEvent, Tenant};
 use transfer::sender::{SendError, Summary};
 use transfer::wire::{FrameReader, Limit, Message};
+use transfer::SendSource;
 
 mod common;
 use common::{contents, paced, run, runtime, KEY};
@@ -97,10 +98,14 @@ fn a_burst_beyond_every_session_limit_is_refused_cleanly_and_the_receiver_recove
     let file = src.path().join("run.bin");
     std::fs::write(&file, contents(3, 1 << 20)).unwrap();
 
-    let send = |key: &str, dest: String| SenderSettings {
-        key: KeySetting::Text(key.into()),
-        destination: dest,
-        ..paced(&serving.addr, file.clone(), Some(4 << 20))
+    let send = |key: &str, dest: String| {
+        let mut settings = paced(&serving.addr, file.clone(), Some(4 << 20));
+        settings.key = KeySetting::Text(key.into());
+        settings.source = SendSource::Paths {
+            paths: vec![file.clone()],
+            destination: dest.into(),
+        };
+        settings
     };
     let senders: Vec<_> = (0..30)
         .map(|i| {
@@ -188,7 +193,7 @@ fn a_stranger_at_one_address_cannot_take_every_handshake_place() {
     let settings = SenderSettings::new(
         serving.addr.clone(),
         KeySetting::Text(KEY.into()),
-        SourceSetting::Memory(1 << 20),
+        SendSource::Memory { size: 1 << 20 },
     );
     let started = Instant::now();
     run(SendJob::start(settings).unwrap()).1.unwrap();
@@ -217,9 +222,9 @@ fn a_sender_refused_while_others_authenticate_says_the_receiver_is_busy() {
         let mut settings = SenderSettings::new(
             serving.addr.clone(),
             KeySetting::Text(KEY.into()),
-            SourceSetting::Memory(1 << 20),
+            SendSource::Memory { size: 1 << 20 },
         );
-        settings.encrypt = encrypt;
+        settings.options.encrypt = encrypt;
         let started = Instant::now();
         let err = run(SendJob::start(settings).unwrap()).1.unwrap_err();
         assert!(
@@ -390,19 +395,19 @@ fn slow_strangers_neither_keep_out_new_sessions_nor_break_running_transfers() {
     let mut running = SenderSettings::new(
         serving.addr.clone(),
         KeySetting::Text(KEY.into()),
-        SourceSetting::Memory(3 << 30),
+        SendSource::Memory { size: 3 << 30 },
     );
-    running.stream_rate_cap = Some(2 << 20);
-    running.progress_every_secs = 0.5;
+    running.options.stream_rate_cap = Some(2 << 20);
+    running.progress_every = Duration::from_millis(500);
     let running = std::thread::spawn(move || run_counting_streams(running));
     std::thread::sleep(Duration::from_secs(20));
 
     let mut later = SenderSettings::new(
         serving.addr.clone(),
         KeySetting::Text(KEY.into()),
-        SourceSetting::Memory(256 << 20),
+        SendSource::Memory { size: 256 << 20 },
     );
-    later.stream_rate_cap = Some(8 << 20);
+    later.options.stream_rate_cap = Some(8 << 20);
     let (later, _) = run_counting_streams(later);
     later.expect("a new session during the attack");
 

@@ -11,7 +11,7 @@ use transfer::auth::{handshake_as_client, SessionKey};
 use transfer::link;
 use transfer::manifest::{ManifestBatch, SinkKind};
 use transfer::receiver::{Receiver, ReceiverConfig};
-use transfer::sender::{SendConfig, SendSource, Transfer, DEFAULT_UNSENT_LIMIT};
+use transfer::sender::{SendOptions, SendSource, Transfer};
 use transfer::tls::ServerIdentity;
 use transfer::wire::{write_message, FrameReader, Message, Role};
 
@@ -27,27 +27,17 @@ fn start_receiver(root: &Path, require_encryption: bool) -> String {
 }
 
 fn send(addr: &str, file: &Path, encrypt: bool) -> Result<(), String> {
-    let config = SendConfig {
-        addr: addr.to_string(),
-        key: SessionKey::from_text(KEY).unwrap(),
-        streams: 3,
-        unit_size: 256 << 10,
-        verify: true,
-        checksum: false,
-        direct_io: false,
-        stream_rate_cap: None,
-        unsent_limit: DEFAULT_UNSENT_LIMIT,
-        encrypt,
-        integrity: false,
-        stall_timeout: transfer::sender::DEFAULT_STALL_TIMEOUT,
-        transport: transfer::transport::Transport::Tcp,
-        congestion: transfer::quic::Congestion::Cubic,
-    };
+    let options = SendOptions::default()
+        .streams(3)
+        .unit_size(256 << 10)
+        .verify(true)
+        .encrypt(encrypt);
     let source = SendSource::Paths {
         paths: vec![file.to_path_buf()],
-        dest: Vec::new(),
+        destination: Default::default(),
     };
-    let transfer = Transfer::start(config, source).map_err(|e| e.to_string())?;
+    let key = SessionKey::from_text(KEY).unwrap();
+    let transfer = Transfer::start(addr, key, source, options).map_err(|e| e.to_string())?;
     transfer.wait().map(drop).map_err(|e| e.to_string())
 }
 

@@ -6,15 +6,16 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use transfer::auth::{KeySetting, SessionKey};
-use transfer::job::{SendJob, SenderSettings, SourceSetting};
+use transfer::job::{SendJob, SenderSettings};
 use transfer::receiver::{Receiver, ReceiverConfig};
 use transfer::sender::SendError;
 use transfer::wire::chunk_checksum;
+use transfer::SendSource;
 
 mod common;
 use common::{contents, run, KEY};
@@ -122,13 +123,16 @@ fn send(addr: &str, file: &Path, integrity: bool) -> Result<(), SendError> {
     let mut settings = SenderSettings::new(
         addr,
         KeySetting::Text(KEY.into()),
-        SourceSetting::Paths(vec![file.into()]),
+        SendSource::Paths {
+            paths: vec![file.into()],
+            destination: PathBuf::new(),
+        },
     );
-    settings.integrity = integrity;
-    settings.verify = true;
-    settings.streams = 2;
+    settings.options.integrity = integrity;
+    settings.options.verify = true;
+    settings.options.streams = 2;
     settings.optimizer = Some("fixed:2".parse().unwrap());
-    settings.unit_size = 1 << 20;
+    settings.options.unit_size = 1 << 20;
     run(SendJob::start(settings).unwrap()).1.map(drop)
 }
 

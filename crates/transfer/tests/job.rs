@@ -5,11 +5,15 @@
 //! closed at once tries again; errors name the file, the receiver and the limit they concern;
 //! streams refused because the session ended while they connected do not fail it.
 
+use std::path::PathBuf;
+use std::time::Duration;
+
 use transfer::auth::KeySetting;
-use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
+use transfer::job::{SendEvent, SendJob, SenderSettings};
 use transfer::receiver::{Receiver, ReceiverConfig};
 use transfer::sender::SendError;
 use transfer::wire::Limit;
+use transfer::SendSource;
 
 mod common;
 use common::{
@@ -36,14 +40,14 @@ fn a_job_from_a_config_file_sends_a_tree_byte_identical_and_reports_what_it_does
         r#"
         receiver = "{addr}"
         key = {{ text = "{KEY}" }}
-        source = {{ paths = ["{}"] }}
-        destination = "incoming"
+        source = {{ paths = ["{}"], destination = "incoming" }}
+        progress_every = "20ms"
+        [tuning]
+        interval = "50ms"
+        [options]
         stream_rate_cap = 16000000
         unit_size = 262144
         verify = true
-        progress_every_secs = 0.02
-        [tuning]
-        interval_secs = 0.05
         "#,
         tree.display()
     );
@@ -96,14 +100,17 @@ fn a_cancelled_job_ends_cancelled_and_the_next_run_sends_only_the_rest() {
     let mut settings = SenderSettings::new(
         addr,
         KeySetting::Text(KEY.into()),
-        SourceSetting::Paths(vec![file.clone()]),
+        SendSource::Paths {
+            paths: vec![file.clone()],
+            destination: PathBuf::new(),
+        },
     );
     settings.optimizer = Some("fixed:1".parse().unwrap());
-    settings.streams = 1;
-    settings.unit_size = 1 << 20;
+    settings.options.streams = 1;
+    settings.options.unit_size = 1 << 20;
     // One stream at 8 MB/s: 3 s for the whole file, cancelled after the first units.
-    settings.stream_rate_cap = Some(8_000_000);
-    settings.progress_every_secs = 0.02;
+    settings.options.stream_rate_cap = Some(8_000_000);
+    settings.progress_every = Duration::from_millis(20);
 
     let mut job = SendJob::start(settings.clone()).unwrap();
     let (cancelled_at, result) = runtime().block_on(async {
@@ -126,7 +133,7 @@ fn a_cancelled_job_ends_cancelled_and_the_next_run_sends_only_the_rest() {
         "a cancelled file is not in place"
     );
 
-    settings.stream_rate_cap = None;
+    settings.options.stream_rate_cap = None;
     let (_, result) = run(SendJob::start(settings).unwrap());
     let summary = result.unwrap();
     assert!(
@@ -147,7 +154,10 @@ fn a_job_cancelled_before_it_connects_sends_nothing() {
     let settings = SenderSettings::new(
         addr,
         KeySetting::Text(KEY.into()),
-        SourceSetting::Paths(vec![src.path().join("f")]),
+        SendSource::Paths {
+            paths: vec![src.path().join("f")],
+            destination: PathBuf::new(),
+        },
     );
     let job = SendJob::start(settings).unwrap();
     job.cancel();
@@ -170,12 +180,23 @@ fn bad_settings_are_refused_before_anything_is_sent_and_a_silent_receiver_is_nam
             "unknown optimizer \"ppx\"",
         ),
         (
-            "source = { paths = [\"f\"] }\nstrems = 3",
+            "source = { paths = [\"f\"] }\n[options]\nstrems = 3",
             "unknown field `strems`",
         ),
-        ("source = { files = [\"f\"] }", "unknown variant `files`"),
+        ("source = { files = [\"f\"] }", "unknown field `files`"),
         ("", "missing field `source`"),
-        ("source = { paths = [\"f\"] }\ntransport = \"udp\"", "udp"),
+        (
+            "source = { paths = [\"f\"] }\n[options]\ntransport = \"udp\"",
+            "udp",
+        ),
+        (
+            "source = { memory = 10, destination = \"x\" }",
+            "discarding sink",
+        ),
+        (
+            "source = { paths = [\"f\"] }\nprogress_every = -1",
+            "a time like",
+        ),
     ] {
         let err = parse(extra).err().unwrap().to_string();
         assert!(err.contains(says), "{extra:?}: {err}");
@@ -190,21 +211,21 @@ fn bad_settings_are_refused_before_anything_is_sent_and_a_silent_receiver_is_nam
     };
     for (settings, says) in [
         (parse("source = { paths = [] }").unwrap(), "names no path"),
+        (paths("[options]\nstreams = 0"), "at least 1"),
         (
-            parse("source = { memory = 10 }\ndestination = \"x\"").unwrap(),
-            "discarding sink",
+            paths("progress_every = 0"),
+            "progress_every must be longer than zero",
         ),
-        (paths("streams = 0"), "at least 1"),
-        (paths("progress_every_secs = -1"), "progress_every_secs"),
         (paths("[tuning]\nk = 0.5"), "K=0.5"),
         (
             paths("optimizer = \"ppo:/nonexistent/model\""),
             "/nonexistent/model",
         ),
         (
-            SenderSettings {
-                key: KeySetting::File("/nonexistent/key".into()),
-                ..paths("")
+            {
+                let mut settings = paths("");
+                settings.key = KeySetting::File("/nonexistent/key".into());
+                settings
             },
             "/nonexistent/key",
         ),
@@ -266,7 +287,10 @@ fn a_sender_tries_again_when_the_receiver_closes_the_control_connection_at_once(
         let mut settings = SenderSettings::new(
             addr,
             KeySetting::Text(KEY.into()),
-            SourceSetting::Paths(vec![file.clone()]),
+            SendSource::Paths {
+                paths: vec![file.clone()],
+                destination: PathBuf::new(),
+            },
         );
         settings.optimizer = Some("fixed:2".parse().unwrap());
         settings
@@ -365,8 +389,11 @@ fn streams_still_connecting_when_the_receiver_ends_the_session_do_not_fail_it() 
     let send = |addr: &str, destination: String| {
         let mut settings = paced(addr, file.clone(), None);
         settings.optimizer = Some("fixed:48".parse().unwrap());
-        settings.streams = 48;
-        settings.destination = destination.clone();
+        settings.options.streams = 48;
+        settings.source = SendSource::Paths {
+            paths: vec![file.clone()],
+            destination: destination.clone().into(),
+        };
         let (_, result) = run(SendJob::start(settings).unwrap());
         let summary = result.unwrap_or_else(|e| panic!("{destination}: {e}"));
         assert_eq!(summary.bytes, data.len() as u64);

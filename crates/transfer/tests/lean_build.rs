@@ -6,11 +6,15 @@
 
 #![cfg(not(any(feature = "onnx", feature = "bo")))]
 
+use std::path::PathBuf;
+use std::time::Duration;
+
 use transfer::auth::{KeySetting, SessionKey};
-use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
+use transfer::job::{SendEvent, SendJob, SenderSettings};
 use transfer::optimizer::SpecError;
 use transfer::optimizer_choice::{OptimizerChoice, OptimizerError, Tuning};
 use transfer::receiver::{Receiver, ReceiverConfig};
+use transfer::SendSource;
 
 #[test]
 fn the_optimisers_left_out_are_refused_with_the_feature_to_turn_on() {
@@ -47,10 +51,13 @@ async fn a_transfer_runs_under_the_default_optimiser() {
     let mut settings = SenderSettings::new(
         addr,
         KeySetting::Text(key_text),
-        SourceSetting::Paths(vec![source]),
+        SendSource::Paths {
+            paths: vec![source],
+            destination: PathBuf::new(),
+        },
     );
-    settings.tuning.interval_secs = 0.1;
-    settings.stream_rate_cap = Some(50_000_000);
+    settings.tuning.interval = Duration::from_millis(100);
+    settings.options.stream_rate_cap = Some(50_000_000);
     let mut job = SendJob::start(settings).unwrap();
     let mut chosen = None;
     while let Some(event) = job.next_event().await {

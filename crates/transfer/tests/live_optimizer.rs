@@ -8,7 +8,7 @@ use std::time::Duration;
 use optimizer::{Controller, Observation};
 use transfer::auth::SessionKey;
 use transfer::receiver::{Receiver, ReceiverConfig};
-use transfer::sender::{MiRecord, OptimizerSettings, SendConfig, SendSource, Transfer};
+use transfer::sender::{MiRecord, OptimizerSettings, SendOptions, SendSource, Transfer};
 
 const KEY: &str = "live-optimizer-test-key-01234567";
 const INTERVAL: Duration = Duration::from_millis(100);
@@ -72,23 +72,12 @@ fn paced_transfer(
     controller: Box<dyn Controller>,
 ) -> (u64, Vec<MiRecord>) {
     let (addr, _root) = receiver();
-    let config = SendConfig {
-        addr,
-        key: SessionKey::from_text(KEY).unwrap(),
-        streams,
-        unit_size: 1 << 20,
-        verify: false,
-        checksum: false,
-        direct_io: false,
-        stream_rate_cap: Some(cap),
-        unsent_limit: transfer::sender::DEFAULT_UNSENT_LIMIT,
-        encrypt: false,
-        integrity: false,
-        stall_timeout: transfer::sender::DEFAULT_STALL_TIMEOUT,
-        transport: transfer::transport::Transport::Tcp,
-        congestion: transfer::quic::Congestion::Cubic,
-    };
-    let transfer = Transfer::start(config, SendSource::Memory { size }).unwrap();
+    let options = SendOptions::default()
+        .streams(streams)
+        .unit_size(1 << 20)
+        .stream_rate_cap(Some(cap));
+    let key = SessionKey::from_text(KEY).unwrap();
+    let transfer = Transfer::start(&addr, key, SendSource::Memory { size }, options).unwrap();
     let (tx, rx) = mpsc::channel();
     let settings = OptimizerSettings {
         interval: INTERVAL,

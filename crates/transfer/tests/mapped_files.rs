@@ -4,8 +4,10 @@
 //! turns mapping on first. (That `enable` installs the SIGBUS handler, and nothing else does,
 //! is tested in `src/sys/mapped.rs`, where the handler can be read.)
 
+use std::path::PathBuf;
+
 use transfer::auth::{KeySetting, SessionKey};
-use transfer::{Receiver, ReceiverConfig, SendJob, SenderSettings, SourceSetting};
+use transfer::{Receiver, ReceiverConfig, SendJob, SendSource, SenderSettings};
 
 /// Sends `data` as one file into a fresh root; what landed.
 fn round_trip(data: &[u8]) -> Vec<u8> {
@@ -20,7 +22,10 @@ fn round_trip(data: &[u8]) -> Vec<u8> {
     let mut settings = SenderSettings::new(
         addr,
         KeySetting::Text(key_text),
-        SourceSetting::Paths(vec![source]),
+        SendSource::Paths {
+            paths: vec![source],
+            destination: PathBuf::new(),
+        },
     );
     settings.optimizer = Some("fixed:2".parse().unwrap());
     SendJob::start(settings).unwrap().wait().unwrap();

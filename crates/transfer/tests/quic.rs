@@ -4,6 +4,7 @@
 
 use std::io::BufReader;
 use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use transfer::auth::{handshake_as_server, SessionKey};
 use transfer::link;
 use transfer::quic::{Congestion, QuicServer};
-use transfer::sender::{SendConfig, SendError, SendSource, Transfer, DEFAULT_UNSENT_LIMIT};
+use transfer::sender::{SendError, SendOptions, SendSource, Transfer};
 use transfer::tls::ServerIdentity;
 use transfer::transport::Transport;
 use transfer::wire::{write_message, FileStatus, FrameReader, Message, SessionLimits};
@@ -85,28 +86,20 @@ fn send(addr: SocketAddr) -> (Result<(), SendError>, Duration) {
     let src = tempfile::tempdir().unwrap();
     let file = src.path().join("f");
     std::fs::write(&file, vec![7u8; 100_000]).unwrap();
-    let config = SendConfig {
-        addr: addr.to_string(),
-        key: SessionKey::from_text(KEY).unwrap(),
-        streams: 2,
-        unit_size: 1 << 20,
-        verify: false,
-        checksum: false,
-        direct_io: false,
-        stream_rate_cap: None,
-        unsent_limit: DEFAULT_UNSENT_LIMIT,
-        encrypt: false,
-        integrity: false,
-        stall_timeout: Duration::from_secs(10),
-        transport: Transport::Quic,
-        congestion: Congestion::Cubic,
-    };
+    let options = SendOptions::default()
+        .streams(2)
+        .unit_size(1 << 20)
+        .stall_timeout(Duration::from_secs(10))
+        .transport(Transport::Quic)
+        .congestion(Congestion::Cubic);
     let source = SendSource::Paths {
         paths: vec![file],
-        dest: Vec::new(),
+        destination: PathBuf::new(),
     };
     let started = Instant::now();
-    let result = Transfer::start(config, source).and_then(|t| t.wait().map(drop));
+    let key = SessionKey::from_text(KEY).unwrap();
+    let result =
+        Transfer::start(&addr.to_string(), key, source, options).and_then(|t| t.wait().map(drop));
     (result, started.elapsed())
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use transfer::auth::KeySetting;
 use transfer::job::{SendEvent, SendJob};
 use transfer::receiver::{ReceiverEvent, ReceiverEvents, SessionOutcome, SessionReport};
-use transfer::sender::SendError;
+use transfer::sender::{SendError, SendSource};
 use transfer::session_id::SessionId;
 
 mod common;
@@ -44,8 +44,11 @@ fn sessions_are_reported_from_start_to_end_and_a_wrong_key_as_refused() {
     std::fs::write(tree.join("sub/b.bin"), contents(2, 1000)).unwrap();
     let mut serving = serve(root.path());
 
-    let mut settings = paced(&serving.addr, tree, None);
-    settings.destination = "incoming".into();
+    let mut settings = paced(&serving.addr, tree.clone(), None);
+    settings.source = SendSource::Paths {
+        paths: vec![tree],
+        destination: "incoming".into(),
+    };
     let (_, result) = run(SendJob::start(settings.clone()).unwrap());
     let summary = result.unwrap();
     match next(&mut serving.events) {

@@ -6,7 +6,7 @@ use std::path::Path;
 use transfer::auth::KeySetting;
 use transfer::job::{SendJob, SenderSettings};
 use transfer::receiver::{ReceiverEvent, ReceiverSettings, SessionOutcome, TenantSettings};
-use transfer::sender::SendError;
+use transfer::sender::{SendError, SendSource};
 use transfer::wire::Limit;
 
 mod common;
@@ -26,12 +26,15 @@ fn tenant(name: &str, key: &str, root: &Path, max_sessions: usize) -> TenantSett
     }
 }
 
-/// A job sending `source` to `addr` with `key`.
-fn send(addr: &str, key: &str, source: &Path, rate: Option<u64>) -> SenderSettings {
-    SenderSettings {
-        key: KeySetting::Text(key.into()),
-        ..paced(addr, source.into(), rate)
-    }
+/// A job sending `source` to `addr` with `key`, into `dest`.
+fn send(addr: &str, key: &str, source: &Path, rate: Option<u64>, dest: &str) -> SenderSettings {
+    let mut settings = paced(addr, source.into(), rate);
+    settings.key = KeySetting::Text(key.into());
+    settings.source = SendSource::Paths {
+        paths: vec![source.into()],
+        destination: dest.into(),
+    };
+    settings
 }
 
 #[test]
@@ -62,7 +65,7 @@ fn each_key_lands_in_its_own_root_within_its_own_limits() {
 
     // The same file from each key lands under that key's root only.
     for (key, root) in [(KEY, &roots[0]), (CLIMATE, &roots[1])] {
-        let (_, result) = run(SendJob::start(send(&addr, key, &file, None)).unwrap());
+        let (_, result) = run(SendJob::start(send(&addr, key, &file, None, "")).unwrap());
         result.unwrap();
         assert!(std::fs::read(root.join("run42.bin")).unwrap() == data);
     }
@@ -71,21 +74,14 @@ fn each_key_lands_in_its_own_root_within_its_own_limits() {
     // Two sessions of climate at once are over its limit; astro's own limit lets one through,
     // and it writes the same path under its own root as climate's session under climate's
     // without waiting for it.
-    let slow = SenderSettings {
-        destination: "slow".into(),
-        ..send(&addr, CLIMATE, &file, Some(2_000_000))
-    };
+    let slow = send(&addr, CLIMATE, &file, Some(2_000_000), "slow");
     let slow = SendJob::start(slow).unwrap();
     let (mut second, mut astro) = (None, None);
-    let mut other = SenderSettings {
-        destination: "again".into(),
-        ..send(&addr, CLIMATE, &file, None)
-    };
+    let mut other = send(&addr, CLIMATE, &file, None, "again");
     let first = run_past(slow, 1 << 20, || {
         let job = SendJob::start(other.clone()).unwrap();
         second = Some(std::thread::spawn(move || run(job).1).join().unwrap());
-        other.key = KeySetting::Text(ASTRO.into());
-        other.destination = "slow".into();
+        other = send(&addr, ASTRO, &file, None, "slow");
         let job = SendJob::start(other.clone()).unwrap();
         astro = Some(std::thread::spawn(move || run(job).1).join().unwrap());
         assert!(
@@ -107,10 +103,7 @@ fn each_key_lands_in_its_own_root_within_its_own_limits() {
     assert!(!roots[1].join("again").exists());
 
     // A destination that leaves the tenant's root is refused.
-    let escape = SenderSettings {
-        destination: "../ops".into(),
-        ..send(&addr, ASTRO, &file, None)
-    };
+    let escape = send(&addr, ASTRO, &file, None, "../ops");
     let (_, result) = run(SendJob::start(escape).unwrap());
     assert!(
         matches!(result, Err(SendError::Receiver { .. })),
@@ -119,7 +112,7 @@ fn each_key_lands_in_its_own_root_within_its_own_limits() {
 
     // A key no tenant holds is refused.
     let (_, result) =
-        run(SendJob::start(send(&addr, "nobodys-key-0123456789", &file, None)).unwrap());
+        run(SendJob::start(send(&addr, "nobodys-key-0123456789", &file, None, "")).unwrap());
     match result {
         Err(SendError::Auth(reason)) => {
             assert!(reason.contains("does not hold this key"), "{reason}")

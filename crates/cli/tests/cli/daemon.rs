@@ -22,7 +22,7 @@ fn start(dir: &Path, grace_secs: u32) -> Receiver {
         &config,
         format!(
             "listen = \"127.0.0.1:0\"\nroot = \"{}\"\nkey = {{ file = \"{}\" }}\n\
-             shutdown_grace_secs = {grace_secs}\n",
+             shutdown_grace = \"{grace_secs}s\"\n",
             root.display(),
             key.display()
         ),

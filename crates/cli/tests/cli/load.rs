@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use transfer::auth::KeySetting;
-use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
+use transfer::job::{SendEvent, SendJob, SenderSettings};
 use transfer::sender::SendError;
+use transfer::SendSource;
 
 use crate::common::{tree_difference, write_data, Receiver};
 
@@ -71,14 +72,16 @@ async fn run_session(plan: Plan, addr: String, key: String, running: Arc<Running
     let mut settings = SenderSettings::new(
         addr,
         KeySetting::Text(key),
-        SourceSetting::Paths(vec![plan.tree.clone()]),
+        SendSource::Paths {
+            paths: vec![plan.tree.clone()],
+            destination: format!("s{}", plan.index).into(),
+        },
     );
-    settings.destination = format!("s{}", plan.index);
     settings.optimizer = Some(format!("fixed:{}", plan.streams).parse().unwrap());
-    settings.streams = plan.streams;
-    settings.unit_size = 256 << 10;
-    settings.stream_rate_cap = Some(plan.mbit * 125_000);
-    settings.progress_every_secs = 0.1;
+    settings.options.streams = plan.streams;
+    settings.options.unit_size = 256 << 10;
+    settings.options.stream_rate_cap = Some(plan.mbit * 125_000);
+    settings.progress_every = Duration::from_millis(100);
     let mut job = match SendJob::start(settings) {
         Ok(job) => job,
         Err(e) => return Outcome::Failed(e.to_string()),

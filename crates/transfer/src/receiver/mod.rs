@@ -547,7 +547,8 @@ impl Receiver {
     ///
     /// ```
     /// use transfer::auth::{KeySetting, SessionKey};
-    /// use transfer::job::{SendJob, SenderSettings, SourceSetting};
+    /// use transfer::job::{SendJob, SenderSettings};
+    /// use transfer::sender::SendSource;
     /// use transfer::receiver::{Receiver, ReceiverConfig, ReceiverEvent};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -558,7 +559,7 @@ impl Receiver {
     /// let mut events = receiver.subscribe();
     /// std::thread::spawn(move || receiver.serve(Some(1)));
     ///
-    /// let settings = SenderSettings::new(addr, KeySetting::Text(key_text), SourceSetting::Memory(1 << 20));
+    /// let settings = SenderSettings::new(addr, KeySetting::Text(key_text), SendSource::Memory { size: 1 << 20 });
     /// let summary = tokio::runtime::Runtime::new()?.block_on(SendJob::start(settings)?.finish())?;
     /// let report = loop {
     ///     if let Some(ReceiverEvent::SessionEnded(report)) = events.blocking_next() {
@@ -580,7 +581,8 @@ impl Receiver {
     ///
     /// ```
     /// use transfer::auth::{KeySetting, SessionKey};
-    /// use transfer::job::{SendJob, SenderSettings, SourceSetting};
+    /// use transfer::job::{SendJob, SenderSettings};
+    /// use transfer::sender::SendSource;
     /// use transfer::receiver::{Receiver, ReceiverConfig};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -590,7 +592,7 @@ impl Receiver {
     /// let addr = receiver.local_addr()?.to_string();
     /// // Serve one session, as `xfer recv --once` does.
     /// let serving = std::thread::spawn(move || receiver.serve(Some(1)));
-    /// let settings = SenderSettings::new(addr, KeySetting::Text(key_text), SourceSetting::Memory(1 << 20));
+    /// let settings = SenderSettings::new(addr, KeySetting::Text(key_text), SendSource::Memory { size: 1 << 20 });
     /// tokio::runtime::Runtime::new()?.block_on(SendJob::start(settings)?.finish())?;
     /// serving.join().unwrap()?;
     /// # Ok(())

@@ -9,7 +9,7 @@
 //!     root = "/data/incoming"
 //!     key = { file = "/etc/xfer/key" }
 //!     max_sessions = 100
-//!     shutdown_grace_secs = 600
+//!     shutdown_grace = "10m"
 //! "#).unwrap();
 //! assert_eq!(settings.max_streams, 256);
 //! ```
@@ -74,22 +74,24 @@ pub struct ReceiverSettings {
     /// Most bytes of chunk buffers one session may hold ([`ReceiverConfig::session_memory`]).
     #[serde(default = "default_session_memory")]
     pub session_memory: u64,
-    /// Seconds a session may go without receiving a byte before it is closed.
-    #[serde(default = "default_idle_timeout_secs")]
-    pub idle_timeout_secs: f64,
-    /// Seconds a new connection may take to authenticate ([`ReceiverConfig::handshake_timeout`]).
-    #[serde(default = "default_handshake_timeout_secs")]
-    pub handshake_timeout_secs: f64,
+    /// How long a session may go without receiving a byte before it is closed.
+    #[serde(default = "default_idle_timeout", with = "crate::duration")]
+    pub idle_timeout: Duration,
+    /// How long a new connection may take to authenticate
+    /// ([`ReceiverConfig::handshake_timeout`]).
+    #[serde(default = "default_handshake_timeout", with = "crate::duration")]
+    pub handshake_timeout: Duration,
     /// Most connections in their key handshake at once ([`ReceiverConfig::max_handshakes`]).
     #[serde(default = "default_max_handshakes")]
     pub max_handshakes: usize,
     /// Most of them from one address ([`ReceiverConfig::max_handshakes_per_source`]).
     #[serde(default = "default_max_handshakes_per_source")]
     pub max_handshakes_per_source: usize,
-    /// Seconds the sessions running when the receiver is asked to stop may take to finish
-    /// ([`super::Stopper::stop`]); `xfer recv` stops so on SIGTERM or SIGINT.
-    #[serde(default = "default_shutdown_grace_secs")]
-    pub shutdown_grace_secs: f64,
+    /// How long the sessions running when the receiver is asked to stop may take to finish
+    /// ([`super::Stopper::stop`]; zero ends them at once); `xfer recv` stops so on SIGTERM or
+    /// SIGINT.
+    #[serde(default = "default_shutdown_grace", with = "crate::duration")]
+    pub shutdown_grace: Duration,
     /// Keys of their own, each with its own root and limits (`[[tenants]]` tables).
     #[serde(default)]
     pub tenants: Vec<TenantSettings>,
@@ -183,12 +185,12 @@ fn default_session_memory() -> u64 {
     DEFAULT_SESSION_MEMORY
 }
 
-fn default_idle_timeout_secs() -> f64 {
-    DEFAULT_IDLE_TIMEOUT.as_secs_f64()
+fn default_idle_timeout() -> Duration {
+    DEFAULT_IDLE_TIMEOUT
 }
 
-fn default_handshake_timeout_secs() -> f64 {
-    DEFAULT_HANDSHAKE_TIMEOUT.as_secs_f64()
+fn default_handshake_timeout() -> Duration {
+    DEFAULT_HANDSHAKE_TIMEOUT
 }
 
 fn default_max_handshakes() -> usize {
@@ -199,13 +201,13 @@ fn default_max_handshakes_per_source() -> usize {
     DEFAULT_MAX_HANDSHAKES_PER_SOURCE
 }
 
-fn default_shutdown_grace_secs() -> f64 {
-    60.0
+fn default_shutdown_grace() -> Duration {
+    Duration::from_secs(60)
 }
 
-/// A time setting, checked.
-fn seconds(name: &str, value: f64, zero: bool) -> Result<Duration, ReceiverError> {
-    crate::seconds::seconds(name, value, zero).map_err(ReceiverError::Settings)
+/// A time setting that must not be zero, checked.
+fn positive(name: &str, time: Duration) -> Result<Duration, ReceiverError> {
+    crate::duration::positive(name, time).map_err(ReceiverError::Settings)
 }
 
 impl ReceiverSettings {
@@ -231,11 +233,11 @@ impl ReceiverSettings {
             max_streams: default_max_streams(),
             max_sessions: default_max_sessions(),
             session_memory: default_session_memory(),
-            idle_timeout_secs: default_idle_timeout_secs(),
-            handshake_timeout_secs: default_handshake_timeout_secs(),
+            idle_timeout: default_idle_timeout(),
+            handshake_timeout: default_handshake_timeout(),
             max_handshakes: default_max_handshakes(),
             max_handshakes_per_source: default_max_handshakes_per_source(),
-            shutdown_grace_secs: default_shutdown_grace_secs(),
+            shutdown_grace: default_shutdown_grace(),
             tenants: Vec::new(),
         }
     }
@@ -251,10 +253,10 @@ impl ReceiverSettings {
     ///     "/data/incoming".into(),
     ///     KeySetting::Text("a-site-key-0123456789".into()),
     /// );
-    /// settings.idle_timeout_secs = 90.0;
+    /// settings.idle_timeout = Duration::from_secs(90);
     /// assert_eq!(settings.config()?.idle_timeout, Duration::from_secs(90));
-    /// settings.idle_timeout_secs = 0.0;
-    /// assert!(settings.config().unwrap_err().to_string().contains("idle_timeout_secs"));
+    /// settings.idle_timeout = Duration::ZERO;
+    /// assert!(settings.config().unwrap_err().to_string().contains("idle_timeout"));
     /// # Ok::<(), transfer::receiver::ReceiverError>(())
     /// ```
     pub fn config(&self) -> Result<ReceiverConfig, ReceiverError> {
@@ -275,9 +277,8 @@ impl ReceiverSettings {
         config.limits.max_streams = self.max_streams;
         config.max_sessions = self.max_sessions;
         config.session_memory = self.session_memory;
-        config.idle_timeout = seconds("idle_timeout_secs", self.idle_timeout_secs, false)?;
-        config.handshake_timeout =
-            seconds("handshake_timeout_secs", self.handshake_timeout_secs, false)?;
+        config.idle_timeout = positive("idle_timeout", self.idle_timeout)?;
+        config.handshake_timeout = positive("handshake_timeout", self.handshake_timeout)?;
         config.max_handshakes = self.max_handshakes;
         config.max_handshakes_per_source = self.max_handshakes_per_source;
         config.tenants = self
@@ -286,23 +287,6 @@ impl ReceiverSettings {
             .map(TenantSettings::tenant)
             .collect::<Result<_, _>>()?;
         Ok(config)
-    }
-
-    /// How long running sessions may take to finish once the receiver is asked to stop.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use transfer::auth::KeySetting;
-    /// use transfer::receiver::ReceiverSettings;
-    ///
-    /// let mut settings = ReceiverSettings::new("/data".into(), KeySetting::File("/etc/xfer/key".into()));
-    /// assert_eq!(settings.shutdown_grace()?, Duration::from_secs(60));
-    /// settings.shutdown_grace_secs = 0.0; // end running sessions at once
-    /// assert_eq!(settings.shutdown_grace()?, Duration::ZERO);
-    /// # Ok::<(), transfer::receiver::ReceiverError>(())
-    /// ```
-    pub fn shutdown_grace(&self) -> Result<Duration, ReceiverError> {
-        seconds("shutdown_grace_secs", self.shutdown_grace_secs, true)
     }
 
     /// Checks the settings and binds the receiver ([`Receiver::bind`]).
@@ -319,7 +303,6 @@ impl ReceiverSettings {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn bind(&self) -> Result<Receiver, ReceiverError> {
-        self.shutdown_grace()?;
         Receiver::bind(&self.listen, self.config()?)
     }
 }
@@ -333,7 +316,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let text = format!(
             "listen = \"127.0.0.1:0\"\nroot = \"{}\"\nkey = {{ text = \"receiver-settings-test-key-0123\" }}\n\
-             max_sessions = 100\nidle_timeout_secs = 5\n",
+             max_sessions = 100\nidle_timeout = \"5s\"\n",
             root.path().display()
         );
         let settings: ReceiverSettings = toml::from_str(&text).unwrap();
@@ -342,7 +325,7 @@ mod tests {
         assert_eq!(config.max_sessions, 100);
         assert_eq!(config.idle_timeout, Duration::from_secs(5));
         assert_eq!(config.limits.max_streams, 256);
-        assert_eq!(settings.shutdown_grace().unwrap(), Duration::from_secs(60));
+        assert_eq!(settings.shutdown_grace, Duration::from_secs(60));
         let receiver = settings.bind().unwrap();
         assert!(receiver.local_addr().unwrap().port() > 0);
 
@@ -351,14 +334,7 @@ mod tests {
             .to_string();
         assert!(err.contains("unknown field `max_session`"), "{err}");
         for (change, says) in [
-            (
-                "idle_timeout_secs = 0",
-                "idle_timeout_secs must be a positive",
-            ),
-            (
-                "shutdown_grace_secs = -1",
-                "shutdown_grace_secs must be a non-negative",
-            ),
+            ("idle_timeout = 0", "idle_timeout must be longer than zero"),
             ("max_streams = 0", "at least 1"),
             ("key = { text = \"short\" }", "at least"),
             ("key = { file = \"/nonexistent/key\" }", "/nonexistent/key"),

@@ -25,7 +25,9 @@ pub(super) fn run_writer(
             ControlEvent::Entries(batch) => Message::Entries(batch),
             ControlEvent::Seal(file) => {
                 let checked = shared.source_file(file).and_then(|source| {
-                    shared.source.check_unchanged(&source, shared.config.verify)
+                    shared
+                        .source
+                        .check_unchanged(&source, shared.config.options.verify)
                 });
                 match checked {
                     Ok(blake3) => Message::Seal { file, blake3 },

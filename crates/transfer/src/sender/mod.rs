@@ -20,12 +20,14 @@ mod join;
 mod manifest_stream;
 mod meter;
 mod optimize;
+mod options;
 mod source;
 mod stream;
 mod work_queue;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, RwLock};
@@ -36,7 +38,7 @@ use crate::link;
 use crate::link::Connection;
 use crate::manifest::{ManifestBatch, ScanError, ScannedBatch, Scanner, SinkKind};
 use crate::mptcp_info::{self, Subflow};
-use crate::quic::{Congestion, QuicClient};
+use crate::quic::QuicClient;
 use crate::seal::{FrameWrite, FrameWriter};
 use crate::session_id::SessionId;
 use crate::tcp_info::{self, TcpInfo};
@@ -47,6 +49,11 @@ use manifest_stream::Planner;
 pub use meter::PathStats;
 pub use optimize::{MiRecord, OptimizerSettings};
 use optimizer::Controller;
+pub use options::{
+    SendOptions, DEFAULT_STALL_TIMEOUT, DEFAULT_STREAMS, DEFAULT_UNIT_SIZE, DEFAULT_UNSENT_LIMIT,
+    MIN_STALL_TIMEOUT,
+};
+use serde::{Deserialize, Serialize};
 use source::{SourceData, SourceFile};
 use stream::StreamHandle;
 use work_queue::{Next, Unit, WorkQueue};
@@ -56,27 +63,39 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Streams that may break mid-transfer (and be replaced) before the transfer gives up.
 const MAX_STREAM_FAILURES: u32 = 32;
 
-/// What to send.
+/// What to send: files and directory trees, or generated data. In a configuration file
+/// `{ paths = ["PATH", ...], destination = "DIR" }` (the destination may be left out) or
+/// `{ memory = BYTES }`.
 ///
 /// ```
 /// use transfer::sender::SendSource;
 ///
 /// let trees = SendSource::Paths {
 ///     paths: vec!["/data/run42".into(), "/data/calibration.h5".into()],
-///     dest: b"incoming".to_vec(),
+///     destination: "incoming".into(),
 /// };
-/// let probe = SendSource::Memory { size: 10 << 30 };
-/// # let _ = (trees, probe);
+/// let read: SendSource = toml::from_str(r#"
+///     paths = ["/data/run42", "/data/calibration.h5"]
+///     destination = "incoming"
+/// "#)?;
+/// assert_eq!(read, trees);
+/// let probe: SendSource = toml::from_str("memory = 10_000_000_000")?;
+/// assert_eq!(probe, SendSource::Memory { size: 10_000_000_000 });
+///
+/// let both = toml::from_str::<SendSource>("memory = 1000\npaths = [\"/data\"]").unwrap_err();
+/// assert!(both.to_string().contains("either paths or memory"), "{both}");
+/// # Ok::<(), toml::de::Error>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "SourceFields", into = "SourceFields")]
 #[non_exhaustive]
 pub enum SendSource {
-    /// Files and directory trees, each landing under its own name in `dest`.
+    /// Files and directory trees, each landing under its own name in `destination`.
     Paths {
         /// Local files and directories.
         paths: Vec<PathBuf>,
-        /// Destination directory relative to the receiver's root (empty: the root).
-        dest: Vec<u8>,
+        /// Directory under the receiver's root they land in (empty: the root).
+        destination: PathBuf,
     },
     /// `size` bytes of generated data to a discarding sink (memory-to-memory benchmark).
     Memory {
@@ -85,106 +104,82 @@ pub enum SendSource {
     },
 }
 
-/// How to send.
-///
-/// ```
-/// use transfer::quic::Congestion;
-/// use transfer::sender::{
-///     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
-///     DEFAULT_UNSENT_LIMIT,
-/// };
-/// use transfer::transport::Transport;
-///
-/// # let root = tempfile::tempdir()?;
-/// # let (key_text, key) = transfer::auth::SessionKey::generate();
-/// # let receiver = transfer::receiver::Receiver::bind(
-/// #     "127.0.0.1:0",
-/// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
-/// # )?;
-/// # let addr = receiver.local_addr()?.to_string();
-/// # std::thread::spawn(move || receiver.serve(None));
-/// let config = SendConfig {
-///     addr,
-///     key,
-///     streams: 2,
-///     unit_size: DEFAULT_UNIT_SIZE,
-///     verify: false,
-///     checksum: false,
-///     direct_io: false,
-///     stream_rate_cap: None,
-///     unsent_limit: DEFAULT_UNSENT_LIMIT,
-///     encrypt: false,
-///     integrity: false,
-///     transport: Transport::Tcp,
-///     congestion: Congestion::default(),
-///     stall_timeout: DEFAULT_STALL_TIMEOUT,
-/// };
-/// let transfer = Transfer::start(config, SendSource::Memory { size: 4 << 20 })?;
-/// assert_eq!(transfer.wait()?.bytes, 4 << 20);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Debug, Clone)]
-pub struct SendConfig {
-    /// Receiver address, `HOST:PORT`.
-    pub addr: String,
-    /// The receiver's session key.
-    pub key: SessionKey,
-    /// Streams to open at first (change later with [`Transfer::set_target_streams`]).
-    pub streams: usize,
-    /// Largest work unit in bytes (capped by the receiver's limit).
-    pub unit_size: u32,
-    /// Also compare a BLAKE3 hash of each whole file end to end.
-    pub verify: bool,
-    /// Compare files already at the receiver by content (BLAKE3, hashed on both sides), not by
-    /// size and mtime: a file rewritten with the same size and mtime is sent again.
-    pub checksum: bool,
-    /// Read source files with direct I/O (`O_DIRECT`), bypassing the page cache: for parallel
-    /// file systems, and so that a transfer does not fill this host's page cache. A file whose
-    /// file system does not support it fails the transfer with that reason.
-    pub direct_io: bool,
-    /// Cap on each stream's sending rate in bytes per second (`SO_MAX_PACING_RATE`, enforced by
-    /// TCP's own pacing), as paper 001 throttles each stream; `None`: no cap.
-    pub stream_rate_cap: Option<u64>,
-    /// Most bytes each stream keeps queued in its socket but not yet sent (`TCP_NOTSENT_LOWAT`;
-    /// data already in flight is not counted, so this does not limit the window). A small queue
-    /// keeps the data being sent in the CPU cache and lets a unit handed to a stream go out
-    /// promptly; [`DEFAULT_UNSENT_LIMIT`] suits most links; 0 leaves the system default
-    /// (`net.ipv4.tcp_notsent_lowat`, unlimited unless set).
-    pub unsent_limit: u32,
-    /// TLS 1.3 on the control connection and every data stream.
-    pub encrypt: bool,
-    /// Without `encrypt`: seal every frame after the key handshake with a keyed BLAKE3 tag
-    /// ([`crate::seal`]), so that nobody on the path can change, drop, replay or reorder a
-    /// chunk or a message unseen, at less cost than encryption.
-    pub integrity: bool,
-    /// TCP, MPTCP or QUIC. MPTCP falls back to TCP where this host or the receiver lacks it
-    /// ([`Transfer::transport`] says which is used, [`Transfer::notices`] why). QUIC encrypts
-    /// everything: the control connection uses TLS as with `encrypt`.
-    pub transport: Transport,
-    /// The congestion controller of each QUIC connection (TCP and MPTCP use the kernel's).
-    pub congestion: Congestion,
-    /// How long the receiver may stay silent before its connection is given up (raised to
-    /// [`MIN_STALL_TIMEOUT`]): on the control connection, where it says `Working` every
-    /// [`wire::HEARTBEAT`] however busy it is, the transfer then fails with a clear error; on a
-    /// data stream with units in flight and no acknowledgement, the stream is closed and its
-    /// units go to the other streams. [`DEFAULT_STALL_TIMEOUT`] suits most links.
-    pub stall_timeout: Duration,
+/// [`SendSource`] as a configuration file writes it: one table whose fields say which kind.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SourceFields {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    paths: Option<Vec<PathBuf>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    destination: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    memory: Option<u64>,
 }
 
-/// Streams a transfer opens at first when nothing else says (`xfer send` without `--streams`).
-pub const DEFAULT_STREAMS: usize = 4;
-/// Default [`SendConfig::unit_size`] (`xfer send` without `--unit-size`): 4 MiB.
-pub const DEFAULT_UNIT_SIZE: u32 = 4 << 20;
+impl SendSource {
+    /// Refuses a source that names nothing to send.
+    pub(crate) fn check(&self) -> Result<(), SendError> {
+        match self {
+            SendSource::Paths { paths, .. } if paths.is_empty() => Err(SendError::Settings(
+                "nothing to send: the source names no path".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
 
-/// Default [`SendConfig::stall_timeout`]: one minute.
-pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(60);
-/// Shortest [`SendConfig::stall_timeout`]: two heartbeats.
-pub const MIN_STALL_TIMEOUT: Duration = Duration::from_secs(2 * wire::HEARTBEAT.as_secs());
+impl TryFrom<SourceFields> for SendSource {
+    type Error = String;
 
-/// Default [`SendConfig::unsent_limit`]: 128 KiB. On the development VM it more than doubled
-/// single-stream throughput over a veth pair (21 to 51 Gbit/s) against the kernel's default of no
-/// limit, which lets each socket queue megabytes that fall out of cache before they are sent.
-pub const DEFAULT_UNSENT_LIMIT: u32 = 128 << 10;
+    fn try_from(fields: SourceFields) -> Result<Self, String> {
+        match fields {
+            SourceFields {
+                paths: Some(paths),
+                destination,
+                memory: None,
+            } => Ok(SendSource::Paths {
+                paths,
+                destination: destination.unwrap_or_default(),
+            }),
+            SourceFields {
+                paths: None,
+                destination: Some(_),
+                memory: Some(_),
+            } => Err(
+                "generated data (memory) goes to a discarding sink; a destination makes no sense"
+                    .into(),
+            ),
+            SourceFields {
+                paths: None,
+                memory: Some(size),
+                ..
+            } => Ok(SendSource::Memory { size }),
+            _ => Err(
+                "a source names either paths or memory, not both or neither: e.g. \
+                 { paths = [\"/data/run42\"], destination = \"incoming\" } or \
+                 { memory = 1000000000 }"
+                    .into(),
+            ),
+        }
+    }
+}
+
+impl From<SendSource> for SourceFields {
+    fn from(source: SendSource) -> Self {
+        match source {
+            SendSource::Paths { paths, destination } => SourceFields {
+                paths: Some(paths),
+                destination: (!destination.as_os_str().is_empty()).then_some(destination),
+                memory: None,
+            },
+            SendSource::Memory { size } => SourceFields {
+                paths: None,
+                destination: None,
+                memory: Some(size),
+            },
+        }
+    }
+}
 
 /// Why a transfer failed. Every variant's text is a complete one-line explanation; the
 /// variants name what a service acts on: which file ([`SendError::Source`],
@@ -326,13 +321,18 @@ impl SendError {
     }
 }
 
-impl SendConfig {
-    /// Whether its connections seal their frames ([`SendConfig::integrity`]; TLS and QUIC
-    /// protect them already).
-    fn seals(&self) -> bool {
-        self.integrity && !self.encrypt && self.transport != Transport::Quic
-    }
+/// Where a transfer goes and how, as its threads read it.
+#[derive(Debug)]
+struct Config {
+    /// The receiver's address, `HOST:PORT`, as given.
+    addr: String,
+    /// The receiver's session key.
+    key: SessionKey,
+    /// How to send.
+    options: SendOptions,
+}
 
+impl Config {
     /// The connection to the receiver broke, for `reason`.
     fn lost(&self, reason: impl std::fmt::Display) -> SendError {
         SendError::Connection {
@@ -347,7 +347,7 @@ impl SendConfig {
         match e {
             WireError::Io(io) if is_timeout(&io) => self.lost(format_args!(
                 "the receiver sent nothing for {} s, not even its heartbeat",
-                self.stall_timeout.as_secs_f64()
+                self.options.stall_timeout.as_secs_f64()
             )),
             WireError::Io(io) if io.kind() == std::io::ErrorKind::UnexpectedEof => {
                 self.lost("the connection closed (if the receiver closed it, its log says why)")
@@ -425,12 +425,7 @@ pub struct Progress {
 /// Statistics of one open stream.
 ///
 /// ```
-/// use transfer::quic::Congestion;
-/// use transfer::sender::{
-///     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
-///     DEFAULT_UNSENT_LIMIT,
-/// };
-/// use transfer::transport::Transport;
+/// use transfer::sender::{SendOptions, SendSource, Transfer};
 ///
 /// # let root = tempfile::tempdir()?;
 /// # let (key_text, key) = transfer::auth::SessionKey::generate();
@@ -440,23 +435,8 @@ pub struct Progress {
 /// # )?;
 /// # let addr = receiver.local_addr()?.to_string();
 /// # std::thread::spawn(move || receiver.serve(None));
-/// let config = SendConfig {
-///     addr,
-///     key,
-///     streams: 2,
-///     unit_size: DEFAULT_UNIT_SIZE,
-///     verify: false,
-///     checksum: false,
-///     direct_io: false,
-///     stream_rate_cap: None,
-///     unsent_limit: DEFAULT_UNSENT_LIMIT,
-///     encrypt: false,
-///     integrity: false,
-///     transport: Transport::Tcp,
-///     congestion: Congestion::default(),
-///     stall_timeout: DEFAULT_STALL_TIMEOUT,
-/// };
-/// let transfer = Transfer::start(config, SendSource::Memory { size: 64 << 20 })?;
+/// let options = SendOptions::default().streams(2);
+/// let transfer = Transfer::start(&addr, key, SendSource::Memory { size: 64 << 20 }, options)?;
 /// for sample in transfer.sample_streams() {
 ///     println!("stream {}: RTT {} us, {} retransmitted", sample.stream, sample.tcp.rtt_us, sample.tcp.total_retrans);
 /// }
@@ -479,12 +459,7 @@ pub struct StreamSample {
 /// The result of a finished transfer.
 ///
 /// ```
-/// # use transfer::quic::Congestion;
-/// # use transfer::sender::{
-/// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
-/// #     DEFAULT_UNSENT_LIMIT,
-/// # };
-/// # use transfer::transport::Transport;
+/// # use transfer::sender::{SendOptions, SendSource, Transfer};
 /// # let root = tempfile::tempdir()?;
 /// # let (key_text, key) = transfer::auth::SessionKey::generate();
 /// # let receiver = transfer::receiver::Receiver::bind(
@@ -493,23 +468,8 @@ pub struct StreamSample {
 /// # )?;
 /// # let addr = receiver.local_addr()?.to_string();
 /// # std::thread::spawn(move || receiver.serve(None));
-/// # let config = SendConfig {
-/// #     addr,
-/// #     key,
-/// #     streams: 2,
-/// #     unit_size: DEFAULT_UNIT_SIZE,
-/// #     verify: false,
-/// #     checksum: false,
-/// #     direct_io: false,
-/// #     stream_rate_cap: None,
-/// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
-/// #     encrypt: false,
-/// #     integrity: false,
-/// #     transport: Transport::Tcp,
-/// #     congestion: Congestion::default(),
-/// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
-/// # };
-/// let summary = Transfer::start(config, SendSource::Memory { size: 8 << 20 })?.wait()?;
+/// # let options = SendOptions::default().streams(2);
+/// let summary = Transfer::start(&addr, key, SendSource::Memory { size: 8 << 20 }, options)?.wait()?;
 /// println!(
 ///     "session {}: {} bytes in {:.2} s over {}, {} retransmitted segments",
 ///     summary.session, summary.bytes, summary.seconds, summary.transport, summary.retransmits
@@ -589,7 +549,7 @@ enum ManagerEvent {
 
 /// State shared by the transfer's threads.
 struct Shared {
-    config: SendConfig,
+    config: Config,
     addrs: Vec<SocketAddr>,
     /// The transport in use: the one asked for, or TCP where MPTCP could not be had.
     transport: Transport,
@@ -598,7 +558,7 @@ struct Shared {
     session: [u8; 16],
     /// What this session's data streams prove (derived in the control handshake).
     session_key: SessionKey,
-    /// Whether the streams seal their frames ([`SendConfig::integrity`]).
+    /// Whether the streams seal their frames ([`SendOptions::integrity`]).
     sealed: bool,
     /// Files announced and not yet settled (finalised, or found complete), by number.
     files: RwLock<HashMap<u32, Arc<SourceFile>>>,
@@ -920,12 +880,7 @@ impl Shared {
 /// reads the streams' counters, uses it instead of a [`crate::job::SendJob`].
 ///
 /// ```
-/// # use transfer::quic::Congestion;
-/// # use transfer::sender::{
-/// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
-/// #     DEFAULT_UNSENT_LIMIT,
-/// # };
-/// # use transfer::transport::Transport;
+/// # use transfer::sender::{SendOptions, SendSource, Transfer};
 /// # let root = tempfile::tempdir()?;
 /// # let (key_text, key) = transfer::auth::SessionKey::generate();
 /// # let receiver = transfer::receiver::Receiver::bind(
@@ -934,23 +889,8 @@ impl Shared {
 /// # )?;
 /// # let addr = receiver.local_addr()?.to_string();
 /// # std::thread::spawn(move || receiver.serve(None));
-/// # let config = SendConfig {
-/// #     addr,
-/// #     key,
-/// #     streams: 2,
-/// #     unit_size: DEFAULT_UNIT_SIZE,
-/// #     verify: false,
-/// #     checksum: false,
-/// #     direct_io: false,
-/// #     stream_rate_cap: None,
-/// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
-/// #     encrypt: false,
-/// #     integrity: false,
-/// #     transport: Transport::Tcp,
-/// #     congestion: Congestion::default(),
-/// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
-/// # };
-/// let transfer = Transfer::start(config, SendSource::Memory { size: 256 << 20 })?;
+/// # let options = SendOptions::default().streams(2);
+/// let transfer = Transfer::start(&addr, key, SendSource::Memory { size: 256 << 20 }, options)?;
 /// transfer.set_target_streams(4);
 /// while !transfer.wait_timeout(std::time::Duration::from_millis(100)) {
 ///     let p = transfer.progress();
@@ -973,12 +913,7 @@ impl Transfer {
     /// (such as a directory deep in a source that cannot be read) by [`Transfer::wait`].
     ///
     /// ```
-    /// # use transfer::quic::Congestion;
-    /// # use transfer::sender::{
-    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
-    /// #     DEFAULT_UNSENT_LIMIT,
-    /// # };
-    /// # use transfer::transport::Transport;
+    /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
     /// # let receiver = transfer::receiver::Receiver::bind(
@@ -987,58 +922,44 @@ impl Transfer {
     /// # )?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
-    /// # let config = SendConfig {
-    /// #     addr,
-    /// #     key,
-    /// #     streams: 2,
-    /// #     unit_size: DEFAULT_UNIT_SIZE,
-    /// #     verify: false,
-    /// #     checksum: false,
-    /// #     direct_io: false,
-    /// #     stream_rate_cap: None,
-    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
-    /// #     encrypt: false,
-    /// #     integrity: false,
-    /// #     transport: Transport::Tcp,
-    /// #     congestion: Congestion::default(),
-    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
-    /// # };
-    /// let source = SendSource::Paths { paths: vec!["/nonexistent/data".into()], dest: Vec::new() };
-    /// match Transfer::start(config, source) {
+    /// # let options = SendOptions::default().streams(2);
+    /// let source = SendSource::Paths {
+    ///     paths: vec!["/nonexistent/data".into()],
+    ///     destination: "incoming".into(),
+    /// };
+    /// match Transfer::start(&addr, key, source, options) {
     ///     Err(transfer::sender::SendError::Source { path, .. }) => assert_eq!(path, "/nonexistent/data"),
     ///     other => panic!("{:?}", other.err()),
     /// }
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn start(mut config: SendConfig, source: SendSource) -> Result<Transfer, SendError> {
+    pub fn start(
+        receiver: &str,
+        key: SessionKey,
+        source: SendSource,
+        mut options: SendOptions,
+    ) -> Result<Transfer, SendError> {
         let start = Instant::now();
-        if config.transport != Transport::Tcp && config.stream_rate_cap.is_some() {
-            return Err(SendError::Settings(format!(
-                "a per-stream rate cap needs TCP: {}",
-                match config.transport {
-                    Transport::Mptcp => "Linux cannot pace MPTCP connections (SO_MAX_PACING_RATE)",
-                    _ => "QUIC connections are paced by their congestion controller alone",
-                }
-            )));
+        options.check()?;
+        source.check()?;
+        if options.transport == Transport::Quic {
+            options.encrypt = true;
         }
-        if config.transport == Transport::Quic {
-            config.encrypt = true;
-        }
-        config.stall_timeout = config.stall_timeout.max(MIN_STALL_TIMEOUT);
+        options.stall_timeout = options.stall_timeout.max(MIN_STALL_TIMEOUT);
         let (first_batch, source_data, scanner, dest, sink) = match source {
-            SendSource::Paths { paths, dest } => {
+            SendSource::Paths { paths, destination } => {
                 let mut scanner = Scanner::new(&paths)?;
-                if config.checksum {
+                if options.checksum {
                     scanner = scanner.by_content();
                 }
                 let first = scanner.next_batch(wire::BATCH_ENTRIES)?;
                 (
                     first,
                     SourceData::Files {
-                        direct: config.direct_io,
+                        direct: options.direct_io,
                     },
                     Some(scanner),
-                    dest,
+                    destination.as_os_str().as_bytes().to_vec(),
                     SinkKind::Files,
                 )
             }
@@ -1048,9 +969,14 @@ impl Transfer {
                     local_paths: vec![PathBuf::new()],
                     skipped: Vec::new(),
                 };
-                let pattern = SourceData::pattern(config.unit_size);
+                let pattern = SourceData::pattern(options.unit_size);
                 (memory, pattern, None, Vec::new(), SinkKind::Discard)
             }
+        };
+        let config = Config {
+            addr: receiver.to_string(),
+            key,
+            options,
         };
         let addrs = resolve(&config.addr)?;
         let ControlLink {
@@ -1077,9 +1003,9 @@ impl Transfer {
         let (manager_tx, manager_rx) = mpsc::channel();
         let max_streams = limits.max_streams.max(1) as usize;
         // Largest unit in bytes: the configured size within the receiver's limit.
-        let unit_size = config.unit_size.clamp(1, limits.max_chunk);
+        let unit_size = config.options.unit_size.clamp(1, limits.max_chunk);
         let shared = Arc::new(Shared {
-            target: AtomicUsize::new(config.streams.clamp(1, max_streams)),
+            target: AtomicUsize::new(config.options.streams.clamp(1, max_streams)),
             config,
             addrs,
             transport,
@@ -1167,12 +1093,7 @@ impl Transfer {
     /// Sets the number of streams; it takes effect at once (clamped to 1..=the receiver's limit).
     ///
     /// ```
-    /// # use transfer::quic::Congestion;
-    /// # use transfer::sender::{
-    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
-    /// #     DEFAULT_UNSENT_LIMIT,
-    /// # };
-    /// # use transfer::transport::Transport;
+    /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
     /// # let receiver = transfer::receiver::Receiver::bind(
@@ -1181,23 +1102,8 @@ impl Transfer {
     /// # )?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
-    /// # let config = SendConfig {
-    /// #     addr,
-    /// #     key,
-    /// #     streams: 2,
-    /// #     unit_size: DEFAULT_UNIT_SIZE,
-    /// #     verify: false,
-    /// #     checksum: false,
-    /// #     direct_io: false,
-    /// #     stream_rate_cap: None,
-    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
-    /// #     encrypt: false,
-    /// #     integrity: false,
-    /// #     transport: Transport::Tcp,
-    /// #     congestion: Congestion::default(),
-    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
-    /// # };
-    /// let transfer = Transfer::start(config, SendSource::Memory { size: 64 << 20 })?;
+    /// # let options = SendOptions::default().streams(2);
+    /// let transfer = Transfer::start(&addr, key, SendSource::Memory { size: 64 << 20 }, options)?;
     /// transfer.set_target_streams(8);
     /// assert_eq!(transfer.progress().streams_target, 8);
     /// transfer.set_target_streams(0);
@@ -1220,12 +1126,7 @@ impl Transfer {
     /// use std::time::Duration;
     /// use transfer::optimizer::Fixed;
     /// use transfer::sender::OptimizerSettings;
-    /// # use transfer::quic::Congestion;
-    /// # use transfer::sender::{
-    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
-    /// #     DEFAULT_UNSENT_LIMIT,
-    /// # };
-    /// # use transfer::transport::Transport;
+    /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
     /// # let receiver = transfer::receiver::Receiver::bind(
@@ -1234,23 +1135,8 @@ impl Transfer {
     /// # )?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
-    /// # let config = SendConfig {
-    /// #     addr,
-    /// #     key,
-    /// #     streams: 2,
-    /// #     unit_size: DEFAULT_UNIT_SIZE,
-    /// #     verify: false,
-    /// #     checksum: false,
-    /// #     direct_io: false,
-    /// #     stream_rate_cap: None,
-    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
-    /// #     encrypt: false,
-    /// #     integrity: false,
-    /// #     transport: Transport::Tcp,
-    /// #     congestion: Congestion::default(),
-    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
-    /// # };
-    /// let transfer = Transfer::start(config, SendSource::Memory { size: 64 << 20 })?;
+    /// # let options = SendOptions::default().streams(2);
+    /// let transfer = Transfer::start(&addr, key, SendSource::Memory { size: 64 << 20 }, options)?;
     /// let (log, intervals) = std::sync::mpsc::channel();
     /// let settings = OptimizerSettings { interval: Duration::from_millis(50), ..Default::default() };
     /// transfer.optimize(Box::new(Fixed(3)), settings, Some(log))?;
@@ -1283,12 +1169,7 @@ impl Transfer {
     /// the transfer is over; they are kept until taken.
     ///
     /// ```
-    /// # use transfer::quic::Congestion;
-    /// # use transfer::sender::{
-    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
-    /// #     DEFAULT_UNSENT_LIMIT,
-    /// # };
-    /// # use transfer::transport::Transport;
+    /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
     /// # let receiver = transfer::receiver::Receiver::bind(
@@ -1297,27 +1178,12 @@ impl Transfer {
     /// # )?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
-    /// # let config = SendConfig {
-    /// #     addr,
-    /// #     key,
-    /// #     streams: 2,
-    /// #     unit_size: DEFAULT_UNIT_SIZE,
-    /// #     verify: false,
-    /// #     checksum: false,
-    /// #     direct_io: false,
-    /// #     stream_rate_cap: None,
-    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
-    /// #     encrypt: false,
-    /// #     integrity: false,
-    /// #     transport: Transport::Tcp,
-    /// #     congestion: Congestion::default(),
-    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
-    /// # };
+    /// # let options = SendOptions::default().streams(2);
     /// let src = tempfile::tempdir()?;
     /// std::fs::write(src.path().join("data"), b"payload")?;
     /// std::os::unix::fs::symlink("data", src.path().join("link"))?;
-    /// let source = SendSource::Paths { paths: vec![src.path().into()], dest: Vec::new() };
-    /// let transfer = Transfer::start(config, source)?;
+    /// let source = SendSource::Paths { paths: vec![src.path().into()], destination: "".into() };
+    /// let transfer = Transfer::start(&addr, key, source, options)?;
     /// transfer.wait_timeout(std::time::Duration::from_secs(10));
     /// let skipped = transfer.take_skipped_sources();
     /// assert!(skipped[0].contains("link"), "{skipped:?}");
@@ -1332,11 +1198,7 @@ impl Transfer {
     /// The transport the streams use: the one asked for, or TCP where MPTCP could not be had.
     ///
     /// ```
-    /// # use transfer::quic::Congestion;
-    /// # use transfer::sender::{
-    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
-    /// #     DEFAULT_UNSENT_LIMIT,
-    /// # };
+    /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # use transfer::transport::Transport;
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
@@ -1346,23 +1208,8 @@ impl Transfer {
     /// # )?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
-    /// # let config = SendConfig {
-    /// #     addr,
-    /// #     key,
-    /// #     streams: 2,
-    /// #     unit_size: DEFAULT_UNIT_SIZE,
-    /// #     verify: false,
-    /// #     checksum: false,
-    /// #     direct_io: false,
-    /// #     stream_rate_cap: None,
-    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
-    /// #     encrypt: false,
-    /// #     integrity: false,
-    /// #     transport: Transport::Tcp,
-    /// #     congestion: Congestion::default(),
-    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
-    /// # };
-    /// let transfer = Transfer::start(config, SendSource::Memory { size: 1 << 20 })?;
+    /// # let options = SendOptions::default().streams(2);
+    /// let transfer = Transfer::start(&addr, key, SendSource::Memory { size: 1 << 20 }, options)?;
     /// assert_eq!(transfer.transport(), Transport::Tcp);
     /// transfer.wait()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -1375,12 +1222,7 @@ impl Transfer {
     /// used).
     ///
     /// ```
-    /// # use transfer::quic::Congestion;
-    /// # use transfer::sender::{
-    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
-    /// #     DEFAULT_UNSENT_LIMIT,
-    /// # };
-    /// # use transfer::transport::Transport;
+    /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
     /// # let receiver = transfer::receiver::Receiver::bind(
@@ -1389,23 +1231,8 @@ impl Transfer {
     /// # )?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
-    /// # let config = SendConfig {
-    /// #     addr,
-    /// #     key,
-    /// #     streams: 2,
-    /// #     unit_size: DEFAULT_UNIT_SIZE,
-    /// #     verify: false,
-    /// #     checksum: false,
-    /// #     direct_io: false,
-    /// #     stream_rate_cap: None,
-    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
-    /// #     encrypt: false,
-    /// #     integrity: false,
-    /// #     transport: Transport::Tcp,
-    /// #     congestion: Congestion::default(),
-    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
-    /// # };
-    /// let transfer = Transfer::start(config, SendSource::Memory { size: 1 << 20 })?;
+    /// # let options = SendOptions::default().streams(2);
+    /// let transfer = Transfer::start(&addr, key, SendSource::Memory { size: 1 << 20 }, options)?;
     /// for notice in transfer.notices() {
     ///     eprintln!("note: {notice}");
     /// }
@@ -1419,12 +1246,7 @@ impl Transfer {
     /// A snapshot of progress counters (cheap: reads atomics and two small locks).
     ///
     /// ```
-    /// # use transfer::quic::Congestion;
-    /// # use transfer::sender::{
-    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
-    /// #     DEFAULT_UNSENT_LIMIT,
-    /// # };
-    /// # use transfer::transport::Transport;
+    /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
     /// # let receiver = transfer::receiver::Receiver::bind(
@@ -1433,23 +1255,8 @@ impl Transfer {
     /// # )?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
-    /// # let config = SendConfig {
-    /// #     addr,
-    /// #     key,
-    /// #     streams: 2,
-    /// #     unit_size: DEFAULT_UNIT_SIZE,
-    /// #     verify: false,
-    /// #     checksum: false,
-    /// #     direct_io: false,
-    /// #     stream_rate_cap: None,
-    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
-    /// #     encrypt: false,
-    /// #     integrity: false,
-    /// #     transport: Transport::Tcp,
-    /// #     congestion: Congestion::default(),
-    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
-    /// # };
-    /// let transfer = Transfer::start(config, SendSource::Memory { size: 16 << 20 })?;
+    /// # let options = SendOptions::default().streams(2);
+    /// let transfer = Transfer::start(&addr, key, SendSource::Memory { size: 16 << 20 }, options)?;
     /// let before = transfer.progress();
     /// assert_eq!(before.bytes_total, 16 << 20);
     /// transfer.wait_timeout(std::time::Duration::from_secs(10));
@@ -1478,12 +1285,7 @@ impl Transfer {
     /// interval records ([`MiRecord`]) count it.
     ///
     /// ```
-    /// # use transfer::quic::Congestion;
-    /// # use transfer::sender::{
-    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
-    /// #     DEFAULT_UNSENT_LIMIT,
-    /// # };
-    /// # use transfer::transport::Transport;
+    /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
     /// # let receiver = transfer::receiver::Receiver::bind(
@@ -1492,23 +1294,8 @@ impl Transfer {
     /// # )?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
-    /// # let config = SendConfig {
-    /// #     addr,
-    /// #     key,
-    /// #     streams: 2,
-    /// #     unit_size: DEFAULT_UNIT_SIZE,
-    /// #     verify: false,
-    /// #     checksum: false,
-    /// #     direct_io: false,
-    /// #     stream_rate_cap: None,
-    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
-    /// #     encrypt: false,
-    /// #     integrity: false,
-    /// #     transport: Transport::Tcp,
-    /// #     congestion: Congestion::default(),
-    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
-    /// # };
-    /// let transfer = Transfer::start(config, SendSource::Memory { size: 64 << 20 })?;
+    /// # let options = SendOptions::default().streams(2);
+    /// let transfer = Transfer::start(&addr, key, SendSource::Memory { size: 64 << 20 }, options)?;
     /// let acked: u64 = transfer.sample_streams().iter().map(|s| s.tcp.bytes_acked).sum();
     /// println!("{acked} bytes acknowledged by TCP so far");
     /// transfer.wait()?;
@@ -1521,12 +1308,7 @@ impl Transfer {
     /// The session's id, which the receiver's events and logs use too.
     ///
     /// ```
-    /// # use transfer::quic::Congestion;
-    /// # use transfer::sender::{
-    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
-    /// #     DEFAULT_UNSENT_LIMIT,
-    /// # };
-    /// # use transfer::transport::Transport;
+    /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
     /// # let receiver = transfer::receiver::Receiver::bind(
@@ -1535,23 +1317,8 @@ impl Transfer {
     /// # )?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
-    /// # let config = SendConfig {
-    /// #     addr,
-    /// #     key,
-    /// #     streams: 2,
-    /// #     unit_size: DEFAULT_UNIT_SIZE,
-    /// #     verify: false,
-    /// #     checksum: false,
-    /// #     direct_io: false,
-    /// #     stream_rate_cap: None,
-    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
-    /// #     encrypt: false,
-    /// #     integrity: false,
-    /// #     transport: Transport::Tcp,
-    /// #     congestion: Congestion::default(),
-    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
-    /// # };
-    /// let transfer = Transfer::start(config, SendSource::Memory { size: 1 << 20 })?;
+    /// # let options = SendOptions::default().streams(2);
+    /// let transfer = Transfer::start(&addr, key, SendSource::Memory { size: 1 << 20 }, options)?;
     /// let session = transfer.session();
     /// assert_eq!(transfer.wait()?.session, session);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -1563,12 +1330,7 @@ impl Transfer {
     /// A handle that cancels this transfer from any thread ([`SendError::Cancelled`]).
     ///
     /// ```
-    /// # use transfer::quic::Congestion;
-    /// # use transfer::sender::{
-    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
-    /// #     DEFAULT_UNSENT_LIMIT,
-    /// # };
-    /// # use transfer::transport::Transport;
+    /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
     /// # let receiver = transfer::receiver::Receiver::bind(
@@ -1577,23 +1339,8 @@ impl Transfer {
     /// # )?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
-    /// # let config = SendConfig {
-    /// #     addr,
-    /// #     key,
-    /// #     streams: 2,
-    /// #     unit_size: DEFAULT_UNIT_SIZE,
-    /// #     verify: false,
-    /// #     checksum: false,
-    /// #     direct_io: false,
-    /// #     stream_rate_cap: None,
-    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
-    /// #     encrypt: false,
-    /// #     integrity: false,
-    /// #     transport: Transport::Tcp,
-    /// #     congestion: Congestion::default(),
-    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
-    /// # };
-    /// let transfer = Transfer::start(config, SendSource::Memory { size: 1 << 40 })?;
+    /// # let options = SendOptions::default().streams(2);
+    /// let transfer = Transfer::start(&addr, key, SendSource::Memory { size: 1 << 40 }, options)?;
     /// let canceller = transfer.canceller();
     /// std::thread::spawn(move || canceller.cancel());
     /// assert_eq!(transfer.wait().unwrap_err(), transfer::sender::SendError::Cancelled);
@@ -1606,12 +1353,7 @@ impl Transfer {
     /// Waits up to `timeout` for the transfer to end; `true` when it has.
     ///
     /// ```
-    /// # use transfer::quic::Congestion;
-    /// # use transfer::sender::{
-    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
-    /// #     DEFAULT_UNSENT_LIMIT,
-    /// # };
-    /// # use transfer::transport::Transport;
+    /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
     /// # let receiver = transfer::receiver::Receiver::bind(
@@ -1620,23 +1362,8 @@ impl Transfer {
     /// # )?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
-    /// # let config = SendConfig {
-    /// #     addr,
-    /// #     key,
-    /// #     streams: 2,
-    /// #     unit_size: DEFAULT_UNIT_SIZE,
-    /// #     verify: false,
-    /// #     checksum: false,
-    /// #     direct_io: false,
-    /// #     stream_rate_cap: None,
-    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
-    /// #     encrypt: false,
-    /// #     integrity: false,
-    /// #     transport: Transport::Tcp,
-    /// #     congestion: Congestion::default(),
-    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
-    /// # };
-    /// let transfer = Transfer::start(config, SendSource::Memory { size: 4 << 20 })?;
+    /// # let options = SendOptions::default().streams(2);
+    /// let transfer = Transfer::start(&addr, key, SendSource::Memory { size: 4 << 20 }, options)?;
     /// while !transfer.wait_timeout(std::time::Duration::from_millis(200)) {
     ///     println!("{} bytes", transfer.progress().bytes_acked);
     /// }
@@ -1650,12 +1377,7 @@ impl Transfer {
     /// Waits for the end of the transfer and returns its summary or its error.
     ///
     /// ```
-    /// # use transfer::quic::Congestion;
-    /// # use transfer::sender::{
-    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
-    /// #     DEFAULT_UNSENT_LIMIT,
-    /// # };
-    /// # use transfer::transport::Transport;
+    /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
     /// # let receiver = transfer::receiver::Receiver::bind(
@@ -1664,23 +1386,8 @@ impl Transfer {
     /// # )?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
-    /// # let config = SendConfig {
-    /// #     addr,
-    /// #     key,
-    /// #     streams: 2,
-    /// #     unit_size: DEFAULT_UNIT_SIZE,
-    /// #     verify: false,
-    /// #     checksum: false,
-    /// #     direct_io: false,
-    /// #     stream_rate_cap: None,
-    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
-    /// #     encrypt: false,
-    /// #     integrity: false,
-    /// #     transport: Transport::Tcp,
-    /// #     congestion: Congestion::default(),
-    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
-    /// # };
-    /// let summary = Transfer::start(config, SendSource::Memory { size: 4 << 20 })?.wait()?;
+    /// # let options = SendOptions::default().streams(2);
+    /// let summary = Transfer::start(&addr, key, SendSource::Memory { size: 4 << 20 }, options)?.wait()?;
     /// assert_eq!(summary.bytes, 4 << 20);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -1724,12 +1431,7 @@ impl Transfer {
 /// that has ended does nothing; the handle does not keep the transfer's resources alive.
 ///
 /// ```
-/// # use transfer::quic::Congestion;
-/// # use transfer::sender::{
-/// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
-/// #     DEFAULT_UNSENT_LIMIT,
-/// # };
-/// # use transfer::transport::Transport;
+/// # use transfer::sender::{SendOptions, SendSource, Transfer};
 /// # let root = tempfile::tempdir()?;
 /// # let (key_text, key) = transfer::auth::SessionKey::generate();
 /// # let receiver = transfer::receiver::Receiver::bind(
@@ -1738,23 +1440,8 @@ impl Transfer {
 /// # )?;
 /// # let addr = receiver.local_addr()?.to_string();
 /// # std::thread::spawn(move || receiver.serve(None));
-/// # let config = SendConfig {
-/// #     addr,
-/// #     key,
-/// #     streams: 2,
-/// #     unit_size: DEFAULT_UNIT_SIZE,
-/// #     verify: false,
-/// #     checksum: false,
-/// #     direct_io: false,
-/// #     stream_rate_cap: None,
-/// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
-/// #     encrypt: false,
-/// #     integrity: false,
-/// #     transport: Transport::Tcp,
-/// #     congestion: Congestion::default(),
-/// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
-/// # };
-/// let transfer = Transfer::start(config, SendSource::Memory { size: 1 << 40 })?;
+/// # let options = SendOptions::default().streams(2);
+/// let transfer = Transfer::start(&addr, key, SendSource::Memory { size: 1 << 40 }, options)?;
 /// let canceller = transfer.canceller();
 /// canceller.cancel();
 /// assert_eq!(transfer.wait().unwrap_err(), transfer::sender::SendError::Cancelled);
@@ -1768,12 +1455,7 @@ impl Canceller {
     /// Cancels the transfer unless it has ended.
     ///
     /// ```
-    /// # use transfer::quic::Congestion;
-    /// # use transfer::sender::{
-    /// #     SendConfig, SendSource, Transfer, DEFAULT_STALL_TIMEOUT, DEFAULT_UNIT_SIZE,
-    /// #     DEFAULT_UNSENT_LIMIT,
-    /// # };
-    /// # use transfer::transport::Transport;
+    /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
     /// # let receiver = transfer::receiver::Receiver::bind(
@@ -1782,23 +1464,8 @@ impl Canceller {
     /// # )?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
-    /// # let config = SendConfig {
-    /// #     addr,
-    /// #     key,
-    /// #     streams: 2,
-    /// #     unit_size: DEFAULT_UNIT_SIZE,
-    /// #     verify: false,
-    /// #     checksum: false,
-    /// #     direct_io: false,
-    /// #     stream_rate_cap: None,
-    /// #     unsent_limit: DEFAULT_UNSENT_LIMIT,
-    /// #     encrypt: false,
-    /// #     integrity: false,
-    /// #     transport: Transport::Tcp,
-    /// #     congestion: Congestion::default(),
-    /// #     stall_timeout: DEFAULT_STALL_TIMEOUT,
-    /// # };
-    /// let transfer = Transfer::start(config, SendSource::Memory { size: 1 << 40 })?;
+    /// # let options = SendOptions::default().streams(2);
+    /// let transfer = Transfer::start(&addr, key, SendSource::Memory { size: 1 << 40 }, options)?;
     /// transfer.canceller().cancel();
     /// assert!(transfer.wait().is_err());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -1839,7 +1506,7 @@ enum ControlFailure {
 
 /// Connects the control connection and runs its key handshake, trying again (up to
 /// [`CONTROL_ATTEMPTS`] in all) when the receiver closes it first.
-fn open_control(addrs: &[SocketAddr], config: &SendConfig) -> Result<ControlLink, SendError> {
+fn open_control(addrs: &[SocketAddr], config: &Config) -> Result<ControlLink, SendError> {
     let mut pause = Duration::from_millis(100);
     let mut attempt = 0;
     loop {
@@ -1890,11 +1557,11 @@ pub(super) fn with_jitter(pause: Duration) -> Duration {
 }
 
 /// One attempt of [`open_control`].
-fn try_control(addrs: &[SocketAddr], config: &SendConfig) -> Result<ControlLink, ControlFailure> {
-    let (socket, transport, fallback) = try_connect(addrs, config.transport)
+fn try_control(addrs: &[SocketAddr], config: &Config) -> Result<ControlLink, ControlFailure> {
+    let (socket, transport, fallback) = try_connect(addrs, config.options.transport)
         .map_err(|e| ControlFailure::of(e, |e| connect_error(&config.addr, e)))?;
     socket
-        .set_read_timeout(Some(config.stall_timeout))
+        .set_read_timeout(Some(config.options.stall_timeout))
         .map_err(|e| ControlFailure::Failed(config.lost(e)))?;
     let failure = |e| match e {
         AuthError::Wire(WireError::Io(io)) => {
@@ -1903,8 +1570,8 @@ fn try_control(addrs: &[SocketAddr], config: &SendConfig) -> Result<ControlLink,
         AuthError::Limited(limit @ Limit::Authenticating { .. }) => ControlFailure::Busy(limit),
         other => ControlFailure::Failed(config.handshake_failed(other)),
     };
-    let (reader, writer, channel) =
-        link::client(&socket, config.encrypt).map_err(|e| failure(AuthError::from_io(e)))?;
+    let (reader, writer, channel) = link::client(&socket, config.options.encrypt)
+        .map_err(|e| failure(AuthError::from_io(e)))?;
     let mut reader = FrameReader::new(std::io::BufReader::new(reader), 0);
     let mut writer = FrameWriter::new(writer);
     let welcomed = auth::handshake_as_client(
@@ -1913,7 +1580,7 @@ fn try_control(addrs: &[SocketAddr], config: &SendConfig) -> Result<ControlLink,
         &channel,
         &config.key,
         Role::Control,
-        config.seals(),
+        config.options.seals(),
     )
     .map_err(failure)?;
     Ok(ControlLink {
@@ -2001,7 +1668,7 @@ fn sample_connection(
 /// The receiver's next message on the control connection that is not its heartbeat.
 fn read_answer<R: std::io::Read>(
     reader: &mut FrameReader<R>,
-    config: &SendConfig,
+    config: &Config,
 ) -> Result<Message, SendError> {
     loop {
         match reader.read_message() {
@@ -2017,12 +1684,13 @@ fn ask_for_quic<R: std::io::Read>(
     reader: &mut FrameReader<R>,
     writer: &mut impl FrameWrite,
     session: &[u8; 16],
-    config: &SendConfig,
+    config: &Config,
 ) -> Result<QuicClient, SendError> {
     wire::write_message(writer, &Message::QuicRequest).map_err(|e| config.lost(e))?;
     match read_answer(reader, config)? {
         Message::QuicOffer { certificate } => {
-            QuicClient::new(session, certificate, config.congestion).map_err(|e| config.lost(e))
+            QuicClient::new(session, certificate, config.options.congestion)
+                .map_err(|e| config.lost(e))
         }
         Message::Refused { reason } => Err(SendError::refused(reason)),
         other => Err(SendError::Protocol(format!(

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use super::join::{self, Join, Pace};
 use super::source::UnitBuffer;
 use super::{
-    connect, sample_connection, ManagerEvent, SendConfig, SendError, Shared, Unit, CONNECT_TIMEOUT,
-    MAX_STREAM_FAILURES,
+    connect, sample_connection, ManagerEvent, SendError, SendOptions, Shared, Unit,
+    CONNECT_TIMEOUT, MAX_STREAM_FAILURES,
 };
 use crate::auth::{self, AuthError, ChannelBinding};
 use crate::link::{self, Connection, LinkWriter};
@@ -92,7 +92,7 @@ impl StreamHandle {
     fn close_if_stalled(&self, shared: &Shared) {
         let since = self.waiting_since_ms.load(Ordering::Acquire);
         let now = shared.start.elapsed().as_millis() as u64;
-        let limit = shared.config.stall_timeout;
+        let limit = shared.config.options.stall_timeout;
         if now.saturating_sub(since) > limit.as_millis() as u64
             && self
                 .waiting_since_ms
@@ -229,7 +229,8 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
             };
             let now = shared.start.elapsed();
             for _ in active.len()..wanted {
-                let join = share.and_then(|s| Join::new(s, shared.config.stream_rate_cap, now));
+                let join =
+                    share.and_then(|s| Join::new(s, shared.config.options.stream_rate_cap, now));
                 let handle = Arc::new(StreamHandle::new(
                     next_id,
                     join.as_ref().map(Join::first_cap),
@@ -277,7 +278,7 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                 .values()
                 .filter(|h| h.connection.get().is_some())
                 .count();
-            let patience = shared.config.stall_timeout;
+            let patience = shared.config.options.stall_timeout;
             if let Some(limit) = busy.given_up(connected, patience, Instant::now()) {
                 shared.fail(SendError::Limited {
                     addr: shared.config.addr.clone(),
@@ -407,13 +408,13 @@ fn open_tcp(
     if let Some(why) = fallback {
         tracing::info!("stream {}: {why}", handle.id);
     }
-    tune_data_socket(&socket, &shared.config, handle.join_cap)
+    tune_data_socket(&socket, &shared.config.options, handle.join_cap)
         .map_err(|e| unless_done(shared, e))?;
     // The handshake is bounded by the stall timeout; afterwards the ack clock watches the stream.
     socket
-        .set_read_timeout(Some(shared.config.stall_timeout))
+        .set_read_timeout(Some(shared.config.options.stall_timeout))
         .map_err(broken)?;
-    let (reader, writer, channel) = link::client(&socket, shared.config.encrypt)
+    let (reader, writer, channel) = link::client(&socket, shared.config.options.encrypt)
         .map_err(|e| handshake_failure(shared, AuthError::from_io(e)))?;
     let (mut reader, mut writer) = (
         FrameReader::new(BufReader::new(reader), 0),
@@ -436,7 +437,7 @@ fn open_quic(
             Ok(stream) => {
                 let mut writer = FrameWriter::new(LinkWriter::Quic(stream.writer));
                 let mut quic_reader = stream.reader;
-                quic_reader.set_read_timeout(Some(shared.config.stall_timeout));
+                quic_reader.set_read_timeout(Some(shared.config.options.stall_timeout));
                 let mut reader = FrameReader::new(BufReader::new(quic_reader), 0);
                 prove_session(shared, &mut reader, &mut writer, &stream.binding)?;
                 reader.get_mut().get_mut().set_read_timeout(None);
@@ -569,13 +570,13 @@ fn carry<R: Read + Send>(
 /// it joins a running transfer with ([`join`]), which is below the configured one.
 fn tune_data_socket(
     socket: &TcpStream,
-    config: &SendConfig,
+    options: &SendOptions,
     join_cap: Option<u64>,
 ) -> Result<(), SendError> {
     socket2::SockRef::from(socket)
-        .set_tcp_notsent_lowat(config.unsent_limit)
+        .set_tcp_notsent_lowat(options.unsent_limit)
         .map_err(|e| SendError::System(format!("cannot limit the unsent queue: {e}")))?;
-    if let Some(rate) = join_cap.or(config.stream_rate_cap) {
+    if let Some(rate) = join_cap.or(options.stream_rate_cap) {
         cap_pacing(socket, rate)
             .map_err(|e| SendError::System(format!("cannot cap the stream rate: {e}")))?;
     }
@@ -708,33 +709,18 @@ fn read_acks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::SessionKey;
 
-    fn config(addr: std::net::SocketAddr, stream_rate_cap: Option<u64>) -> SendConfig {
-        SendConfig {
-            addr: addr.to_string(),
-            key: SessionKey::generate().1,
-            streams: 1,
-            unit_size: 1 << 20,
-            verify: false,
-            checksum: false,
-            direct_io: false,
-            stream_rate_cap,
-            unsent_limit: 96 << 10,
-            encrypt: false,
-            integrity: false,
-            stall_timeout: crate::sender::DEFAULT_STALL_TIMEOUT,
-            transport: crate::transport::Transport::Tcp,
-            congestion: crate::quic::Congestion::Cubic,
-        }
+    fn options(stream_rate_cap: Option<u64>) -> SendOptions {
+        SendOptions::default()
+            .unsent_limit(96 << 10)
+            .stream_rate_cap(stream_rate_cap)
     }
 
     #[test]
     fn data_sockets_get_the_configured_unsent_limit() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let socket = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let config = config(listener.local_addr().unwrap(), Some(1_000_000));
-        tune_data_socket(&socket, &config, None).unwrap();
+        tune_data_socket(&socket, &options(Some(1_000_000)), None).unwrap();
         let sock = socket2::SockRef::from(&socket);
         assert_eq!(sock.tcp_notsent_lowat().unwrap(), 96 << 10);
         assert_eq!(max_pacing_rate(&socket), 1_000_000);
@@ -748,8 +734,7 @@ mod tests {
     fn a_joining_stream_starts_under_its_cap_which_the_manager_raises_and_lifts() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let socket = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let config = config(listener.local_addr().unwrap(), Some(1_000_000));
-        tune_data_socket(&socket, &config, Some(250_000)).unwrap();
+        tune_data_socket(&socket, &options(Some(1_000_000)), Some(250_000)).unwrap();
         assert_eq!(max_pacing_rate(&socket), 250_000);
         let handle = StreamHandle::new(1, Some(250_000));
         handle

@@ -6,11 +6,13 @@
 
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use transfer::auth::{KeySetting, SessionKey};
-use transfer::job::{SendEvent, SendJob, SenderSettings, SourceSetting};
+use transfer::job::{SendEvent, SendJob, SenderSettings};
 use transfer::receiver::{Receiver, ReceiverConfig, ReceiverEvents, ReceiverSettings, Stopper};
 use transfer::sender::{SendError, Summary};
+use transfer::SendSource;
 
 /// The key of every test receiver.
 pub const KEY: &str = "job-api-test-key-0123456789abcdef";
@@ -113,13 +115,16 @@ pub fn paced(addr: &str, file: PathBuf, rate: Option<u64>) -> SenderSettings {
     let mut settings = SenderSettings::new(
         addr,
         KeySetting::Text(KEY.into()),
-        SourceSetting::Paths(vec![file]),
+        SendSource::Paths {
+            paths: vec![file],
+            destination: PathBuf::new(),
+        },
     );
     settings.optimizer = Some("fixed:1".parse().unwrap());
-    settings.streams = 1;
-    settings.unit_size = 1 << 20;
-    settings.stream_rate_cap = rate;
-    settings.progress_every_secs = 0.02;
+    settings.options.streams = 1;
+    settings.options.unit_size = 1 << 20;
+    settings.options.stream_rate_cap = rate;
+    settings.progress_every = Duration::from_millis(20);
     settings
 }
 

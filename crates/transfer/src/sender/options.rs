@@ -1,0 +1,211 @@
+//! How a transfer sends: the one options type of the sending side ([`SendOptions`]), with the
+//! defaults `xfer send` has, set field by field, through its builder methods, or read with
+//! serde from a service's configuration.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::SendError;
+use crate::quic::Congestion;
+use crate::transport::Transport;
+use crate::wire;
+
+/// Streams a transfer opens at first when nothing else says (`xfer send` without `--streams`).
+pub const DEFAULT_STREAMS: usize = 4;
+/// Default [`SendOptions::unit_size`] (`xfer send` without `--unit-size`): 4 MiB.
+pub const DEFAULT_UNIT_SIZE: u32 = 4 << 20;
+/// Default [`SendOptions::stall_timeout`]: one minute.
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Shortest [`SendOptions::stall_timeout`]: two heartbeats.
+pub const MIN_STALL_TIMEOUT: Duration = Duration::from_secs(2 * wire::HEARTBEAT.as_secs());
+/// Default [`SendOptions::unsent_limit`]: 128 KiB. On the development VM it more than doubled
+/// single-stream throughput over a veth pair (21 to 51 Gbit/s) against the kernel's default of no
+/// limit, which lets each socket queue megabytes that fall out of cache before they are sent.
+pub const DEFAULT_UNSENT_LIMIT: u32 = 128 << 10;
+
+/// How to send. Every field has a default (`SendOptions::default()`, the one `xfer send` has);
+/// change the ones you need by assignment or with the builder methods of the same names. In a
+/// configuration file each may be left out, and times read as `"90s"`, `"2m"` or seconds.
+///
+/// ```
+/// use std::time::Duration;
+/// use transfer::sender::SendOptions;
+/// use transfer::transport::Transport;
+///
+/// let options = SendOptions::default()
+///     .streams(8)
+///     .encrypt(true)
+///     .stall_timeout(Duration::from_secs(120));
+/// assert_eq!(options.transport, Transport::Tcp);
+///
+/// let read: SendOptions = toml::from_str("streams = 8\nencrypt = true\nstall_timeout = \"2m\"")?;
+/// assert_eq!(read, options);
+/// // A misspelt field is an error that names it, not a setting silently ignored.
+/// let typo = toml::from_str::<SendOptions>("strems = 4").unwrap_err();
+/// assert!(typo.to_string().contains("unknown field `strems`"), "{typo}");
+/// # Ok::<(), toml::de::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct SendOptions {
+    /// Streams to open at first (a controller, or [`super::Transfer::set_target_streams`],
+    /// changes the count later).
+    pub streams: usize,
+    /// Largest work unit in bytes (capped by the receiver's limit).
+    pub unit_size: u32,
+    /// Also compare a BLAKE3 hash of each whole file end to end.
+    pub verify: bool,
+    /// Compare files already at the receiver by content (BLAKE3, hashed on both sides), not by
+    /// size and mtime: a file rewritten with the same size and mtime is sent again.
+    pub checksum: bool,
+    /// Read source files with direct I/O (`O_DIRECT`), bypassing the page cache: for parallel
+    /// file systems, and so that a transfer does not fill this host's page cache. A file whose
+    /// file system does not support it fails the transfer with that reason.
+    pub direct_io: bool,
+    /// Cap on each stream's sending rate in bytes per second (`SO_MAX_PACING_RATE`, enforced by
+    /// TCP's own pacing), as paper 001 throttles each stream; `None`: no cap. TCP only.
+    pub stream_rate_cap: Option<u64>,
+    /// Most bytes each stream keeps queued in its socket but not yet sent (`TCP_NOTSENT_LOWAT`;
+    /// data already in flight is not counted, so this does not limit the window). A small queue
+    /// keeps the data being sent in the CPU cache and lets a unit handed to a stream go out
+    /// promptly; [`DEFAULT_UNSENT_LIMIT`] suits most links; 0 leaves the system default
+    /// (`net.ipv4.tcp_notsent_lowat`, unlimited unless set).
+    pub unsent_limit: u32,
+    /// TLS 1.3 on the control connection and every data stream.
+    pub encrypt: bool,
+    /// Without `encrypt`: seal every frame after the key handshake with a keyed BLAKE3 tag
+    /// ([`crate::seal`]), so that nobody on the path can change, drop, replay or reorder a
+    /// chunk or a message unseen, at less cost than encryption.
+    pub integrity: bool,
+    /// TCP, MPTCP or QUIC. MPTCP falls back to TCP where this host or the receiver lacks it
+    /// ([`super::Transfer::transport`] says which is used, [`super::Transfer::notices`] why).
+    /// QUIC encrypts everything: the control connection uses TLS as with `encrypt`.
+    pub transport: Transport,
+    /// The congestion controller of each QUIC connection (TCP and MPTCP use the kernel's).
+    pub congestion: Congestion,
+    /// How long the receiver may stay silent before its connection is given up (raised to
+    /// [`MIN_STALL_TIMEOUT`]): on the control connection, where it says `Working` every
+    /// heartbeat however busy it is, the transfer then fails with a clear error; on a data
+    /// stream with units in flight and no acknowledgement, the stream is closed and its units
+    /// go to the other streams. [`DEFAULT_STALL_TIMEOUT`] suits most links.
+    #[serde(with = "crate::duration")]
+    pub stall_timeout: Duration,
+}
+
+impl Default for SendOptions {
+    fn default() -> Self {
+        SendOptions {
+            streams: DEFAULT_STREAMS,
+            unit_size: DEFAULT_UNIT_SIZE,
+            verify: false,
+            checksum: false,
+            direct_io: false,
+            stream_rate_cap: None,
+            unsent_limit: DEFAULT_UNSENT_LIMIT,
+            encrypt: false,
+            integrity: false,
+            transport: Transport::Tcp,
+            congestion: Congestion::default(),
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
+        }
+    }
+}
+
+impl SendOptions {
+    /// Sets [`SendOptions::streams`].
+    pub fn streams(mut self, streams: usize) -> Self {
+        self.streams = streams;
+        self
+    }
+
+    /// Sets [`SendOptions::unit_size`].
+    pub fn unit_size(mut self, bytes: u32) -> Self {
+        self.unit_size = bytes;
+        self
+    }
+
+    /// Sets [`SendOptions::verify`].
+    pub fn verify(mut self, verify: bool) -> Self {
+        self.verify = verify;
+        self
+    }
+
+    /// Sets [`SendOptions::checksum`].
+    pub fn checksum(mut self, checksum: bool) -> Self {
+        self.checksum = checksum;
+        self
+    }
+
+    /// Sets [`SendOptions::direct_io`].
+    pub fn direct_io(mut self, direct_io: bool) -> Self {
+        self.direct_io = direct_io;
+        self
+    }
+
+    /// Sets [`SendOptions::stream_rate_cap`].
+    pub fn stream_rate_cap(mut self, bytes_per_second: Option<u64>) -> Self {
+        self.stream_rate_cap = bytes_per_second;
+        self
+    }
+
+    /// Sets [`SendOptions::unsent_limit`].
+    pub fn unsent_limit(mut self, bytes: u32) -> Self {
+        self.unsent_limit = bytes;
+        self
+    }
+
+    /// Sets [`SendOptions::encrypt`].
+    pub fn encrypt(mut self, encrypt: bool) -> Self {
+        self.encrypt = encrypt;
+        self
+    }
+
+    /// Sets [`SendOptions::integrity`].
+    pub fn integrity(mut self, integrity: bool) -> Self {
+        self.integrity = integrity;
+        self
+    }
+
+    /// Sets [`SendOptions::transport`].
+    pub fn transport(mut self, transport: Transport) -> Self {
+        self.transport = transport;
+        self
+    }
+
+    /// Sets [`SendOptions::congestion`].
+    pub fn congestion(mut self, congestion: Congestion) -> Self {
+        self.congestion = congestion;
+        self
+    }
+
+    /// Sets [`SendOptions::stall_timeout`].
+    pub fn stall_timeout(mut self, timeout: Duration) -> Self {
+        self.stall_timeout = timeout;
+        self
+    }
+
+    /// Refuses options that cannot work together, with the reason.
+    pub(crate) fn check(&self) -> Result<(), SendError> {
+        if self.streams == 0 {
+            return Err(SendError::Settings("streams must be at least 1".into()));
+        }
+        if self.transport != Transport::Tcp && self.stream_rate_cap.is_some() {
+            return Err(SendError::Settings(format!(
+                "a per-stream rate cap needs TCP: {}",
+                match self.transport {
+                    Transport::Mptcp => "Linux cannot pace MPTCP connections (SO_MAX_PACING_RATE)",
+                    _ => "QUIC connections are paced by their congestion controller alone",
+                }
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether its connections seal their frames ([`SendOptions::integrity`]; TLS and QUIC
+    /// protect them already).
+    pub(super) fn seals(&self) -> bool {
+        self.integrity && !self.encrypt && self.transport != Transport::Quic
+    }
+}
