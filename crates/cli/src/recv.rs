@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::Context;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use transfer::auth::{KeySetting, SessionKey};
-use transfer::receiver::{ReceiverSettings, Stopper};
+use transfer::receiver::{Receiver, ReceiverSettings, Stopper};
 
 use crate::args::RecvArgs;
 
@@ -24,7 +24,7 @@ pub fn run(args: RecvArgs) -> anyhow::Result<()> {
         exit_when_stdin_closes();
     }
     let grace = settings.shutdown_grace;
-    let receiver = settings.bind()?;
+    let receiver = Receiver::bind(&settings)?;
     if let Some(addr) = args.metrics {
         crate::metrics_endpoint::serve(addr)?;
     }
@@ -71,19 +71,19 @@ fn settings_from_flags(args: &RecvArgs) -> anyhow::Result<ReceiverSettings> {
     };
     let mut settings = ReceiverSettings::new(root, key);
     settings.listen = args.listen.clone();
-    settings.max_streams = args.max_streams;
-    settings.max_sessions = usize::try_from(args.max_sessions).unwrap_or(usize::MAX);
-    settings.session_memory = args.session_memory;
-    settings.idle_timeout = args.idle_timeout;
-    settings.handshake_timeout = args.handshake_timeout;
-    settings.max_handshakes = usize::try_from(args.max_handshakes).unwrap_or(usize::MAX);
-    settings.max_handshakes_per_source =
+    settings.options.max_streams = args.max_streams;
+    settings.options.max_sessions = usize::try_from(args.max_sessions).unwrap_or(usize::MAX);
+    settings.options.session_memory = args.session_memory;
+    settings.options.idle_timeout = args.idle_timeout;
+    settings.options.handshake_timeout = args.handshake_timeout;
+    settings.options.max_handshakes = usize::try_from(args.max_handshakes).unwrap_or(usize::MAX);
+    settings.options.max_handshakes_per_source =
         usize::try_from(args.max_handshakes_per_source).unwrap_or(usize::MAX);
     settings.shutdown_grace = args.shutdown_grace;
-    settings.require_encryption = args.encrypt;
-    settings.require_integrity = args.integrity;
-    settings.transport = args.transport;
-    settings.direct_io = args.direct_io;
+    settings.options.require_encryption = args.encrypt;
+    settings.options.require_integrity = args.integrity;
+    settings.options.transport = args.transport;
+    settings.options.direct_io = args.direct_io;
     Ok(settings)
 }
 

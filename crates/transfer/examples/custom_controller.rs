@@ -10,7 +10,7 @@ use std::time::Duration;
 use transfer::auth::{KeySetting, SessionKey};
 use transfer::job::{SendEvent, SendJob, SenderSettings};
 use transfer::optimizer::{Controller, Observation};
-use transfer::receiver::{Receiver, ReceiverConfig};
+use transfer::receiver::{Receiver, ReceiverSettings};
 use transfer::SendSource;
 
 /// Adds a stream while that pays, steps back once when it stops paying, then holds.
@@ -42,7 +42,8 @@ impl Controller for Climb {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = tempfile::tempdir()?;
     let (key_text, key) = SessionKey::generate();
-    let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), key))?;
+    let receiver =
+        Receiver::bind(&ReceiverSettings::new(root.path().into(), key).listen("127.0.0.1:0"))?;
     let addr = receiver.local_addr()?.to_string();
     std::thread::spawn(move || receiver.serve(None));
 

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use transfer::auth::{KeySetting, SessionKey};
 use transfer::job::{SendJob, SenderSettings};
-use transfer::receiver::{Receiver, ReceiverConfig};
+use transfer::receiver::{Receiver, ReceiverSettings};
 use transfer::SendSource;
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -50,7 +50,7 @@ fn demo() -> Result<(), Box<dyn Error>> {
         )?;
     }
     let (key_text, key) = SessionKey::generate();
-    let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.clone(), key))?;
+    let receiver = Receiver::bind(&ReceiverSettings::new(root.clone(), key).listen("127.0.0.1:0"))?;
     let addr = receiver.local_addr()?.to_string();
     std::thread::spawn(move || receiver.serve(None));
     send(dir.clone(), &addr, KeySetting::Text(key_text))?;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use transfer::auth::{KeySetting, SessionKey};
 use transfer::job::{SendEvent, SendJob, SenderSettings};
-use transfer::receiver::{Receiver, ReceiverConfig, ReceiverEvent};
+use transfer::receiver::{Receiver, ReceiverEvent, ReceiverSettings};
 use transfer::SendSource;
 
 #[tokio::main(flavor = "current_thread")]
@@ -25,7 +25,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The receiver: a key (the text is what `xfer recv` prints), a root, a port.
     let (key_text, key) = SessionKey::generate();
-    let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.clone(), key))?;
+    let receiver = Receiver::bind(&ReceiverSettings::new(root.clone(), key).listen("127.0.0.1:0"))?;
     let addr = receiver.local_addr()?.to_string();
     let mut receiver_events = receiver.subscribe();
     std::thread::spawn(move || receiver.serve(None));

@@ -11,7 +11,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use transfer::auth::{KeySetting, SessionKey};
 use transfer::job::{SendEvent, SendJob, SenderSettings};
-use transfer::receiver::{Receiver, ReceiverConfig};
+use transfer::receiver::{Receiver, ReceiverSettings};
 use transfer::sender::SendError;
 use transfer::SendSource;
 
@@ -28,7 +28,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = work.path().join("root");
     std::fs::create_dir_all(&root)?;
     let (key_text, key) = SessionKey::generate();
-    let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.clone(), key))?;
+    let receiver = Receiver::bind(&ReceiverSettings::new(root.clone(), key).listen("127.0.0.1:0"))?;
     let addr = receiver.local_addr()?.to_string();
     std::thread::spawn(move || receiver.serve(None));
 

@@ -139,6 +139,15 @@ impl std::fmt::Debug for SessionKey {
     }
 }
 
+impl PartialEq for SessionKey {
+    /// Compares in constant time (BLAKE3's `Hash` equality), as keys are secrets.
+    fn eq(&self, other: &Self) -> bool {
+        blake3::Hash::from(self.mac_key) == blake3::Hash::from(other.mac_key)
+    }
+}
+
+impl Eq for SessionKey {}
+
 impl SessionKey {
     /// Makes a fresh random key; returns its printable text (32 hex digits, 128 bits) and the key.
     ///
@@ -788,7 +797,8 @@ pub fn name(msg: &Message) -> &'static str {
 }
 
 /// Where a session key comes from, in configuration files: `{ file = "PATH" }` (readable by
-/// its owner only, see [`SessionKey::from_file`]) or `{ text = "KEY" }`.
+/// its owner only, see [`SessionKey::from_file`]) or `{ text = "KEY" }`; in a program, also a
+/// key already read ([`KeySetting::Key`], which a `SessionKey` converts into).
 ///
 /// ```
 /// use transfer::auth::KeySetting;
@@ -809,6 +819,16 @@ pub enum KeySetting {
     File(PathBuf),
     /// The key itself (kept out of `Debug` output).
     Text(String),
+    /// A key already read or generated (kept out of `Debug` output, and never written out:
+    /// serialising settings that hold one fails).
+    #[serde(skip)]
+    Key(SessionKey),
+}
+
+impl From<SessionKey> for KeySetting {
+    fn from(key: SessionKey) -> Self {
+        KeySetting::Key(key)
+    }
 }
 
 impl std::fmt::Debug for KeySetting {
@@ -816,6 +836,7 @@ impl std::fmt::Debug for KeySetting {
         match self {
             KeySetting::File(path) => f.debug_tuple("File").field(path).finish(),
             KeySetting::Text(_) => f.write_str("Text(<hidden>)"),
+            KeySetting::Key(_) => f.write_str("Key(<hidden>)"),
         }
     }
 }
@@ -834,6 +855,7 @@ impl KeySetting {
         match self {
             KeySetting::File(path) => SessionKey::from_file(path),
             KeySetting::Text(text) => SessionKey::from_text(text),
+            KeySetting::Key(key) => Ok(key.clone()),
         }
     }
 }

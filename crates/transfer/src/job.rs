@@ -225,12 +225,12 @@ struct CancelState {
 /// use transfer::auth::{KeySetting, SessionKey};
 /// use transfer::job::{SendJob, SenderSettings};
 /// use transfer::sender::SendSource;
-/// use transfer::receiver::{Receiver, ReceiverConfig};
+/// use transfer::receiver::{Receiver, ReceiverSettings};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let root = tempfile::tempdir()?;
 /// let (key_text, key) = SessionKey::generate();
-/// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), key))?;
+/// let receiver = Receiver::bind(&ReceiverSettings::new(root.path().into(), key).listen("127.0.0.1:0"))?;
 /// let addr = receiver.local_addr()?.to_string();
 /// std::thread::spawn(move || receiver.serve(Some(1)));
 ///

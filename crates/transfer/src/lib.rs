@@ -49,7 +49,8 @@
 //!
 //! # Below the jobs
 //!
-//! - [`receiver::Receiver`] serves sessions on one port ([`receiver::ReceiverConfig`]).
+//! - [`receiver::Receiver`] serves sessions on one port ([`receiver::ReceiverSettings`],
+//!   [`receiver::ReceiverOptions`]).
 //! - [`sender::Transfer`] runs one transfer ([`sender::SendOptions`], [`sender::SendSource`]);
 //!   [`sender::Transfer::set_target_streams`] changes the stream count live,
 //!   [`sender::Transfer::sample_streams`] reads each stream's counters, and
@@ -101,7 +102,7 @@ pub use auth::{KeySetting, SessionKey};
 pub use job::{SendEvent, SendJob, SenderSettings};
 pub use optimizer_choice::{OptimizerChoice, OptimizerError, Tuning};
 pub use receiver::{
-    Receiver, ReceiverConfig, ReceiverError, ReceiverEvent, ReceiverSettings, SessionOutcome,
+    Receiver, ReceiverError, ReceiverEvent, ReceiverOptions, ReceiverSettings, SessionOutcome,
     SessionReport, Stopper,
 };
 pub use sender::{SendError, SendOptions, SendSource, Summary, Transfer};

@@ -46,7 +46,7 @@ const RECEIVER_REFUSED: &str = "xfer_receiver_refused_total";
 /// use transfer::auth::{KeySetting, SessionKey};
 /// use transfer::job::{SendJob, SenderSettings};
 /// use transfer::sender::SendSource;
-/// use transfer::receiver::{Receiver, ReceiverConfig};
+/// use transfer::receiver::{Receiver, ReceiverSettings};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let prometheus = PrometheusBuilder::new().install_recorder()?;
@@ -54,7 +54,7 @@ const RECEIVER_REFUSED: &str = "xfer_receiver_refused_total";
 ///
 /// let root = tempfile::tempdir()?;
 /// let (key_text, key) = SessionKey::generate();
-/// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), key))?;
+/// let receiver = Receiver::bind(&ReceiverSettings::new(root.path().into(), key).listen("127.0.0.1:0"))?;
 /// let addr = receiver.local_addr()?.to_string();
 /// let serving = std::thread::spawn(move || receiver.serve(Some(1)));
 /// let settings = SenderSettings::new(addr, KeySetting::Text(key_text), SendSource::Memory { size: 4 << 20 });

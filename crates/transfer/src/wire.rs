@@ -201,7 +201,7 @@ pub enum Limit {
         max: u64,
     },
     /// Too many connections are in their key handshake: from the sender's address, or from
-    /// everywhere (see `ReceiverConfig::max_handshakes`). It passes as soon as they
+    /// everywhere (see `ReceiverOptions::max_handshakes`). It passes as soon as they
     /// authenticate or reach their deadline.
     #[error(
         "the receiver is busy authenticating other connections ({from_address} from this \

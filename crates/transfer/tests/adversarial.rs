@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use socket2::{Domain, Socket, Type};
 use transfer::auth::{KeySetting, SessionKey};
 use transfer::job::{SendEvent, SendJob, SenderSettings};
-use transfer::receiver::{Receiver, ReceiverConfig, ReceiverEvent, Tenant};
+use transfer::receiver::{Receiver, ReceiverEvent, ReceiverSettings, Tenant};
 use transfer::sender::{SendError, Summary};
 use transfer::wire::{FrameReader, Limit, Message};
 use transfer::SendSource;
@@ -31,8 +31,8 @@ struct Serving {
     thread: JoinHandle<std::io::Result<()>>,
 }
 
-fn serve(config: ReceiverConfig) -> Serving {
-    let receiver = Receiver::bind("127.0.0.1:0", config).unwrap();
+fn serve(config: ReceiverSettings) -> Serving {
+    let receiver = Receiver::bind(&config.listen("127.0.0.1:0")).unwrap();
     Serving {
         addr: receiver.local_addr().unwrap().to_string(),
         stopper: receiver.stopper(),
@@ -87,12 +87,11 @@ fn a_burst_beyond_every_session_limit_is_refused_cleanly_and_the_receiver_recove
     let (own, climate) = (site.path().join("own"), site.path().join("climate"));
     std::fs::create_dir_all(&own).unwrap();
     std::fs::create_dir_all(&climate).unwrap();
-    let mut config = ReceiverConfig::new(own.clone(), key());
-    config.max_sessions = 4;
-    config.tenants.push(Tenant {
-        max_sessions: 2,
-        ..Tenant::new("climate", SessionKey::from_text(CLIMATE).unwrap(), climate)
-    });
+    let mut config = ReceiverSettings::new(own.clone(), key());
+    config.options.max_sessions = 4;
+    config.tenants.push(
+        Tenant::new("climate", SessionKey::from_text(CLIMATE).unwrap(), climate).max_sessions(2),
+    );
     let mut serving = serve(config);
     let src = tempfile::tempdir().unwrap();
     let file = src.path().join("run.bin");
@@ -164,8 +163,8 @@ fn a_burst_beyond_every_session_limit_is_refused_cleanly_and_the_receiver_recove
 #[test]
 fn a_stranger_at_one_address_cannot_take_every_handshake_place() {
     let root = tempfile::tempdir().unwrap();
-    let mut config = ReceiverConfig::new(root.path().into(), key());
-    config.handshake_timeout = Duration::from_secs(30);
+    let mut config = ReceiverSettings::new(root.path().into(), key());
+    config.options.handshake_timeout = Duration::from_secs(30);
     let serving = serve(config);
     let mut held: Vec<TcpStream> = (0..100)
         .map(|_| connect_from("127.0.0.2", &serving.addr).unwrap())
@@ -210,9 +209,9 @@ fn a_stranger_at_one_address_cannot_take_every_handshake_place() {
 #[test]
 fn a_sender_refused_while_others_authenticate_says_the_receiver_is_busy() {
     let root = tempfile::tempdir().unwrap();
-    let mut config = ReceiverConfig::new(root.path().into(), key());
-    config.max_handshakes = 2;
-    config.handshake_timeout = Duration::from_secs(60);
+    let mut config = ReceiverSettings::new(root.path().into(), key());
+    config.options.max_handshakes = 2;
+    config.options.handshake_timeout = Duration::from_secs(60);
     let serving = serve(config);
     let _held: Vec<TcpStream> = (0..2)
         .map(|_| TcpStream::connect(&serving.addr).unwrap())
@@ -361,8 +360,8 @@ fn run_counting_streams(settings: SenderSettings) -> (Result<Summary, SendError>
 #[test]
 fn slow_strangers_neither_keep_out_new_sessions_nor_break_running_transfers() {
     let root = tempfile::tempdir().unwrap();
-    let config = ReceiverConfig::new(root.path().into(), key());
-    let deadline = config.handshake_timeout;
+    let config = ReceiverSettings::new(root.path().into(), key());
+    let deadline = config.options.handshake_timeout;
     let serving = serve(config);
     let stop = Arc::new(AtomicBool::new(false));
     let one = vec!["127.0.0.2".to_string()];

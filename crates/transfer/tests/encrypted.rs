@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use transfer::auth::{handshake_as_client, SessionKey};
 use transfer::link;
 use transfer::manifest::{ManifestBatch, SinkKind};
-use transfer::receiver::{Receiver, ReceiverConfig};
+use transfer::receiver::{Receiver, ReceiverSettings};
 use transfer::sender::{SendOptions, SendSource, Transfer};
 use transfer::tls::ServerIdentity;
 use transfer::wire::{write_message, FrameReader, Message, Role};
@@ -18,9 +18,9 @@ use transfer::wire::{write_message, FrameReader, Message, Role};
 const KEY: &str = "encrypted-session-test-key-0123";
 
 fn start_receiver(root: &Path, require_encryption: bool) -> String {
-    let mut config = ReceiverConfig::new(root.to_path_buf(), SessionKey::from_text(KEY).unwrap());
-    config.require_encryption = require_encryption;
-    let receiver = Receiver::bind("127.0.0.1:0", config).unwrap();
+    let mut config = ReceiverSettings::new(root.to_path_buf(), SessionKey::from_text(KEY).unwrap());
+    config.options.require_encryption = require_encryption;
+    let receiver = Receiver::bind(&config.listen("127.0.0.1:0")).unwrap();
     let addr = receiver.local_addr().unwrap().to_string();
     std::thread::spawn(move || receiver.serve(None));
     addr
@@ -199,12 +199,12 @@ fn a_man_in_the_middle_ending_tls_cannot_relay_the_key_handshake() {
 #[test]
 fn a_client_stalling_inside_the_tls_opening_is_closed_on_time() {
     let root = tempfile::tempdir().unwrap();
-    let mut config = ReceiverConfig::new(
+    let mut config = ReceiverSettings::new(
         root.path().to_path_buf(),
         SessionKey::from_text(KEY).unwrap(),
     );
-    config.handshake_timeout = std::time::Duration::from_millis(800);
-    let receiver = Receiver::bind("127.0.0.1:0", config).unwrap();
+    config.options.handshake_timeout = std::time::Duration::from_millis(800);
+    let receiver = Receiver::bind(&config.listen("127.0.0.1:0")).unwrap();
     let addr = receiver.local_addr().unwrap();
     std::thread::spawn(move || receiver.serve(None));
     let mut socket = TcpStream::connect(addr).unwrap();

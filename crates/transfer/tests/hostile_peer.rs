@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use transfer::auth::{handshake_as_client, ChannelBinding, SessionKey, Welcomed};
 use transfer::journal::PartPaths;
 use transfer::manifest::{DirEntry, FileEntry, ManifestBatch, SinkKind, Timestamp};
-use transfer::receiver::{Receiver, ReceiverConfig};
+use transfer::receiver::{Receiver, ReceiverSettings};
 use transfer::wire::{
     chunk_checksum, write_chunk, write_message, ChunkHeader, FileStatus, FrameReader, Message,
     Role, MAGIC, PROTOCOL_VERSION,
@@ -20,16 +20,16 @@ const KEY: &str = "hostile-peer-test-key-0123456789";
 
 type Conn = (FrameReader<BufReader<TcpStream>>, TcpStream);
 
-fn config(root: &Path) -> ReceiverConfig {
-    ReceiverConfig::new(root.to_path_buf(), SessionKey::from_text(KEY).unwrap())
+fn config(root: &Path) -> ReceiverSettings {
+    ReceiverSettings::new(root.to_path_buf(), SessionKey::from_text(KEY).unwrap())
 }
 
 fn start(root: &Path) -> String {
     start_with(config(root))
 }
 
-fn start_with(config: ReceiverConfig) -> String {
-    let receiver = Receiver::bind("127.0.0.1:0", config).unwrap();
+fn start_with(config: ReceiverSettings) -> String {
+    let receiver = Receiver::bind(&config.listen("127.0.0.1:0")).unwrap();
     let addr = receiver.local_addr().unwrap().to_string();
     std::thread::spawn(move || receiver.serve(None));
     addr
@@ -531,8 +531,8 @@ fn closed_within(socket: &mut TcpStream, within: Duration) -> Duration {
 fn silent_connections_are_bounded_in_number_and_time() {
     let root = tempfile::tempdir().unwrap();
     let mut config = config(root.path());
-    config.max_handshakes = 3;
-    config.handshake_timeout = Duration::from_millis(1500);
+    config.options.max_handshakes = 3;
+    config.options.handshake_timeout = Duration::from_millis(1500);
     let addr = start_with(config);
     let mut silent: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(&addr).unwrap()).collect();
     std::thread::sleep(Duration::from_millis(200)); // let the receiver accept them
@@ -554,7 +554,7 @@ fn silent_connections_are_bounded_in_number_and_time() {
 fn an_idle_session_is_closed_after_the_timeout() {
     let root = tempfile::tempdir().unwrap();
     let mut config = config(root.path());
-    config.idle_timeout = Duration::from_secs(1);
+    config.options.idle_timeout = Duration::from_secs(1);
     let addr = start_with(config);
     let ((_, mut control), (mut reader, mut writer)) = ten_byte_session(&addr);
     let started = Instant::now();
@@ -655,8 +655,8 @@ fn unsealed_files_hold_no_descriptors() {
 fn session_memory_bounds_the_streams_of_a_session() {
     let root = tempfile::tempdir().unwrap();
     let mut config = config(root.path());
-    config.limits.max_chunk = 1 << 20;
-    config.session_memory = (2 << 20) + 1000;
+    config.options.max_chunk = 1 << 20;
+    config.options.session_memory = (2 << 20) + 1000;
     let addr = start_with(config);
     let (mut control, welcomed, _) = open_session(&addr, manifest(vec![entry(b"ten", 10)], vec![]));
     assert_eq!(welcomed.limits.max_streams, 2);
@@ -673,8 +673,8 @@ fn session_memory_bounds_the_streams_of_a_session() {
     ));
 
     let mut tiny = self::config(root.path());
-    tiny.session_memory = 1 << 20;
-    let err = Receiver::bind("127.0.0.1:0", tiny).err().unwrap();
+    tiny.options.session_memory = 1 << 20;
+    let err = Receiver::bind(&tiny.listen("127.0.0.1:0")).err().unwrap();
     assert!(
         err.to_string().contains("cannot hold one stream's chunk"),
         "{err}"
@@ -686,7 +686,7 @@ fn session_memory_bounds_the_streams_of_a_session() {
 fn a_manifest_over_the_limit_is_refused() {
     let root = tempfile::tempdir().unwrap();
     let mut config = config(root.path());
-    config.max_manifest = 4096;
+    config.options.max_manifest = 4096;
     let addr = start_with(config);
     let files = (0..500)
         .map(|i| entry(format!("file-{i}").as_bytes(), 1))
@@ -793,7 +793,7 @@ fn the_manifest_arrives_in_batches_numbered_across_them() {
 fn batches_over_the_unsealed_limit_or_naming_a_path_again_are_refused() {
     let root = tempfile::tempdir().unwrap();
     let mut config = config(root.path());
-    config.max_unsealed = 100;
+    config.options.max_unsealed = 100;
     let addr = start_with(config);
     let batch = |from: usize, count: usize| ManifestBatch {
         last: false,
@@ -893,7 +893,7 @@ fn manifests_no_file_system_could_hold_are_refused() {
 fn announced_files_are_bounded_across_sessions() {
     let root = tempfile::tempdir().unwrap();
     let mut config = config(root.path());
-    config.max_unsealed_total = 1000;
+    config.options.max_unsealed_total = 1000;
     let addr = start_with(config);
     let batch = |prefix: &str| ManifestBatch {
         last: false,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use transfer::auth::{KeySetting, SessionKey};
 use transfer::job::{SendJob, SenderSettings};
-use transfer::receiver::{Receiver, ReceiverConfig};
+use transfer::receiver::{Receiver, ReceiverSettings};
 use transfer::sender::SendError;
 use transfer::wire::chunk_checksum;
 use transfer::SendSource;
@@ -31,9 +31,9 @@ enum Rewrite {
 
 /// A receiver on loopback, requiring sealed sessions when `require`; its address.
 fn receiver(root: &Path, require: bool) -> String {
-    let mut config = ReceiverConfig::new(root.into(), SessionKey::from_text(KEY).unwrap());
-    config.require_integrity = require;
-    let receiver = Receiver::bind("127.0.0.1:0", config).unwrap();
+    let mut config = ReceiverSettings::new(root.into(), SessionKey::from_text(KEY).unwrap());
+    config.options.require_integrity = require;
+    let receiver = Receiver::bind(&config.listen("127.0.0.1:0")).unwrap();
     let addr = receiver.local_addr().unwrap().to_string();
     std::thread::spawn(move || receiver.serve(None));
     addr

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use transfer::auth::KeySetting;
 use transfer::job::{SendEvent, SendJob, SenderSettings};
-use transfer::receiver::{Receiver, ReceiverConfig};
+use transfer::receiver::{Receiver, ReceiverSettings};
 use transfer::sender::SendError;
 use transfer::wire::Limit;
 use transfer::SendSource;
@@ -348,12 +348,12 @@ fn errors_name_the_file_the_receiver_and_the_limit_they_concern() {
 
     // A receiver serving its most sessions refuses one more, saying which limit.
     let busy_root = tempfile::tempdir().unwrap();
-    let mut config = ReceiverConfig::new(
+    let mut config = ReceiverSettings::new(
         busy_root.path().into(),
         transfer::auth::SessionKey::from_text(KEY).unwrap(),
     );
-    config.max_sessions = 1;
-    let receiver = Receiver::bind("127.0.0.1:0", config).unwrap();
+    config.options.max_sessions = 1;
+    let receiver = Receiver::bind(&config.listen("127.0.0.1:0")).unwrap();
     let addr = receiver.local_addr().unwrap().to_string();
     std::thread::spawn(move || receiver.serve(None));
     let slow = SendJob::start(paced(&addr, file.clone(), Some(4_000_000))).unwrap();
@@ -407,11 +407,11 @@ fn streams_still_connecting_when_the_receiver_ends_the_session_do_not_fail_it() 
     // A receiver that serves one session (`xfer recv --once`) closes its port after `Done`:
     // the late streams' connections are refused outright.
     for run_no in 0..10 {
-        let config = ReceiverConfig::new(
+        let config = ReceiverSettings::new(
             root.path().into(),
             transfer::auth::SessionKey::from_text(KEY).unwrap(),
         );
-        let receiver = Receiver::bind("127.0.0.1:0", config).unwrap();
+        let receiver = Receiver::bind(&config.listen("127.0.0.1:0")).unwrap();
         let addr = receiver.local_addr().unwrap().to_string();
         let once = std::thread::spawn(move || receiver.serve(Some(1)));
         send(&addr, format!("once{run_no}"));

@@ -13,7 +13,7 @@ use transfer::auth::{KeySetting, SessionKey};
 use transfer::job::{SendEvent, SendJob, SenderSettings};
 use transfer::optimizer::SpecError;
 use transfer::optimizer_choice::{OptimizerChoice, OptimizerError, Tuning};
-use transfer::receiver::{Receiver, ReceiverConfig};
+use transfer::receiver::{Receiver, ReceiverSettings};
 use transfer::SendSource;
 
 #[test]
@@ -45,7 +45,8 @@ async fn a_transfer_runs_under_the_default_optimiser() {
     std::fs::write(&source, &data).unwrap();
     std::fs::create_dir(&root).unwrap();
     let (key_text, key) = SessionKey::generate();
-    let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.clone(), key)).unwrap();
+    let receiver =
+        Receiver::bind(&ReceiverSettings::new(root.clone(), key).listen("127.0.0.1:0")).unwrap();
     let addr = receiver.local_addr().unwrap().to_string();
     std::thread::spawn(move || receiver.serve(None));
     let mut settings = SenderSettings::new(

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use optimizer::{Controller, Observation};
 use transfer::auth::SessionKey;
-use transfer::receiver::{Receiver, ReceiverConfig};
+use transfer::receiver::{Receiver, ReceiverSettings};
 use transfer::sender::{MiRecord, OptimizerSettings, SendOptions, SendSource, Transfer};
 
 const KEY: &str = "live-optimizer-test-key-01234567";
@@ -36,11 +36,11 @@ impl Controller for Slow {
 
 fn receiver() -> (String, tempfile::TempDir) {
     let root = tempfile::tempdir().unwrap();
-    let config = ReceiverConfig::new(
+    let config = ReceiverSettings::new(
         root.path().to_path_buf(),
         SessionKey::from_text(KEY).unwrap(),
     );
-    let receiver = Receiver::bind("127.0.0.1:0", config).unwrap();
+    let receiver = Receiver::bind(&config.listen("127.0.0.1:0")).unwrap();
     let addr = receiver.local_addr().unwrap().to_string();
     std::thread::spawn(move || receiver.serve(None));
     (addr, root)

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use transfer::auth::{KeySetting, SessionKey};
-use transfer::{Receiver, ReceiverConfig, SendJob, SendSource, SenderSettings};
+use transfer::{Receiver, ReceiverSettings, SendJob, SendSource, SenderSettings};
 
 /// Sends `data` as one file into a fresh root; what landed.
 fn round_trip(data: &[u8]) -> Vec<u8> {
@@ -16,7 +16,8 @@ fn round_trip(data: &[u8]) -> Vec<u8> {
     std::fs::write(&source, data).unwrap();
     std::fs::create_dir(&root).unwrap();
     let (key_text, key) = SessionKey::generate();
-    let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.clone(), key)).unwrap();
+    let receiver =
+        Receiver::bind(&ReceiverSettings::new(root.clone(), key).listen("127.0.0.1:0")).unwrap();
     let addr = receiver.local_addr().unwrap().to_string();
     std::thread::spawn(move || receiver.serve(Some(1)));
     let mut settings = SenderSettings::new(

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use transfer::auth::KeySetting;
 use transfer::job::{SendJob, SenderSettings};
-use transfer::receiver::{ReceiverEvent, ReceiverSettings, SessionOutcome, TenantSettings};
+use transfer::receiver::{Receiver, ReceiverEvent, ReceiverSettings, SessionOutcome, Tenant};
 use transfer::sender::{SendError, SendSource};
 use transfer::wire::Limit;
 
@@ -16,14 +16,8 @@ const CLIMATE: &str = "climate-project-key-0123456789";
 const ASTRO: &str = "astro-project-key-0123456789";
 
 /// A tenant of `name` with `key`, under `root`.
-fn tenant(name: &str, key: &str, root: &Path, max_sessions: usize) -> TenantSettings {
-    TenantSettings {
-        name: name.into(),
-        key: KeySetting::Text(key.into()),
-        root: root.into(),
-        max_sessions,
-        max_streams: 256,
-    }
+fn tenant(name: &str, key: &str, root: &Path, max_sessions: usize) -> Tenant {
+    Tenant::new(name, KeySetting::Text(key.into()), root.into()).max_sessions(max_sessions)
 }
 
 /// A job sending `source` to `addr` with `key`, into `dest`.
@@ -58,7 +52,7 @@ fn each_key_lands_in_its_own_root_within_its_own_limits() {
         tenant("climate", CLIMATE, &roots[1], 1),
         tenant("astro", ASTRO, &roots[2], 4),
     ];
-    let receiver = settings.bind().unwrap();
+    let receiver = Receiver::bind(&settings).unwrap();
     let addr = receiver.local_addr().unwrap().to_string();
     let mut events = receiver.subscribe();
     std::thread::spawn(move || receiver.serve(None));
@@ -143,14 +137,14 @@ fn tenants_with_one_key_a_missing_root_or_overlapping_roots_are_refused_at_start
     let mut settings = ReceiverSettings::new(site.path().into(), KeySetting::Text(KEY.into()));
     settings.listen = "127.0.0.1:0".into();
     settings.tenants = vec![tenant("copy", KEY, site.path(), 4)];
-    let e = settings.bind().err().unwrap().to_string();
+    let e = Receiver::bind(&settings).err().unwrap().to_string();
     assert!(e.contains("tenant copy has the key"), "{e}");
     settings.tenants = vec![tenant("lost", CLIMATE, &site.path().join("missing"), 4)];
-    let e = settings.bind().err().unwrap().to_string();
+    let e = Receiver::bind(&settings).err().unwrap().to_string();
     assert!(e.contains("missing"), "{e}");
     let inside = site.path().join("climate");
     std::fs::create_dir_all(&inside).unwrap();
     settings.tenants = vec![tenant("climate", CLIMATE, &inside, 4)];
-    let e = settings.bind().err().unwrap().to_string();
+    let e = Receiver::bind(&settings).err().unwrap().to_string();
     assert!(e.contains("overlap"), "{e}");
 }

@@ -2,9 +2,9 @@
 //! thread and a place until it does or its deadline passes ([`super::reader::ConnReader`]);
 //! the places are bounded so that peers without the key cannot take the receiver down:
 //!
-//! - strangers (addresses without a running session) share [`ReceiverConfig::max_handshakes`]
+//! - strangers (addresses without a running session) share [`ReceiverOptions::max_handshakes`]
 //!   places, and one address (an IPv6 /64) holds at most
-//!   [`ReceiverConfig::max_handshakes_per_source`] of them, so a peer at one address can never
+//!   [`ReceiverOptions::max_handshakes_per_source`] of them, so a peer at one address can never
 //!   hold all of them;
 //! - an address with a running session has `max_handshakes` places of its own, so the new data
 //!   streams of an authenticated session never wait behind strangers elsewhere;
@@ -16,8 +16,8 @@
 //! A connection over its bound is refused at once with [`Limit::Authenticating`], which a
 //! sender takes as "try again in a moment".
 //!
-//! [`ReceiverConfig::max_handshakes`]: super::ReceiverConfig::max_handshakes
-//! [`ReceiverConfig::max_handshakes_per_source`]: super::ReceiverConfig::max_handshakes_per_source
+//! [`ReceiverOptions::max_handshakes`]: super::ReceiverOptions::max_handshakes
+//! [`ReceiverOptions::max_handshakes_per_source`]: super::ReceiverOptions::max_handshakes_per_source
 
 use std::collections::HashMap;
 use std::net::IpAddr;

@@ -198,11 +198,11 @@ impl Publisher {
 ///
 /// ```
 /// use transfer::auth::SessionKey;
-/// use transfer::receiver::{Receiver, ReceiverConfig, ReceiverEvent};
+/// use transfer::receiver::{Receiver, ReceiverSettings, ReceiverEvent};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let root = tempfile::tempdir()?;
-/// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), SessionKey::generate().1))?;
+/// let receiver = Receiver::bind(&ReceiverSettings::new(root.path().into(), SessionKey::generate().1).listen("127.0.0.1:0"))?;
 /// let mut events = receiver.subscribe();
 /// std::thread::spawn(move || {
 ///     while let Some(event) = events.blocking_next() {
@@ -222,11 +222,11 @@ impl ReceiverEvents {
     ///
     /// ```
     /// use transfer::auth::SessionKey;
-    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    /// use transfer::receiver::{Receiver, ReceiverSettings};
     ///
     /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
     /// let root = tempfile::tempdir()?;
-    /// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), SessionKey::generate().1))?;
+    /// let receiver = Receiver::bind(&ReceiverSettings::new(root.path().into(), SessionKey::generate().1).listen("127.0.0.1:0"))?;
     /// let mut events = receiver.subscribe();
     /// drop(receiver);
     /// assert_eq!(events.next().await, None, "the receiver is gone");
@@ -242,10 +242,10 @@ impl ReceiverEvents {
     ///
     /// ```
     /// use transfer::auth::SessionKey;
-    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    /// use transfer::receiver::{Receiver, ReceiverSettings};
     ///
     /// let root = tempfile::tempdir()?;
-    /// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), SessionKey::generate().1))?;
+    /// let receiver = Receiver::bind(&ReceiverSettings::new(root.path().into(), SessionKey::generate().1).listen("127.0.0.1:0"))?;
     /// let mut events = receiver.subscribe();
     /// drop(receiver);
     /// assert_eq!(events.blocking_next(), None);
@@ -259,10 +259,10 @@ impl ReceiverEvents {
     ///
     /// ```
     /// use transfer::auth::SessionKey;
-    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    /// use transfer::receiver::{Receiver, ReceiverSettings};
     ///
     /// let root = tempfile::tempdir()?;
-    /// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), SessionKey::generate().1))?;
+    /// let receiver = Receiver::bind(&ReceiverSettings::new(root.path().into(), SessionKey::generate().1).listen("127.0.0.1:0"))?;
     /// let mut events = receiver.subscribe();
     /// assert_eq!(events.try_next(), None, "nothing has happened yet");
     /// # Ok::<(), Box<dyn std::error::Error>>(())

@@ -9,6 +9,7 @@ mod events;
 mod file_tree;
 mod heartbeat;
 mod lingering;
+mod options;
 mod reader;
 mod refusal_log;
 mod settings;
@@ -18,7 +19,7 @@ mod tenant;
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,9 +31,14 @@ use destination::{ActivePaths, Destination, DestinationError, Placement};
 use events::Publisher;
 pub use events::{ReceiverEvent, ReceiverEvents, SessionOutcome, SessionReport};
 use lingering::{Lingering, LINGER};
+pub use options::{
+    ReceiverOptions, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CHUNK,
+    DEFAULT_MAX_HANDSHAKES, DEFAULT_MAX_HANDSHAKES_PER_SOURCE, DEFAULT_MAX_SESSIONS,
+    DEFAULT_MAX_STREAMS, DEFAULT_SESSION_MEMORY,
+};
 use reader::{Activity, ConnReader, Source};
 use refusal_log::RefusalLog;
-pub use settings::{ReceiverSettings, TenantSettings};
+pub use settings::ReceiverSettings;
 pub use shutdown::Stopper;
 use shutdown::{Stage, StopState, STOPPING};
 use tenant::Served;
@@ -56,168 +62,15 @@ const READ_BUFFER: usize = 64 << 10;
 /// Replies a data stream holds back while it handles chunks that have already arrived.
 const REPLY_BUFFER: usize = 16 << 10;
 
-/// Default [`ReceiverConfig::limits`]`.max_streams`: data streams one session may open.
-pub const DEFAULT_MAX_STREAMS: u32 = 256;
-/// Default [`ReceiverConfig::max_sessions`].
-pub const DEFAULT_MAX_SESSIONS: usize = 32;
-/// Default [`ReceiverConfig::session_memory`]: 4 GiB.
-pub const DEFAULT_SESSION_MEMORY: u64 = 4 << 30;
-/// Default [`ReceiverConfig::idle_timeout`]: five minutes.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
-/// Default [`ReceiverConfig::handshake_timeout`]: 10 seconds, enough for a TLS and a key
-/// handshake over the longest paths (a few round trips of 250 ms).
-pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default [`ReceiverConfig::max_handshakes`].
-pub const DEFAULT_MAX_HANDSHAKES: usize = 64;
-/// Default [`ReceiverConfig::max_handshakes_per_source`].
-pub const DEFAULT_MAX_HANDSHAKES_PER_SOURCE: usize = 8;
-
-/// How a receiver is set up: where files land, the key, and the limits that keep one peer from
-/// taking the receiver down. A peer that breaks a limit loses its connection or its session,
-/// with the reason logged; the receiver goes on serving everyone else.
-///
-/// ```
-/// use std::time::Duration;
-/// use transfer::auth::SessionKey;
-/// use transfer::receiver::{Receiver, ReceiverConfig};
-///
-/// let root = tempfile::tempdir()?;
-/// let mut config = ReceiverConfig::new(root.path().into(), SessionKey::from_text("a-site-key-0123456789")?);
-/// config.max_sessions = 8;
-/// config.limits.max_streams = 64;
-/// config.idle_timeout = Duration::from_secs(60);
-/// config.require_encryption = true;
-/// let receiver = Receiver::bind("127.0.0.1:0", config)?;
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Debug, Clone)]
-pub struct ReceiverConfig {
-    /// Everything received lands under this directory.
-    pub root: PathBuf,
-    /// The key senders must prove they hold.
-    pub key: SessionKey,
-    /// Per-session bounds announced to senders and enforced: streams and chunk size (the most a
-    /// session may open is further bounded by `session_memory`).
-    pub limits: SessionLimits,
-    /// Most sessions served at once.
-    pub max_sessions: usize,
-    /// Most bytes of chunk buffers one session may hold: each data stream holds up to one
-    /// chunk, so this bounds its streams to `session_memory / max_chunk`.
-    pub session_memory: u64,
-    /// Largest batch of the manifest a session may send, in encoded bytes.
-    pub max_manifest: usize,
-    /// Most files a session may have announced and not yet sealed (a sender holds back its
-    /// manifest to stay below [`wire::SENDER_UNSEALED`]); each costs the receiver some
-    /// hundreds of bytes until its seal.
-    pub max_unsealed: usize,
-    /// Most files all sessions together may have announced and not yet sealed: a batch beyond
-    /// it waits up to 30 s for other sessions to seal theirs, then is refused. It bounds the
-    /// memory announced files take however many sessions there are (about 0.5 KiB each: the
-    /// default is some 280 MiB).
-    pub max_unsealed_total: usize,
-    /// Most connections from addresses without a running session that may be in their key
-    /// handshake at once; an address with a running session has as many places of its own, so
-    /// that its new data streams never wait behind strangers. More are refused at once with
-    /// [`Limit::Authenticating`], which a sender takes as "try again in a moment".
-    pub max_handshakes: usize,
-    /// Most of those places one address (an IPv6 /64) may hold, so that a peer at one address
-    /// cannot hold them all.
-    pub max_handshakes_per_source: usize,
-    /// How long a new connection may take, from its accept, to authenticate and, for control,
-    /// to say where its files go: a deadline, however steadily the peer trickles bytes.
-    pub handshake_timeout: Duration,
-    /// How long a session may go without receiving a byte on any of its connections (while the
-    /// receiver is not itself busy for it) before it is closed.
-    pub idle_timeout: Duration,
-    /// Refuse sessions that are not encrypted (TLS); encrypted ones are always accepted.
-    pub require_encryption: bool,
-    /// Refuse sessions whose frames are neither sealed ([`crate::seal`], `xfer send
-    /// --integrity`) nor encrypted.
-    pub require_integrity: bool,
-    /// Listen for TCP, or for MPTCP (which also takes plain TCP senders; where this host
-    /// cannot make MPTCP sockets the receiver listens for TCP and logs why), or for QUIC on the
-    /// UDP port of the same number besides TCP (which carries every session's control
-    /// connection, and serves TCP senders too).
-    pub transport: Transport,
-    /// Write received files with direct I/O (`O_DIRECT`), bypassing the page cache: for
-    /// parallel file systems, and so that transfers do not fill this host's page cache. The
-    /// receiver refuses to start when its root's file system does not support it.
-    pub direct_io: bool,
-    /// Keys of their own, each with its own root and limits ([`Tenant`]), served beside
-    /// `key` and `root` on the same port.
-    pub tenants: Vec<Tenant>,
-}
-
-impl ReceiverConfig {
-    /// Defaults: 256 streams per session, 16 MiB chunks, 4 GiB of buffers per session,
-    /// 32 sessions, 64 MiB manifest batches, 262,144 unsealed files a session and 524,288 in
-    /// all, 64 connections in their handshake (8 from one address), a 10 s handshake and a
-    /// 5 min idle timeout; plain, sealed and encrypted sessions; TCP; writes through the page
-    /// cache.
-    ///
-    /// ```
-    /// use transfer::auth::SessionKey;
-    /// use transfer::receiver::{ReceiverConfig, DEFAULT_MAX_SESSIONS};
-    /// use transfer::transport::Transport;
-    ///
-    /// let (_, key) = SessionKey::generate();
-    /// let config = ReceiverConfig::new("/data/incoming".into(), key);
-    /// assert_eq!(config.max_sessions, DEFAULT_MAX_SESSIONS);
-    /// assert_eq!(config.transport, Transport::Tcp);
-    /// ```
-    pub fn new(root: PathBuf, key: SessionKey) -> Self {
-        ReceiverConfig {
-            root,
-            key,
-            limits: SessionLimits {
-                max_streams: DEFAULT_MAX_STREAMS,
-                max_chunk: 16 << 20,
-            },
-            max_sessions: DEFAULT_MAX_SESSIONS,
-            session_memory: DEFAULT_SESSION_MEMORY,
-            max_manifest: wire::MAX_MESSAGE_LEN,
-            max_unsealed: 4 * wire::SENDER_UNSEALED,
-            max_unsealed_total: 8 * wire::SENDER_UNSEALED,
-            max_handshakes: DEFAULT_MAX_HANDSHAKES,
-            max_handshakes_per_source: DEFAULT_MAX_HANDSHAKES_PER_SOURCE,
-            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
-            idle_timeout: DEFAULT_IDLE_TIMEOUT,
-            require_encryption: false,
-            require_integrity: false,
-            transport: Transport::Tcp,
-            direct_io: false,
-            tenants: Vec::new(),
-        }
-    }
-
-    /// The limits announced to a session that may open `max_streams` streams: streams bounded
-    /// by what `session_memory` can buffer.
-    fn announced_limits(&self, max_streams: u32) -> Result<SessionLimits, ReceiverError> {
-        let streams = self.session_memory / u64::from(self.limits.max_chunk.max(1));
-        if streams == 0 {
-            return Err(ReceiverError::Limits(format!(
-                "a session's memory limit of {} bytes cannot hold one stream's chunk of {} bytes",
-                self.session_memory, self.limits.max_chunk
-            )));
-        }
-        Ok(SessionLimits {
-            max_streams: max_streams
-                .min(u32::try_from(streams).unwrap_or(u32::MAX))
-                .max(1),
-            max_chunk: self.limits.max_chunk,
-        })
-    }
-}
-
 /// Errors that stop a receiver from starting.
 ///
 /// ```
 /// use transfer::auth::SessionKey;
-/// use transfer::receiver::{Receiver, ReceiverConfig, ReceiverError};
+/// use transfer::receiver::{Receiver, ReceiverSettings, ReceiverError};
 ///
 /// let (_, key) = SessionKey::generate();
-/// let config = ReceiverConfig::new("/nonexistent/incoming".into(), key);
-/// match Receiver::bind("127.0.0.1:0", config) {
+/// let config = ReceiverSettings::new("/nonexistent/incoming".into(), key);
+/// match Receiver::bind(&config.listen("127.0.0.1:0")) {
 ///     Err(ReceiverError::Root { path, .. }) => assert_eq!(path, "/nonexistent/incoming"),
 ///     other => panic!("{:?}", other.err()),
 /// }
@@ -310,7 +163,7 @@ impl Session {
 }
 
 struct Shared {
-    config: ReceiverConfig,
+    options: ReceiverOptions,
     /// The keys served: the receiver's own first, then its tenants'.
     served: Vec<Served>,
     /// The certificate encrypted connections are served with.
@@ -372,12 +225,12 @@ impl Drop for Slot<'_> {
 /// ```
 /// use std::time::Duration;
 /// use transfer::auth::SessionKey;
-/// use transfer::receiver::{Receiver, ReceiverConfig, ReceiverEvent};
+/// use transfer::receiver::{Receiver, ReceiverSettings, ReceiverEvent};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let root = tempfile::tempdir()?;
 /// let (key_text, key) = SessionKey::generate(); // the text goes to the senders
-/// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), key))?;
+/// let receiver = Receiver::bind(&ReceiverSettings::new(root.path().into(), key).listen("127.0.0.1:0"))?;
 /// let (stopper, mut events) = (receiver.stopper(), receiver.subscribe());
 /// let serving = std::thread::spawn(move || receiver.serve(None));
 /// std::thread::spawn(move || {
@@ -400,38 +253,33 @@ pub struct Receiver {
 }
 
 impl Receiver {
-    /// Checks the root, binds `addr`, and returns the receiver (nothing is served until `serve`).
+    /// Checks `settings` (reads the keys, checks each root, refuses limits that cannot work,
+    /// naming the field), binds `settings.listen`, and returns the receiver (nothing is served
+    /// until `serve`).
     ///
     /// ```
     /// use transfer::auth::SessionKey;
-    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    /// use transfer::receiver::{Receiver, ReceiverSettings};
     ///
     /// let root = tempfile::tempdir()?;
     /// let (_, key) = SessionKey::generate();
-    /// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), key))?;
+    /// let receiver = Receiver::bind(&ReceiverSettings::new(root.path().into(), key).listen("127.0.0.1:0"))?;
     /// assert_eq!(receiver.root(), root.path().canonicalize()?);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn bind(addr: &str, mut config: ReceiverConfig) -> Result<Receiver, ReceiverError> {
-        let root = check_root_writable(&config.root, config.direct_io);
-        config.root = root.map_err(|error| ReceiverError::Root {
-            path: config.root.display().to_string(),
-            error,
-        })?;
-        let served = tenant::served(&config)?;
-        if config.max_handshakes == 0 || config.max_handshakes_per_source == 0 {
-            return Err(ReceiverError::Limits(
-                "max_handshakes and max_handshakes_per_source must be at least 1".into(),
-            ));
-        }
-        let admission = Admission::new(config.max_handshakes, config.max_handshakes_per_source);
-        let unsealed = Budget::new(config.max_unsealed_total);
+    pub fn bind(settings: &ReceiverSettings) -> Result<Receiver, ReceiverError> {
+        let options = settings.options.clone();
+        options.check()?;
+        let served = tenant::served(settings)?;
+        let addr = settings.listen.as_str();
+        let admission = Admission::new(options.max_handshakes, options.max_handshakes_per_source);
+        let unsealed = Budget::new(options.max_unsealed_total);
         let lingering = Lingering::start().map_err(|e| {
             ReceiverError::Settings(format!("cannot start a thread for refusals: {e}"))
         })?;
         let tls = ServerIdentity::generate().map_err(ReceiverError::Tls)?;
         let (listener, transport, fallback) =
-            transport::listen(config.transport, addr).map_err(|error| ReceiverError::Bind {
+            transport::listen(options.transport, addr).map_err(|error| ReceiverError::Bind {
                 addr: addr.to_string(),
                 error,
             })?;
@@ -452,7 +300,7 @@ impl Receiver {
             listener,
             transport,
             shared: Arc::new(Shared {
-                config,
+                options,
                 served,
                 tls,
                 quic,
@@ -473,11 +321,11 @@ impl Receiver {
     ///
     /// ```
     /// use transfer::auth::SessionKey;
-    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    /// use transfer::receiver::{Receiver, ReceiverSettings};
     ///
     /// let root = tempfile::tempdir()?;
-    /// let config = ReceiverConfig::new(root.path().into(), SessionKey::generate().1);
-    /// let receiver = Receiver::bind("127.0.0.1:0", config)?;
+    /// let config = ReceiverSettings::new(root.path().into(), SessionKey::generate().1);
+    /// let receiver = Receiver::bind(&config.listen("127.0.0.1:0"))?;
     /// let addr = receiver.local_addr()?;
     /// assert!(addr.ip().is_loopback() && addr.port() != 0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -490,13 +338,13 @@ impl Receiver {
     ///
     /// ```
     /// use transfer::auth::SessionKey;
-    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    /// use transfer::receiver::{Receiver, ReceiverSettings};
     /// use transfer::transport::Transport;
     ///
     /// let root = tempfile::tempdir()?;
-    /// let mut config = ReceiverConfig::new(root.path().into(), SessionKey::generate().1);
-    /// config.transport = Transport::Mptcp;
-    /// let receiver = Receiver::bind("127.0.0.1:0", config)?;
+    /// let mut config = ReceiverSettings::new(root.path().into(), SessionKey::generate().1);
+    /// config.options.transport = Transport::Mptcp;
+    /// let receiver = Receiver::bind(&config.listen("127.0.0.1:0"))?;
     /// // Where the kernel has no MPTCP, the receiver serves TCP (and logs why).
     /// assert!(matches!(receiver.transport(), Transport::Mptcp | Transport::Tcp));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -509,16 +357,16 @@ impl Receiver {
     ///
     /// ```
     /// use transfer::auth::SessionKey;
-    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    /// use transfer::receiver::{Receiver, ReceiverSettings};
     ///
     /// let root = tempfile::tempdir()?;
-    /// let config = ReceiverConfig::new(root.path().join("."), SessionKey::generate().1);
-    /// let receiver = Receiver::bind("127.0.0.1:0", config)?;
+    /// let config = ReceiverSettings::new(root.path().join("."), SessionKey::generate().1);
+    /// let receiver = Receiver::bind(&config.listen("127.0.0.1:0"))?;
     /// assert_eq!(receiver.root(), root.path().canonicalize()?);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn root(&self) -> &Path {
-        &self.shared.config.root
+        &self.shared.served[0].root
     }
 
     /// A handle that stops this receiver gracefully ([`Stopper::stop`]) or ends one of its
@@ -527,11 +375,11 @@ impl Receiver {
     /// ```
     /// use std::time::Duration;
     /// use transfer::auth::SessionKey;
-    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    /// use transfer::receiver::{Receiver, ReceiverSettings};
     ///
     /// let root = tempfile::tempdir()?;
-    /// let config = ReceiverConfig::new(root.path().into(), SessionKey::generate().1);
-    /// let receiver = Receiver::bind("127.0.0.1:0", config)?;
+    /// let config = ReceiverSettings::new(root.path().into(), SessionKey::generate().1);
+    /// let receiver = Receiver::bind(&config.listen("127.0.0.1:0"))?;
     /// let stopper = receiver.stopper();
     /// std::thread::spawn(move || stopper.stop(Duration::ZERO));
     /// receiver.serve(None)?; // returns once stopped: no session was running
@@ -549,12 +397,12 @@ impl Receiver {
     /// use transfer::auth::{KeySetting, SessionKey};
     /// use transfer::job::{SendJob, SenderSettings};
     /// use transfer::sender::SendSource;
-    /// use transfer::receiver::{Receiver, ReceiverConfig, ReceiverEvent};
+    /// use transfer::receiver::{Receiver, ReceiverSettings, ReceiverEvent};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let root = tempfile::tempdir()?;
     /// let (key_text, key) = SessionKey::generate();
-    /// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), key))?;
+    /// let receiver = Receiver::bind(&ReceiverSettings::new(root.path().into(), key).listen("127.0.0.1:0"))?;
     /// let addr = receiver.local_addr()?.to_string();
     /// let mut events = receiver.subscribe();
     /// std::thread::spawn(move || receiver.serve(Some(1)));
@@ -583,12 +431,12 @@ impl Receiver {
     /// use transfer::auth::{KeySetting, SessionKey};
     /// use transfer::job::{SendJob, SenderSettings};
     /// use transfer::sender::SendSource;
-    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    /// use transfer::receiver::{Receiver, ReceiverSettings};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let root = tempfile::tempdir()?;
     /// let (key_text, key) = SessionKey::generate();
-    /// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), key))?;
+    /// let receiver = Receiver::bind(&ReceiverSettings::new(root.path().into(), key).listen("127.0.0.1:0"))?;
     /// let addr = receiver.local_addr()?.to_string();
     /// // Serve one session, as `xfer recv --once` does.
     /// let serving = std::thread::spawn(move || receiver.serve(Some(1)));
@@ -604,7 +452,7 @@ impl Receiver {
             Some(quic) => {
                 let shared = self.shared.clone();
                 Some(quic.accept_while(
-                    self.shared.config.handshake_timeout,
+                    self.shared.options.handshake_timeout,
                     move |peer| shared.admit(peer).ok(),
                     serve_quic_connection,
                 )?)
@@ -731,7 +579,7 @@ fn serve_tcp_connection(stream: TcpStream, peer: SocketAddr, mut admitted: Admit
         stream.set_nonblocking(false)?;
         stream.set_nodelay(true)?;
         // A peer that stops reading must not hold a session's thread in a write for ever.
-        stream.set_write_timeout(Some(shared.config.idle_timeout))?;
+        stream.set_write_timeout(Some(shared.options.idle_timeout))?;
         let keepalive = socket2::TcpKeepalive::new()
             .with_time(Duration::from_secs(60))
             .with_interval(Duration::from_secs(10))
@@ -739,7 +587,7 @@ fn serve_tcp_connection(stream: TcpStream, peer: SocketAddr, mut admitted: Admit
         socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
         let source = ConnReader::new(
             Source::Tcp(stream.try_clone()?),
-            shared.config.handshake_timeout,
+            shared.options.handshake_timeout,
         )?;
         let ((reader, writer, channel), encrypted) = link::server(&stream, source, &shared.tls)?;
         Ok(Link {
@@ -769,8 +617,11 @@ fn serve_quic_connection(
         let mut stream = stream?;
         stream
             .writer
-            .set_write_timeout(Some(shared.config.idle_timeout));
-        let source = ConnReader::new(Source::Quic(stream.reader), shared.config.handshake_timeout)?;
+            .set_write_timeout(Some(shared.options.idle_timeout));
+        let source = ConnReader::new(
+            Source::Quic(stream.reader),
+            shared.options.handshake_timeout,
+        )?;
         Ok(Link {
             reader: frames(shared, LinkReader::Plain(source)),
             writer: FrameWriter::new(LinkWriter::Quic(stream.writer)),
@@ -788,7 +639,7 @@ fn serve_quic_connection(
 fn frames(shared: &Shared, reader: LinkReader<ConnReader>) -> ConnFrames {
     FrameReader::new(
         BufReader::with_capacity(READ_BUFFER, reader),
-        shared.config.limits.max_chunk as usize,
+        shared.options.max_chunk as usize,
     )
 }
 
@@ -810,10 +661,10 @@ fn serve_link(link: Link, peer: SocketAddr, mut admitted: Admitted) {
         Role::Control if over_quic => {
             Err("control connections are TCP; QUIC carries data streams only".into())
         }
-        Role::Control if shared.config.require_encryption && !encrypted => {
+        Role::Control if shared.options.require_encryption && !encrypted => {
             Err("this receiver serves only encrypted sessions: use xfer send --encrypt".into())
         }
-        Role::Control if shared.config.require_integrity && !encrypted && !asked.sealed => Err(
+        Role::Control if shared.options.require_integrity && !encrypted && !asked.sealed => Err(
             "this receiver serves only sessions whose integrity is protected: use xfer send \
              --integrity (or --encrypt)"
                 .into(),
@@ -959,13 +810,13 @@ fn run_control(
     writer: &mut FrameWriter<LinkWriter>,
     control: ControlPeer,
 ) {
-    let config = &shared.config;
+    let options = &shared.options;
     let peer = control.peer;
     if shared.stop.is_stopping() {
         return refuse_over(shared, writer, peer, Limit::ShuttingDown);
     }
-    let Some(_slot) = Slot::take(&shared.sessions_open, config.max_sessions) else {
-        let max = config.max_sessions as u64;
+    let Some(_slot) = Slot::take(&shared.sessions_open, options.max_sessions) else {
+        let max = options.max_sessions as u64;
         return refuse_over(shared, writer, peer, Limit::Sessions { max });
     };
     let served = control.served;
@@ -999,10 +850,10 @@ fn serve_session(
     control: ControlPeer,
     id: [u8; 16],
 ) {
-    let config = &shared.config;
+    let options = &shared.options;
     let peer = control.peer;
     let name = SessionId(id).short();
-    reader.set_message_limit(config.max_manifest);
+    reader.set_message_limit(options.max_manifest);
     let (dest, sink) = match reader.read_message() {
         Ok(Message::Start { dest, sink }) => (dest, sink),
         Ok(other) => {
@@ -1023,9 +874,9 @@ fn serve_session(
         dest: &dest,
         owner: id,
         active: &served.active,
-        max_unsealed: config.max_unsealed,
+        max_unsealed: options.max_unsealed,
         budget: &shared.unsealed,
-        direct_io: config.direct_io,
+        direct_io: options.direct_io,
     };
     let dest = match Destination::open(placement, sink) {
         Ok(dest) => dest,
@@ -1148,7 +999,7 @@ fn serve_control_messages(
         .get_mut()
         .get_mut()
         .source_mut()
-        .watch_session(session.activity.clone(), shared.config.idle_timeout)
+        .watch_session(session.activity.clone(), shared.options.idle_timeout)
         .map_err(|e| lost(&e))?;
     loop {
         let message = match reader.read_message() {
@@ -1312,7 +1163,7 @@ fn run_data(
     .map_err(|e| StreamEnd::Closed(e.to_string()))
     .and_then(|()| {
         let conn = reader.get_mut().get_mut().source_mut();
-        conn.watch_session(session.activity.clone(), shared.config.idle_timeout)
+        conn.watch_session(session.activity.clone(), shared.options.idle_timeout)
             .and_then(|()| conn.start_batching())
             .map_err(|e| StreamEnd::Closed(e.to_string()))
     })

@@ -67,10 +67,10 @@ impl StopState {
 /// ```
 /// use std::time::Duration;
 /// use transfer::auth::SessionKey;
-/// use transfer::receiver::{Receiver, ReceiverConfig};
+/// use transfer::receiver::{Receiver, ReceiverSettings};
 ///
 /// let root = tempfile::tempdir()?;
-/// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), SessionKey::generate().1))?;
+/// let receiver = Receiver::bind(&ReceiverSettings::new(root.path().into(), SessionKey::generate().1).listen("127.0.0.1:0"))?;
 /// let stopper = receiver.stopper();
 /// drop(receiver);
 /// stopper.stop(Duration::ZERO); // a receiver that is gone: nothing to do
@@ -89,10 +89,10 @@ impl Stopper {
     /// ```
     /// use std::time::Duration;
     /// use transfer::auth::SessionKey;
-    /// use transfer::receiver::{Receiver, ReceiverConfig};
+    /// use transfer::receiver::{Receiver, ReceiverSettings};
     ///
     /// let root = tempfile::tempdir()?;
-    /// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), SessionKey::generate().1))?;
+    /// let receiver = Receiver::bind(&ReceiverSettings::new(root.path().into(), SessionKey::generate().1).listen("127.0.0.1:0"))?;
     /// let stopper = receiver.stopper();
     /// let serving = std::thread::spawn(move || receiver.serve(None));
     /// stopper.stop(Duration::from_secs(600)); // sessions running may take 10 minutes
@@ -122,11 +122,11 @@ impl Stopper {
     ///
     /// ```
     /// use transfer::auth::SessionKey;
-    /// use transfer::receiver::{Receiver, ReceiverConfig, ReceiverEvent};
+    /// use transfer::receiver::{Receiver, ReceiverSettings, ReceiverEvent};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let root = tempfile::tempdir()?;
-    /// let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::new(root.path().into(), SessionKey::generate().1))?;
+    /// let receiver = Receiver::bind(&ReceiverSettings::new(root.path().into(), SessionKey::generate().1).listen("127.0.0.1:0"))?;
     /// let (stopper, mut events) = (receiver.stopper(), receiver.subscribe());
     /// std::thread::spawn(move || receiver.serve(None));
     /// std::thread::spawn(move || {

@@ -7,41 +7,67 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
-use super::{check_root_writable, ActivePaths, ReceiverConfig, ReceiverError};
-use crate::auth::{KeyId, SessionKey};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    check_root_writable, ActivePaths, ReceiverError, ReceiverSettings, DEFAULT_MAX_SESSIONS,
+    DEFAULT_MAX_STREAMS,
+};
+use crate::auth::{KeyId, KeySetting, SessionKey};
 use crate::wire::SessionLimits;
 
-/// A key with its own root and limits ([`ReceiverConfig::tenants`]).
+/// A key with its own root and limits ([`ReceiverSettings::tenants`]); in a configuration file
+/// a `[[tenants]]` table, in which only `max_sessions` and `max_streams` may be left out.
 ///
 /// ```
 /// use transfer::auth::SessionKey;
-/// use transfer::receiver::{Receiver, ReceiverConfig, Tenant};
+/// use transfer::receiver::{Receiver, ReceiverSettings, Tenant};
 ///
 /// let site = tempfile::tempdir()?;
 /// let (own, climate) = (site.path().join("ops"), site.path().join("climate"));
 /// std::fs::create_dir_all(&own)?;
 /// std::fs::create_dir_all(&climate)?;
-/// let mut config = ReceiverConfig::new(own, SessionKey::generate().1);
-/// config.tenants.push(Tenant {
-///     max_sessions: 4,
-///     ..Tenant::new("climate", SessionKey::from_text("climate-project-key-0123")?, climate)
-/// });
-/// let receiver = Receiver::bind("127.0.0.1:0", config)?;
+/// let mut settings = ReceiverSettings::new(own, SessionKey::generate().1).listen("127.0.0.1:0");
+/// let climate_key = SessionKey::from_text("climate-project-key-0123")?;
+/// settings.tenants.push(Tenant::new("climate", climate_key, climate).max_sessions(4));
+/// let receiver = Receiver::bind(&settings)?;
+///
+/// let read: ReceiverSettings = toml::from_str(r#"
+///     root = "/data/ops"
+///     key = { file = "/etc/xfer/ops.key" }
+///     [[tenants]]
+///     name = "astro"
+///     key = { file = "/etc/xfer/astro.key" }
+///     root = "/data/astro"
+/// "#)?;
+/// assert_eq!(read.tenants[0].max_streams, 256, "left out: the default");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Tenant {
     /// Its name, in logs, events and metrics.
     pub name: String,
     /// The key its senders prove.
-    pub key: SessionKey,
+    pub key: KeySetting,
     /// Everything its sessions receive lands under this directory.
     pub root: PathBuf,
     /// Most of its sessions served at once (the receiver's `max_sessions` bounds them all).
+    #[serde(default = "default_max_sessions")]
     pub max_sessions: usize,
     /// Most data streams one of its sessions may open (further bounded by the receiver's
     /// `session_memory`).
+    #[serde(default = "default_max_streams")]
     pub max_streams: u32,
+}
+
+fn default_max_sessions() -> usize {
+    DEFAULT_MAX_SESSIONS
+}
+
+fn default_max_streams() -> u32 {
+    DEFAULT_MAX_STREAMS
 }
 
 impl Tenant {
@@ -56,14 +82,26 @@ impl Tenant {
     /// let tenant = Tenant::new("astro", key, "/data/astro".into());
     /// assert_eq!(tenant.max_sessions, DEFAULT_MAX_SESSIONS);
     /// ```
-    pub fn new(name: impl Into<String>, key: SessionKey, root: PathBuf) -> Tenant {
+    pub fn new(name: impl Into<String>, key: impl Into<KeySetting>, root: PathBuf) -> Tenant {
         Tenant {
             name: name.into(),
-            key,
+            key: key.into(),
             root,
-            max_sessions: super::DEFAULT_MAX_SESSIONS,
-            max_streams: super::DEFAULT_MAX_STREAMS,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            max_streams: DEFAULT_MAX_STREAMS,
         }
+    }
+
+    /// Sets [`Tenant::max_sessions`].
+    pub fn max_sessions(mut self, sessions: usize) -> Tenant {
+        self.max_sessions = sessions;
+        self
+    }
+
+    /// Sets [`Tenant::max_streams`].
+    pub fn max_streams(mut self, streams: u32) -> Tenant {
+        self.max_streams = streams;
+        self
     }
 }
 
@@ -95,22 +133,38 @@ impl Served {
     }
 }
 
-/// Every key `config` serves, its own first, each root checked: no two keys may be the same.
-pub(super) fn served(config: &ReceiverConfig) -> Result<Vec<Served>, ReceiverError> {
+/// Every key `settings` serve, the receiver's own first, each key read and each root checked:
+/// no two keys may be the same, nor two roots overlap.
+pub(super) fn served(settings: &ReceiverSettings) -> Result<Vec<Served>, ReceiverError> {
+    let options = &settings.options;
+    let key = settings
+        .key
+        .key()
+        .map_err(|e| ReceiverError::Settings(e.to_string()))?;
+    let root = check_root_writable(&settings.root, options.direct_io).map_err(|error| {
+        ReceiverError::Root {
+            path: settings.root.display().to_string(),
+            error,
+        }
+    })?;
     let own = Served {
         name: None,
-        key: config.key.clone(),
-        id: config.key.id(),
-        root: config.root.clone(),
-        max_sessions: config.max_sessions,
-        limits: config.announced_limits(config.limits.max_streams)?,
+        id: key.id(),
+        key,
+        root,
+        max_sessions: options.max_sessions,
+        limits: options.announced_limits(options.max_streams)?,
         sessions_open: AtomicUsize::new(0),
         active: Arc::default(),
     };
     let mut all = vec![own];
     let mut ids: HashSet<KeyId> = HashSet::from([all[0].id]);
-    for tenant in &config.tenants {
-        let id = tenant.key.id();
+    for tenant in &settings.tenants {
+        let key = tenant
+            .key
+            .key()
+            .map_err(|e| ReceiverError::Settings(format!("tenant {}: {e}", tenant.name)))?;
+        let id = key.id();
         if !ids.insert(id) {
             return Err(ReceiverError::Settings(format!(
                 "tenant {} has the key of the receiver or of another tenant: each needs its own",
@@ -123,7 +177,7 @@ pub(super) fn served(config: &ReceiverConfig) -> Result<Vec<Served>, ReceiverErr
                 tenant.name
             )));
         }
-        let root = check_root_writable(&tenant.root, config.direct_io).map_err(|error| {
+        let root = check_root_writable(&tenant.root, options.direct_io).map_err(|error| {
             ReceiverError::Root {
                 path: tenant.root.display().to_string(),
                 error,
@@ -131,11 +185,11 @@ pub(super) fn served(config: &ReceiverConfig) -> Result<Vec<Served>, ReceiverErr
         })?;
         all.push(Served {
             name: Some(tenant.name.clone()),
-            key: tenant.key.clone(),
+            key,
             id,
             root,
             max_sessions: tenant.max_sessions,
-            limits: config.announced_limits(tenant.max_streams)?,
+            limits: options.announced_limits(tenant.max_streams)?,
             sessions_open: AtomicUsize::new(0),
             active: Arc::default(),
         });

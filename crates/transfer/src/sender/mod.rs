@@ -429,10 +429,8 @@ pub struct Progress {
 ///
 /// # let root = tempfile::tempdir()?;
 /// # let (key_text, key) = transfer::auth::SessionKey::generate();
-/// # let receiver = transfer::receiver::Receiver::bind(
-/// #     "127.0.0.1:0",
-/// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
-/// # )?;
+/// # let settings = transfer::receiver::ReceiverSettings::new(root.path().into(), key.clone());
+/// # let receiver = transfer::receiver::Receiver::bind(&settings.listen("127.0.0.1:0"))?;
 /// # let addr = receiver.local_addr()?.to_string();
 /// # std::thread::spawn(move || receiver.serve(None));
 /// let options = SendOptions::default().streams(2);
@@ -462,10 +460,8 @@ pub struct StreamSample {
 /// # use transfer::sender::{SendOptions, SendSource, Transfer};
 /// # let root = tempfile::tempdir()?;
 /// # let (key_text, key) = transfer::auth::SessionKey::generate();
-/// # let receiver = transfer::receiver::Receiver::bind(
-/// #     "127.0.0.1:0",
-/// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
-/// # )?;
+/// # let settings = transfer::receiver::ReceiverSettings::new(root.path().into(), key.clone());
+/// # let receiver = transfer::receiver::Receiver::bind(&settings.listen("127.0.0.1:0"))?;
 /// # let addr = receiver.local_addr()?.to_string();
 /// # std::thread::spawn(move || receiver.serve(None));
 /// # let options = SendOptions::default().streams(2);
@@ -883,10 +879,8 @@ impl Shared {
 /// # use transfer::sender::{SendOptions, SendSource, Transfer};
 /// # let root = tempfile::tempdir()?;
 /// # let (key_text, key) = transfer::auth::SessionKey::generate();
-/// # let receiver = transfer::receiver::Receiver::bind(
-/// #     "127.0.0.1:0",
-/// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
-/// # )?;
+/// # let settings = transfer::receiver::ReceiverSettings::new(root.path().into(), key.clone());
+/// # let receiver = transfer::receiver::Receiver::bind(&settings.listen("127.0.0.1:0"))?;
 /// # let addr = receiver.local_addr()?.to_string();
 /// # std::thread::spawn(move || receiver.serve(None));
 /// # let options = SendOptions::default().streams(2);
@@ -916,10 +910,8 @@ impl Transfer {
     /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
-    /// # let receiver = transfer::receiver::Receiver::bind(
-    /// #     "127.0.0.1:0",
-    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
-    /// # )?;
+    /// # let settings = transfer::receiver::ReceiverSettings::new(root.path().into(), key.clone());
+    /// # let receiver = transfer::receiver::Receiver::bind(&settings.listen("127.0.0.1:0"))?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
     /// # let options = SendOptions::default().streams(2);
@@ -1096,10 +1088,8 @@ impl Transfer {
     /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
-    /// # let receiver = transfer::receiver::Receiver::bind(
-    /// #     "127.0.0.1:0",
-    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
-    /// # )?;
+    /// # let settings = transfer::receiver::ReceiverSettings::new(root.path().into(), key.clone());
+    /// # let receiver = transfer::receiver::Receiver::bind(&settings.listen("127.0.0.1:0"))?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
     /// # let options = SendOptions::default().streams(2);
@@ -1129,10 +1119,8 @@ impl Transfer {
     /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
-    /// # let receiver = transfer::receiver::Receiver::bind(
-    /// #     "127.0.0.1:0",
-    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
-    /// # )?;
+    /// # let settings = transfer::receiver::ReceiverSettings::new(root.path().into(), key.clone());
+    /// # let receiver = transfer::receiver::Receiver::bind(&settings.listen("127.0.0.1:0"))?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
     /// # let options = SendOptions::default().streams(2);
@@ -1172,10 +1160,8 @@ impl Transfer {
     /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
-    /// # let receiver = transfer::receiver::Receiver::bind(
-    /// #     "127.0.0.1:0",
-    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
-    /// # )?;
+    /// # let settings = transfer::receiver::ReceiverSettings::new(root.path().into(), key.clone());
+    /// # let receiver = transfer::receiver::Receiver::bind(&settings.listen("127.0.0.1:0"))?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
     /// # let options = SendOptions::default().streams(2);
@@ -1202,10 +1188,8 @@ impl Transfer {
     /// # use transfer::transport::Transport;
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
-    /// # let receiver = transfer::receiver::Receiver::bind(
-    /// #     "127.0.0.1:0",
-    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
-    /// # )?;
+    /// # let settings = transfer::receiver::ReceiverSettings::new(root.path().into(), key.clone());
+    /// # let receiver = transfer::receiver::Receiver::bind(&settings.listen("127.0.0.1:0"))?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
     /// # let options = SendOptions::default().streams(2);
@@ -1225,10 +1209,8 @@ impl Transfer {
     /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
-    /// # let receiver = transfer::receiver::Receiver::bind(
-    /// #     "127.0.0.1:0",
-    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
-    /// # )?;
+    /// # let settings = transfer::receiver::ReceiverSettings::new(root.path().into(), key.clone());
+    /// # let receiver = transfer::receiver::Receiver::bind(&settings.listen("127.0.0.1:0"))?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
     /// # let options = SendOptions::default().streams(2);
@@ -1249,10 +1231,8 @@ impl Transfer {
     /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
-    /// # let receiver = transfer::receiver::Receiver::bind(
-    /// #     "127.0.0.1:0",
-    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
-    /// # )?;
+    /// # let settings = transfer::receiver::ReceiverSettings::new(root.path().into(), key.clone());
+    /// # let receiver = transfer::receiver::Receiver::bind(&settings.listen("127.0.0.1:0"))?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
     /// # let options = SendOptions::default().streams(2);
@@ -1288,10 +1268,8 @@ impl Transfer {
     /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
-    /// # let receiver = transfer::receiver::Receiver::bind(
-    /// #     "127.0.0.1:0",
-    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
-    /// # )?;
+    /// # let settings = transfer::receiver::ReceiverSettings::new(root.path().into(), key.clone());
+    /// # let receiver = transfer::receiver::Receiver::bind(&settings.listen("127.0.0.1:0"))?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
     /// # let options = SendOptions::default().streams(2);
@@ -1311,10 +1289,8 @@ impl Transfer {
     /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
-    /// # let receiver = transfer::receiver::Receiver::bind(
-    /// #     "127.0.0.1:0",
-    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
-    /// # )?;
+    /// # let settings = transfer::receiver::ReceiverSettings::new(root.path().into(), key.clone());
+    /// # let receiver = transfer::receiver::Receiver::bind(&settings.listen("127.0.0.1:0"))?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
     /// # let options = SendOptions::default().streams(2);
@@ -1333,10 +1309,8 @@ impl Transfer {
     /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
-    /// # let receiver = transfer::receiver::Receiver::bind(
-    /// #     "127.0.0.1:0",
-    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
-    /// # )?;
+    /// # let settings = transfer::receiver::ReceiverSettings::new(root.path().into(), key.clone());
+    /// # let receiver = transfer::receiver::Receiver::bind(&settings.listen("127.0.0.1:0"))?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
     /// # let options = SendOptions::default().streams(2);
@@ -1356,10 +1330,8 @@ impl Transfer {
     /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
-    /// # let receiver = transfer::receiver::Receiver::bind(
-    /// #     "127.0.0.1:0",
-    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
-    /// # )?;
+    /// # let settings = transfer::receiver::ReceiverSettings::new(root.path().into(), key.clone());
+    /// # let receiver = transfer::receiver::Receiver::bind(&settings.listen("127.0.0.1:0"))?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
     /// # let options = SendOptions::default().streams(2);
@@ -1380,10 +1352,8 @@ impl Transfer {
     /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
-    /// # let receiver = transfer::receiver::Receiver::bind(
-    /// #     "127.0.0.1:0",
-    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
-    /// # )?;
+    /// # let settings = transfer::receiver::ReceiverSettings::new(root.path().into(), key.clone());
+    /// # let receiver = transfer::receiver::Receiver::bind(&settings.listen("127.0.0.1:0"))?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
     /// # let options = SendOptions::default().streams(2);
@@ -1434,10 +1404,8 @@ impl Transfer {
 /// # use transfer::sender::{SendOptions, SendSource, Transfer};
 /// # let root = tempfile::tempdir()?;
 /// # let (key_text, key) = transfer::auth::SessionKey::generate();
-/// # let receiver = transfer::receiver::Receiver::bind(
-/// #     "127.0.0.1:0",
-/// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
-/// # )?;
+/// # let settings = transfer::receiver::ReceiverSettings::new(root.path().into(), key.clone());
+/// # let receiver = transfer::receiver::Receiver::bind(&settings.listen("127.0.0.1:0"))?;
 /// # let addr = receiver.local_addr()?.to_string();
 /// # std::thread::spawn(move || receiver.serve(None));
 /// # let options = SendOptions::default().streams(2);
@@ -1458,10 +1426,8 @@ impl Canceller {
     /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
-    /// # let receiver = transfer::receiver::Receiver::bind(
-    /// #     "127.0.0.1:0",
-    /// #     transfer::receiver::ReceiverConfig::new(root.path().into(), key.clone()),
-    /// # )?;
+    /// # let settings = transfer::receiver::ReceiverSettings::new(root.path().into(), key.clone());
+    /// # let receiver = transfer::receiver::Receiver::bind(&settings.listen("127.0.0.1:0"))?;
     /// # let addr = receiver.local_addr()?.to_string();
     /// # std::thread::spawn(move || receiver.serve(None));
     /// # let options = SendOptions::default().streams(2);

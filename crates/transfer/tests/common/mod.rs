@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use transfer::auth::{KeySetting, SessionKey};
 use transfer::job::{SendEvent, SendJob, SenderSettings};
-use transfer::receiver::{Receiver, ReceiverConfig, ReceiverEvents, ReceiverSettings, Stopper};
+use transfer::receiver::{Receiver, ReceiverEvents, ReceiverSettings, Stopper};
 use transfer::sender::{SendError, Summary};
 use transfer::SendSource;
 
@@ -19,8 +19,8 @@ pub const KEY: &str = "job-api-test-key-0123456789abcdef";
 
 /// A receiver serving `root` on a free loopback port, on its own thread; its address.
 pub fn start_receiver(root: &Path) -> String {
-    let config = ReceiverConfig::new(root.to_path_buf(), SessionKey::from_text(KEY).unwrap());
-    let receiver = Receiver::bind("127.0.0.1:0", config).unwrap();
+    let config = ReceiverSettings::new(root.to_path_buf(), SessionKey::from_text(KEY).unwrap());
+    let receiver = Receiver::bind(&config.listen("127.0.0.1:0")).unwrap();
     let addr = receiver.local_addr().unwrap().to_string();
     std::thread::spawn(move || receiver.serve(None));
     addr
@@ -101,7 +101,7 @@ pub struct Serving {
 pub fn serve(root: &Path) -> Serving {
     let mut settings = ReceiverSettings::new(root.into(), KeySetting::Text(KEY.into()));
     settings.listen = "127.0.0.1:0".into();
-    let receiver = settings.bind().unwrap();
+    let receiver = Receiver::bind(&settings).unwrap();
     Serving {
         addr: receiver.local_addr().unwrap().to_string(),
         stopper: receiver.stopper(),
