@@ -3,13 +3,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::controllers::{OptimizerList, OptimizerSpec};
+use crate::controllers::OptimizerList;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use optimizer::env::{InitialStreams, RewardKind};
 use optimizer::policy::ObservationLayout;
 use optimizer::{parse_time, RewardParams, UtilityParams};
-use transfer::optimizer_choice::Tuning;
+use transfer::optimizer_choice::{OptimizerChoice, Tuning};
 use transfer::policy_source::PolicyRuntime;
 use transfer::quic::Congestion;
 use transfer::receiver::{
@@ -220,28 +220,17 @@ impl TuningArgs {
             k: self.k,
             b: self.b,
             policy_runtime: self.policy_runtime,
+            reward: RewardParams {
+                x: self.reward_x,
+                y: self.reward_y,
+                eps: self.reward_eps,
+            },
         }
     }
 
     /// The utility parameters `--k` and `--b` give, with the defaults for those not given.
     pub fn utility(&self) -> anyhow::Result<UtilityParams> {
         Ok(self.tuning().utility_or(UtilityParams::default())?)
-    }
-
-    /// The reward parameters, checked.
-    pub fn reward(&self) -> anyhow::Result<RewardParams> {
-        if ![self.reward_x, self.reward_y, self.reward_eps]
-            .iter()
-            .all(|v| v.is_finite())
-            || self.reward_eps < 0.0
-        {
-            bail!("--reward-x and --reward-y must be finite numbers and --reward-eps at least 0");
-        }
-        Ok(RewardParams {
-            x: self.reward_x,
-            y: self.reward_y,
-            eps: self.reward_eps,
-        })
     }
 }
 
@@ -292,7 +281,7 @@ pub struct SendArgs {
     /// they change every 100 ms) [default: auto (gd when --k/--b ask for a utility the
     /// built-in policy was not trained for), or none when --streams is given].
     #[arg(long)]
-    pub optimizer: Option<OptimizerSpec>,
+    pub optimizer: Option<OptimizerChoice>,
     /// Write one JSON line per monitoring interval here: the signals, utility, reward, the
     /// controller's decision and how long it took.
     #[arg(long, value_name = "FILE")]

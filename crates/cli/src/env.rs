@@ -21,7 +21,7 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
         max_streams: args.tuning.max_streams as usize,
         initial_streams: args.initial_streams,
         utility: args.tuning.utility()?,
-        reward_params: args.tuning.reward()?,
+        reward_params: args.tuning.tuning().reward()?,
         reward: args.reward,
     };
     let mut env = SimEnv::new(source, config, args.randomize.unwrap_or(0));

@@ -8,7 +8,6 @@
 mod args;
 mod controllers;
 mod env;
-mod external;
 mod metrics_endpoint;
 mod model;
 mod recv;

@@ -11,10 +11,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use transfer::auth::SessionKey;
 use transfer::mptcp_info::Subflow;
+use transfer::optimizer_choice::OptimizerChoice;
 use transfer::quic::Congestion;
 use transfer::sender::{
-    MiRecord, OptimizerSettings, Progress, SendOptions, SendSource, StreamSample, Summary,
-    Transfer, DEFAULT_STREAMS,
+    MiRecord, Progress, SendOptions, SendSource, StreamSample, Summary, Transfer, DEFAULT_STREAMS,
 };
 use transfer::tcp_info::TcpInfo;
 use transfer::transport::Transport;
@@ -129,7 +129,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     };
     let named_initial = controller
         .as_ref()
-        .and_then(controllers::OptimizerSpec::initial_streams);
+        .and_then(OptimizerChoice::initial_streams);
     let mut mi_log = match (&args.mi_log, &controller) {
         (Some(path), Some(_)) => Some(std::io::BufWriter::new(
             File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
@@ -140,15 +140,12 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         (None, _) => None,
     };
     let utility = controllers::utility(controller.as_slice(), &args.tuning)?;
-    let settings = OptimizerSettings {
-        interval: args.tuning.mi,
-        utility,
-        reward: args.tuning.reward()?,
-        ..OptimizerSettings::default()
-    };
-    // Built before the transfer starts, so that a policy that cannot run stops nothing.
+    let tuning = args.tuning.tuning();
+    // Checked and built before the transfer starts, so that a policy that cannot run (or
+    // tuning that cannot work) stops nothing.
+    tuning.reward()?;
     let controller = controller
-        .map(|spec| spec.build(&args.tuning, utility, args.seed, true))
+        .map(|choice| choice.build(&tuning, utility, args.seed))
         .transpose()?;
     let initial = args
         .streams
@@ -200,7 +197,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     let (log_tx, log_rx) = mpsc::channel();
     if let Some(controller) = controller {
         let log = mi_log.is_some().then_some(log_tx);
-        transfer.optimize(controller, settings, log)?;
+        transfer.optimize(controller, &tuning, utility, log)?;
     }
     let bar = progress_bar(&args, &transfer.progress());
     let mut stdout = std::io::stdout().lock();

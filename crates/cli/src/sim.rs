@@ -72,7 +72,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         initial_streams: 1,
         seed: args.seed,
         utility,
-        reward: args.tuning.reward()?,
+        reward: args.tuning.tuning().reward()?,
     };
     let runs = scenarios.len() * optimizers.len() * args.seeds as usize;
     let mut out = std::io::stdout().lock();
@@ -89,7 +89,8 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
                     initial_streams: spec.initial_streams().unwrap_or(base.initial_streams),
                     ..base
                 };
-                let mut controller = spec.build(&args.tuning, utility, seed, false)?;
+                let mut controller =
+                    controllers::build_for_simulation(spec, &args.tuning, utility, seed)?;
                 let (rows, summary) =
                     sim::run_with(scenario, controller.as_mut(), &config, &oracle);
                 if runs == 1 {

@@ -60,6 +60,7 @@ impl UtilityParams {
 /// assert_eq!(reward.reward(100.0, 90.0), -2.0);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct RewardParams {
     /// Reward for an improvement (positive).
     pub x: f64,

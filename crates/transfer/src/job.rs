@@ -43,8 +43,7 @@ use tokio::sync::{mpsc as async_mpsc, oneshot};
 use crate::auth::KeySetting;
 use crate::optimizer_choice::{OptimizerChoice, OptimizerError, Tuning};
 use crate::sender::{
-    Canceller, MiRecord, OptimizerSettings, Progress, SendError, SendOptions, SendSource, Summary,
-    Transfer,
+    Canceller, MiRecord, Progress, SendError, SendOptions, SendSource, Summary, Transfer,
 };
 use crate::session_id::SessionId;
 use crate::transport::Transport;
@@ -347,11 +346,10 @@ impl SendJob {
             settings.source.clone(),
             settings.options.clone(),
         );
-        let optimizer_settings = OptimizerSettings {
-            interval: settings.tuning.interval().map_err(optimizer_error)?,
-            utility,
-            ..OptimizerSettings::default()
-        };
+        // Checked here, so that tuning that cannot work is refused before anything starts.
+        settings.tuning.interval().map_err(optimizer_error)?;
+        settings.tuning.reward().map_err(optimizer_error)?;
+        let tuning = settings.tuning.clone();
 
         let (events_tx, events) = async_mpsc::channel(EVENT_BUFFER);
         let (result_tx, result) = oneshot::channel();
@@ -372,7 +370,7 @@ impl SendJob {
                 let name = controller.name();
                 let outcome =
                     Transfer::start(&receiver, key, source, options).and_then(|transfer| {
-                        transfer.optimize(controller, optimizer_settings, Some(log_tx))?;
+                        transfer.optimize(controller, &tuning, utility, Some(log_tx))?;
                         Ok(transfer)
                     });
                 let result = match outcome {

@@ -72,6 +72,7 @@
 pub mod auth;
 mod direct_io;
 mod duration;
+pub mod external;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod job;

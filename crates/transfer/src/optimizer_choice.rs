@@ -1,7 +1,7 @@
 //! Which controller chooses a transfer's stream count, named as `xfer send --optimizer` names it
-//! (`auto`, `ppo`, `ppo:PATH`, `auto:PATH`, `gd`, `bo`, `fixed:N`, `schedule:TIME:N,...`), and how it measures and
-//! judges ([`Tuning`]): what a service keeps in its configuration to get the same controller the
-//! command line gets.
+//! (`auto`, `ppo`, `ppo:PATH`, `auto:PATH`, `gd`, `bo`, `fixed:N`, `schedule:TIME:N,...`,
+//! `external:SOCKET`), and how it measures and judges ([`Tuning`]): the one registry of
+//! controller names, which the command line, configuration files and services all read.
 //!
 //! ```
 //! use transfer::optimizer_choice::{OptimizerChoice, Tuning};
@@ -22,10 +22,12 @@ use std::time::Duration;
 
 use optimizer::policy::PolicyController;
 use optimizer::{
-    Auto, AutoParams, Controller, ControllerSpec, SpecError, TimetableError, UtilityParams,
+    Auto, AutoParams, Controller, ControllerSpec, RewardParams, SpecError, TimetableError,
+    UtilityParams,
 };
 use serde::{Deserialize, Serialize};
 
+use crate::external::ExternalAgent;
 use crate::policy_source::{PolicyLoadError, PolicyRuntime, PolicySource};
 
 /// A controller that chooses the stream count; in configuration files its name as a string.
@@ -40,6 +42,10 @@ use crate::policy_source::{PolicyLoadError, PolicyRuntime, PolicySource};
 ///     OptimizerChoice::Ppo(Some("models/gentle".into()))
 /// );
 /// assert!("fixed:0".parse::<OptimizerChoice>().is_err());
+/// assert_eq!(
+///     "external:/run/agent.sock".parse::<OptimizerChoice>()?,
+///     OptimizerChoice::External("/run/agent.sock".into())
+/// );
 /// # Ok::<(), transfer::optimizer_choice::OptimizerError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +59,9 @@ pub enum OptimizerChoice {
     /// `auto` or `auto:PATH`: that policy guarded and fine-tuned by a probing tuner
     /// ([`optimizer::Auto`]).
     Auto(Option<PathBuf>),
+    /// `external:SOCKET`: an agent outside xfer, speaking the environment protocol on a Unix
+    /// socket at this path ([`ExternalAgent`]); for live transfers only.
+    External(PathBuf),
 }
 
 /// Why an optimiser could not be chosen or built.
@@ -72,8 +81,8 @@ pub enum OptimizerChoice {
 pub enum OptimizerError {
     /// The name is not one of the optimisers.
     #[error(
-        "unknown optimizer {0:?}: expected gd, bo, fixed:N (N >= 1), ppo, ppo:PATH, auto, \
-         auto:PATH or schedule:TIME:N,..."
+        "unknown optimizer {0:?}: expected gd, bo, fixed:N (N >= 1), schedule:TIME:N,..., ppo, \
+         ppo:PATH, auto, auto:PATH or external:SOCKET"
     )]
     Unknown(String),
     /// A `schedule:` whose timetable could not be read.
@@ -105,6 +114,15 @@ pub enum OptimizerError {
     /// A policy could not be loaded or does not fit.
     #[error(transparent)]
     Policy(#[from] PolicyLoadError),
+    /// The socket an external agent connects to could not be made.
+    #[error("cannot listen for an agent on {path}: {error}")]
+    External {
+        /// The socket's path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        error: std::io::Error,
+    },
 }
 
 impl FromStr for OptimizerChoice {
@@ -117,6 +135,9 @@ impl FromStr for OptimizerChoice {
             None if s == "auto" => Ok(OptimizerChoice::Auto(None)),
             Some(("auto", path)) if !path.is_empty() => {
                 Ok(OptimizerChoice::Auto(Some(path.into())))
+            }
+            Some(("external", path)) if !path.is_empty() => {
+                Ok(OptimizerChoice::External(path.into()))
             }
             _ => s
                 .parse()
@@ -136,6 +157,7 @@ impl fmt::Display for OptimizerChoice {
             OptimizerChoice::Builtin(spec) => return spec.fmt(f),
             OptimizerChoice::Ppo(path) => ("ppo", path),
             OptimizerChoice::Auto(path) => ("auto", path),
+            OptimizerChoice::External(path) => return write!(f, "external:{}", path.display()),
         };
         match path {
             None => f.write_str(name),
@@ -173,7 +195,7 @@ impl OptimizerChoice {
     pub fn policy_path(&self) -> Option<Option<&Path>> {
         match self {
             OptimizerChoice::Ppo(path) | OptimizerChoice::Auto(path) => Some(path.as_deref()),
-            OptimizerChoice::Builtin(_) => None,
+            OptimizerChoice::Builtin(_) | OptimizerChoice::External(_) => None,
         }
     }
 
@@ -190,13 +212,16 @@ impl OptimizerChoice {
     pub fn initial_streams(&self) -> Option<usize> {
         match self {
             OptimizerChoice::Builtin(spec) => spec.initial_streams(),
-            OptimizerChoice::Ppo(_) | OptimizerChoice::Auto(_) => None,
+            OptimizerChoice::Ppo(_) | OptimizerChoice::Auto(_) | OptimizerChoice::External(_) => {
+                None
+            }
         }
     }
 
     /// Builds the controller for a transfer measured as `tuning` says and judged by `utility`
     /// ([`Tuning::utility_for`]); `seed` seeds its random choices. A policy that was trained
-    /// for another utility, or that this build cannot run, is refused here.
+    /// for another utility, or that this build cannot run, is refused here. `external:SOCKET`
+    /// listens on SOCKET at once (and removes it when the controller is dropped).
     ///
     /// ```
     /// use transfer::optimizer::Observation;
@@ -225,6 +250,15 @@ impl OptimizerChoice {
         Ok(match self {
             OptimizerChoice::Builtin(spec) => spec.clone().build(max_streams, utility, seed),
             OptimizerChoice::Ppo(path) => Box::new(policy(path)?),
+            OptimizerChoice::External(path) => {
+                let (reward, interval) = (tuning.reward()?, tuning.interval()?);
+                let agent = ExternalAgent::listen(path, max_streams, utility, reward, interval)
+                    .map_err(|error| OptimizerError::External {
+                        path: path.clone(),
+                        error,
+                    })?;
+                Box::new(agent)
+            }
             OptimizerChoice::Auto(path) => Box::new(Auto::new(
                 Box::new(policy(path)?),
                 AutoParams {
@@ -263,6 +297,9 @@ pub struct Tuning {
     pub b: Option<f64>,
     /// What runs a learned policy.
     pub policy_runtime: PolicyRuntime,
+    /// The reward reported for each interval (in the MI log, and to an external agent): `x`
+    /// when the utility rose by more than `eps` (relative), `y` when it fell by more.
+    pub reward: RewardParams,
 }
 
 impl Default for Tuning {
@@ -273,6 +310,7 @@ impl Default for Tuning {
             k: None,
             b: None,
             policy_runtime: PolicyRuntime::Onnx,
+            reward: RewardParams::default(),
         }
     }
 }
@@ -295,6 +333,29 @@ impl Tuning {
     /// ```
     pub fn interval(&self) -> Result<Duration, OptimizerError> {
         crate::duration::positive("interval", self.interval).map_err(OptimizerError::Tuning)
+    }
+
+    /// The reward's parameters, checked.
+    ///
+    /// ```
+    /// use transfer::optimizer_choice::Tuning;
+    ///
+    /// let mut tuning: Tuning = toml::from_str("[reward]\nx = 2.0")?;
+    /// assert_eq!(tuning.reward()?.x, 2.0);
+    /// tuning.reward.eps = -0.1;
+    /// assert!(tuning.reward().unwrap_err().to_string().contains("eps"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reward(&self) -> Result<RewardParams, OptimizerError> {
+        let RewardParams { x, y, eps } = self.reward;
+        if [x, y, eps].iter().all(|v| v.is_finite()) && eps >= 0.0 {
+            Ok(self.reward)
+        } else {
+            Err(OptimizerError::Tuning(format!(
+                "the reward's x and y must be finite numbers and its eps at least 0 \
+                 (--reward-x, --reward-y, --reward-eps), not x={x} y={y} eps={eps}"
+            )))
+        }
     }
 
     /// The most streams the controller may use, checked.
@@ -435,6 +496,7 @@ mod tests {
             "gd",
             "bo",
             "fixed:3",
+            "external:/tmp/a.sock",
         ] {
             let choice: OptimizerChoice = text.parse().unwrap();
             assert_eq!(choice.to_string(), text);
@@ -443,10 +505,36 @@ mod tests {
             "auto:models/x".parse::<OptimizerChoice>().unwrap(),
             OptimizerChoice::Auto(Some("models/x".into()))
         );
-        for bad in ["ppo:", "pp", "fixed:0", "auto:", "external:/tmp/a.sock", ""] {
+        for bad in ["ppo:", "pp", "fixed:0", "auto:", "external:", ""] {
             let err = bad.parse::<OptimizerChoice>().unwrap_err().to_string();
-            assert!(err.contains("ppo:PATH"), "{bad}: {err}");
+            assert!(
+                err.contains("ppo:PATH") && err.contains("external:SOCKET"),
+                "{bad}: {err}"
+            );
         }
+    }
+
+    #[test]
+    fn an_external_agent_listens_on_its_socket_until_dropped_and_a_taken_path_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("agent.sock");
+        let choice = OptimizerChoice::External(socket.clone());
+        let tuning = Tuning::default();
+        let agent = choice.build(&tuning, UtilityParams::default(), 0).unwrap();
+        assert_eq!(agent.name(), "external");
+        assert!(std::os::unix::net::UnixStream::connect(&socket).is_ok());
+        // The path is taken while the agent listens.
+        let err = choice
+            .build(&tuning, UtilityParams::default(), 0)
+            .err()
+            .unwrap();
+        assert!(matches!(&err, OptimizerError::External { path, .. } if *path == socket));
+        assert!(
+            std::error::Error::source(&err).is_some(),
+            "the cause is kept"
+        );
+        drop(agent);
+        assert!(!socket.exists(), "the socket is removed with the agent");
     }
 
     #[test]

@@ -5,10 +5,11 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use optimizer::{Controller, Observation};
+use optimizer::{Controller, Observation, UtilityParams};
 use transfer::auth::SessionKey;
+use transfer::optimizer_choice::Tuning;
 use transfer::receiver::{Receiver, ReceiverSettings};
-use transfer::sender::{MiRecord, OptimizerSettings, SendOptions, SendSource, Transfer};
+use transfer::sender::{MiRecord, SendOptions, SendSource, Transfer};
 
 const KEY: &str = "live-optimizer-test-key-01234567";
 const INTERVAL: Duration = Duration::from_millis(100);
@@ -79,14 +80,17 @@ fn paced_transfer(
     let key = SessionKey::from_text(KEY).unwrap();
     let transfer = Transfer::start(&addr, key, SendSource::Memory { size }, options).unwrap();
     let (tx, rx) = mpsc::channel();
-    let settings = OptimizerSettings {
+    let tuning = Tuning {
         interval: INTERVAL,
-        ..OptimizerSettings::default()
+        ..Tuning::default()
     };
-    transfer.optimize(controller, settings, Some(tx)).unwrap();
+    let utility = UtilityParams::default();
+    transfer
+        .optimize(controller, &tuning, utility, Some(tx))
+        .unwrap();
     assert!(
         transfer
-            .optimize(Box::new(optimizer::Fixed(2)), settings, None)
+            .optimize(Box::new(optimizer::Fixed(2)), &tuning, utility, None)
             .is_err(),
         "a second controller is refused"
     );

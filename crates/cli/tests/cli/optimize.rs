@@ -175,7 +175,10 @@ fn optimizer_flags_that_cannot_work_are_refused_before_anything_is_sent() {
             &["--k", "0.5"],
             "K must be at least 1 and B at least 0 (--k, --b), not K=0.5",
         ),
-        (&["--reward-eps=-1"], "--reward-eps at least 0"),
+        (
+            &["--reward-eps=-1"],
+            "its eps at least 0 (--reward-x, --reward-y, --reward-eps)",
+        ),
     ];
     for (args, needle) in cases {
         let mut all = vec!["--mem", "1MiB", receiver.addr.as_str()];

@@ -38,6 +38,7 @@ use crate::link;
 use crate::link::Connection;
 use crate::manifest::{ManifestBatch, ScanError, ScannedBatch, Scanner, SinkKind};
 use crate::mptcp_info::{self, Subflow};
+use crate::optimizer_choice::{OptimizerError, Tuning};
 use crate::quic::QuicClient;
 use crate::seal::{FrameWrite, FrameWriter};
 use crate::session_id::SessionId;
@@ -47,8 +48,9 @@ use crate::transport::{self, Transport};
 use crate::wire::{self, FrameReader, Limit, Message, Role, WireError};
 use manifest_stream::Planner;
 pub use meter::PathStats;
-pub use optimize::{MiRecord, OptimizerSettings};
-use optimizer::Controller;
+pub use optimize::MiRecord;
+use optimize::HISTORY;
+use optimizer::{Controller, SignalTracker, UtilityParams};
 pub use options::{
     SendOptions, DEFAULT_STALL_TIMEOUT, DEFAULT_STREAMS, DEFAULT_UNIT_SIZE, DEFAULT_UNSENT_LIMIT,
     MIN_STALL_TIMEOUT,
@@ -1106,16 +1108,17 @@ impl Transfer {
     }
 
     /// Hands the stream count to `controller` for the rest of the transfer: every
-    /// `settings.interval` the streams' `TCP_INFO` becomes an observation, and the controller's
-    /// answer becomes the target count. The controller runs on its own thread and the data path
+    /// `tuning.interval` the streams' `TCP_INFO` becomes an observation judged by `utility`
+    /// ([`Tuning::utility_for`]) and rewarded by `tuning.reward`, and the controller's answer
+    /// becomes the target count. The controller runs on its own thread and the data path
     /// never waits for it (see [`MiRecord::decision`] for what happens while it is busy). Each
     /// interval's [`MiRecord`] goes to `log` when given. A transfer takes one controller;
     /// calling this again is an error.
     ///
     /// ```
     /// use std::time::Duration;
-    /// use transfer::optimizer::Fixed;
-    /// use transfer::sender::OptimizerSettings;
+    /// use transfer::optimizer::{Fixed, UtilityParams};
+    /// use transfer::optimizer_choice::Tuning;
     /// # use transfer::sender::{SendOptions, SendSource, Transfer};
     /// # let root = tempfile::tempdir()?;
     /// # let (key_text, key) = transfer::auth::SessionKey::generate();
@@ -1126,9 +1129,10 @@ impl Transfer {
     /// # let options = SendOptions::default().streams(2);
     /// let transfer = Transfer::start(&addr, key, SendSource::Memory { size: 64 << 20 }, options)?;
     /// let (log, intervals) = std::sync::mpsc::channel();
-    /// let settings = OptimizerSettings { interval: Duration::from_millis(50), ..Default::default() };
-    /// transfer.optimize(Box::new(Fixed(3)), settings, Some(log))?;
-    /// assert!(transfer.optimize(Box::new(Fixed(5)), settings, None).is_err(), "one controller");
+    /// let tuning = Tuning { interval: Duration::from_millis(50), ..Tuning::default() };
+    /// let utility = UtilityParams::default();
+    /// transfer.optimize(Box::new(Fixed(3)), &tuning, utility, Some(log))?;
+    /// assert!(transfer.optimize(Box::new(Fixed(5)), &tuning, utility, None).is_err(), "one controller");
     /// transfer.wait()?;
     /// for mi in intervals.try_iter() {
     ///     println!("{:.0} Mbit/s on {} streams", mi.observation.throughput / 1e6, mi.observation.streams);
@@ -1138,15 +1142,19 @@ impl Transfer {
     pub fn optimize(
         &self,
         controller: Box<dyn Controller>,
-        settings: OptimizerSettings,
+        tuning: &Tuning,
+        utility: UtilityParams,
         log: Option<mpsc::Sender<MiRecord>>,
     ) -> Result<(), SendError> {
+        let checked = |e: OptimizerError| SendError::Optimizer(e.to_string());
+        let interval = tuning.interval().map_err(checked)?;
+        let tracker = SignalTracker::new(utility, tuning.reward().map_err(checked)?, HISTORY);
         if self.optimized.swap(true, Ordering::AcqRel) {
             return Err(SendError::Optimizer(
                 "this transfer already has a controller".into(),
             ));
         }
-        let threads = optimize::spawn(&self.shared, controller, settings, log)
+        let threads = optimize::spawn(&self.shared, controller, interval, tracker, log)
             .map_err(|e| SendError::Optimizer(format!("cannot start a thread: {e}")))?;
         self.threads.lock().expect("threads lock").extend(threads);
         Ok(())

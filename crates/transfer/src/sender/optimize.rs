@@ -10,50 +10,15 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use optimizer::{Acting, Controller, Observation, RewardParams, SignalTracker, UtilityParams};
+use optimizer::{Acting, Controller, Observation, SignalTracker};
 use serde::Serialize;
 
 use super::meter::{IntervalMeter, PathStats};
 use super::Shared;
 use crate::telemetry;
 
-/// How the live optimiser measures and judges the transfer.
-///
-/// ```
-/// use std::time::Duration;
-/// use transfer::optimizer::UtilityParams;
-/// use transfer::sender::OptimizerSettings;
-///
-/// // Half-second intervals, and a utility gentler to other users: each stream costs 5 %.
-/// let settings = OptimizerSettings {
-///     interval: Duration::from_millis(500),
-///     utility: UtilityParams { k: 1.05, ..UtilityParams::default() },
-///     ..OptimizerSettings::default()
-/// };
-/// assert_eq!(settings.history, 8);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct OptimizerSettings {
-    /// Length of a monitoring interval.
-    pub interval: Duration,
-    /// Utility the controller maximises.
-    pub utility: UtilityParams,
-    /// Reward reported for each interval.
-    pub reward: RewardParams,
-    /// Past stream-count changes each observation carries.
-    pub history: usize,
-}
-
-impl Default for OptimizerSettings {
-    fn default() -> Self {
-        OptimizerSettings {
-            interval: Duration::from_secs(1),
-            utility: UtilityParams::default(),
-            reward: RewardParams::default(),
-            history: 8,
-        }
-    }
-}
+/// Past stream-count changes each observation carries.
+pub(super) const HISTORY: usize = 8;
 
 /// One monitoring interval of a live transfer, as written to the MI log.
 ///
@@ -89,17 +54,19 @@ pub struct MiRecord {
 /// An observation on its way to the decider, with its paths and the instant its interval ended.
 type Pending = (Observation, Vec<PathStats>, Instant);
 
-/// Starts the sampler and decider threads of `controller` on a running transfer.
+/// Starts the sampler and decider threads of `controller` on a running transfer: intervals of
+/// `interval`, each observed by `tracker` (which judges and rewards it).
 pub(super) fn spawn(
     shared: &Arc<Shared>,
     controller: Box<dyn Controller>,
-    settings: OptimizerSettings,
+    interval: Duration,
+    tracker: SignalTracker,
     log: Option<mpsc::Sender<MiRecord>>,
 ) -> std::io::Result<[std::thread::JoinHandle<()>; 2]> {
     let (tx, rx) = mpsc::channel();
     let sampler = std::thread::Builder::new().name("xfer-mi".into()).spawn({
         let shared = shared.clone();
-        move || sample_intervals(&shared, settings, tx)
+        move || sample_intervals(&shared, interval, tracker, tx)
     })?;
     let decider = std::thread::Builder::new()
         .name("xfer-decide".into())
@@ -111,10 +78,14 @@ pub(super) fn spawn(
 }
 
 /// Every interval until the transfer ends: measure, observe, pass the observation on.
-fn sample_intervals(shared: &Shared, settings: OptimizerSettings, tx: mpsc::Sender<Pending>) {
+fn sample_intervals(
+    shared: &Shared,
+    interval: Duration,
+    mut tracker: SignalTracker,
+    tx: mpsc::Sender<Pending>,
+) {
     let mut meter = IntervalMeter::default();
-    let mut tracker = SignalTracker::new(settings.utility, settings.reward, settings.history);
-    let interval = settings.interval.max(Duration::from_millis(1));
+    let interval = interval.max(Duration::from_millis(1));
     let mut last = Instant::now();
     meter.reset(&shared.sample_for_meter());
     let mut deadline = last + interval;

@@ -1,4 +1,5 @@
-//! `--optimizer external:SOCKET`: an agent outside xfer chooses the stream count of a live
+//! `external:SOCKET` ([`crate::optimizer_choice::OptimizerChoice::External`], `xfer send
+//! --optimizer external:SOCKET`): an agent outside xfer chooses the stream count of a live
 //! transfer through the environment protocol ([`optimizer::env`]) on a Unix socket, so the
 //! same agent that trained on `xfer env` can act on, or fine-tune with, real transfers.
 //!
@@ -14,7 +15,6 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::Context;
 use optimizer::env::{Description, Reply, Request, RewardKind, StepInfo, StepReply};
 use optimizer::policy::{FeatureHistory, ObservationLayout};
 use optimizer::{Controller, Observation, RewardParams, UtilityParams};
@@ -32,7 +32,8 @@ struct Agent {
     owed: bool,
 }
 
-/// The [`Controller`] that asks an external agent.
+/// The [`Controller`] that asks an external agent. Until an agent connects, or while it is
+/// silent, it keeps the count as it is.
 pub struct ExternalAgent {
     listener: UnixListener,
     path: PathBuf,
@@ -44,16 +45,16 @@ pub struct ExternalAgent {
 
 impl ExternalAgent {
     /// Listens on `path` (which must not exist) for an agent that controls a transfer of at
-    /// most `max_streams` streams judged by `utility`, with intervals of `mi_s` seconds.
+    /// most `max_streams` streams, judged by `utility` and rewarded by `reward_params`, with
+    /// monitoring intervals of `interval`.
     pub fn listen(
         path: &Path,
         max_streams: usize,
         utility: UtilityParams,
         reward_params: RewardParams,
-        mi_s: f64,
-    ) -> anyhow::Result<Self> {
-        let listener = UnixListener::bind(path)
-            .with_context(|| format!("cannot listen for an agent on {}", path.display()))?;
+        interval: Duration,
+    ) -> std::io::Result<Self> {
+        let listener = UnixListener::bind(path)?;
         listener.set_nonblocking(true)?;
         let layout = ObservationLayout::default();
         Ok(ExternalAgent {
@@ -67,7 +68,7 @@ impl ExternalAgent {
                 reward: RewardKind::Utility,
                 reward_params,
                 max_streams,
-                mi: mi_s,
+                mi: interval.as_secs_f64(),
                 source: "transfer".into(),
             },
             last: None,
