@@ -41,6 +41,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc as async_mpsc, oneshot};
 
 use crate::auth::KeySetting;
+use crate::cause::Cause;
 use crate::optimizer_choice::{OptimizerChoice, OptimizerError, Tuning};
 use crate::sender::{
     Canceller, MiRecord, Progress, SendError, SendOptions, SendSource, Summary, Transfer,
@@ -460,7 +461,7 @@ impl SendJob {
     /// let job = SendJob::start(settings)?;
     /// match tokio::runtime::Runtime::new()?.block_on(job.finish()) {
     ///     Ok(summary) => println!("{:.2} Gbit/s", summary.gbit_per_s()),
-    ///     Err(SendError::Connect { addr, reason }) => println!("{addr} is not listening: {reason}"),
+    ///     Err(SendError::Connect { addr, cause }) => println!("{addr} is not listening: {cause}"),
     ///     Err(e) => println!("failed: {e}"),
     /// }
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -532,7 +533,7 @@ fn ended_without_result() -> SendError {
 
 /// An optimiser that cannot be had, as the job's error.
 fn optimizer_error(e: OptimizerError) -> SendError {
-    SendError::Optimizer(e.to_string())
+    SendError::Optimizer(Cause::new(e))
 }
 
 /// The job thread's half: follows the transfer and reports it.

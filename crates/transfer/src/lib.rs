@@ -70,6 +70,7 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+mod cause;
 mod direct_io;
 mod duration;
 pub mod external;
@@ -100,6 +101,7 @@ pub mod transport;
 pub mod wire;
 
 pub use auth::{KeySetting, SessionKey};
+pub use cause::Cause;
 pub use job::{SendEvent, SendJob, SenderSettings};
 pub use optimizer_choice::{OptimizerChoice, OptimizerError, Tuning};
 pub use receiver::{

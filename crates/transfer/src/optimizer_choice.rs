@@ -115,7 +115,7 @@ pub enum OptimizerError {
     #[error(transparent)]
     Policy(#[from] PolicyLoadError),
     /// The socket an external agent connects to could not be made.
-    #[error("cannot listen for an agent on {path}: {error}")]
+    #[error("cannot listen for an agent on {path}")]
     External {
         /// The socket's path.
         path: PathBuf,

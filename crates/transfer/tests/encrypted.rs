@@ -11,9 +11,11 @@ use transfer::auth::{handshake_as_client, SessionKey};
 use transfer::link;
 use transfer::manifest::{ManifestBatch, SinkKind};
 use transfer::receiver::{Receiver, ReceiverSettings};
-use transfer::sender::{SendOptions, SendSource, Transfer};
+use transfer::sender::{SendError, SendOptions, SendSource, Transfer};
 use transfer::tls::ServerIdentity;
 use transfer::wire::{write_message, FrameReader, Message, Role};
+
+mod common;
 
 const KEY: &str = "encrypted-session-test-key-0123";
 
@@ -37,8 +39,9 @@ fn send(addr: &str, file: &Path, encrypt: bool) -> Result<(), String> {
         destination: Default::default(),
     };
     let key = SessionKey::from_text(KEY).unwrap();
-    let transfer = Transfer::start(addr, key, source, options).map_err(|e| e.to_string())?;
-    transfer.wait().map(drop).map_err(|e| e.to_string())
+    let explain = |e: SendError| common::explain(&e);
+    let transfer = Transfer::start(addr, key, source, options).map_err(explain)?;
+    transfer.wait().map(drop).map_err(explain)
 }
 
 /// A file whose every 64-byte block is distinct and recognisable.

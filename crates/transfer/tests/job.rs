@@ -17,7 +17,7 @@ use transfer::SendSource;
 
 mod common;
 use common::{
-    contents, one_file, paced, run, run_past, runtime, serve, start_receiver, OneFile, KEY,
+    contents, explain, one_file, paced, run, run_past, runtime, serve, start_receiver, OneFile, KEY,
 };
 
 #[test]
@@ -230,7 +230,7 @@ fn bad_settings_are_refused_before_anything_is_sent_and_a_silent_receiver_is_nam
             "/nonexistent/key",
         ),
     ] {
-        let err = SendJob::start(settings).err().unwrap().to_string();
+        let err = explain(&SendJob::start(settings).err().unwrap());
         assert!(err.contains(says), "{says}: {err}");
     }
     // Nobody listens on the discard port of loopback.
@@ -306,9 +306,9 @@ fn a_sender_tries_again_when_the_receiver_closes_the_control_connection_at_once(
     let relay = closing_relay(upstream, usize::MAX);
     let (_, result) = run(SendJob::start(settings(relay.clone())).unwrap());
     match result {
-        Err(SendError::Connection { addr, reason }) => {
+        Err(SendError::Connection { addr, cause }) => {
             assert_eq!(addr, relay);
-            assert!(reason.contains("reset"), "{reason}")
+            assert!(cause.to_string().contains("reset"), "{cause}")
         }
         other => panic!("{other:?}"),
     }

@@ -109,7 +109,7 @@ fn a_certificate_other_than_the_announced_one_is_refused() {
     let (result, took) = send(addr);
     let err = result.unwrap_err();
     assert!(
-        matches!(&err, SendError::Auth(m) if m.contains("QUIC certificate is not the one its control connection announced")),
+        matches!(&err, SendError::Auth { cause, .. } if cause.to_string().contains("QUIC certificate is not the one its control connection announced")),
         "{err}"
     );
     assert!(took < Duration::from_secs(5), "took {took:?}");

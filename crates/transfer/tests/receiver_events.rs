@@ -86,7 +86,7 @@ fn sessions_are_reported_from_start_to_end_and_a_wrong_key_as_refused() {
 
     settings.key = KeySetting::Text("not-the-receivers-key-0123456789".into());
     let (_, result) = run(SendJob::start(settings).unwrap());
-    assert!(matches!(result, Err(SendError::Auth(_))), "{result:?}");
+    assert!(matches!(result, Err(SendError::Auth { .. })), "{result:?}");
     match next(&mut serving.events) {
         ReceiverEvent::Refused { peer, reason } => {
             assert!(peer.ip().is_loopback());

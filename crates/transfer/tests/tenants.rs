@@ -108,8 +108,11 @@ fn each_key_lands_in_its_own_root_within_its_own_limits() {
     let (_, result) =
         run(SendJob::start(send(&addr, "nobodys-key-0123456789", &file, None, "")).unwrap());
     match result {
-        Err(SendError::Auth(reason)) => {
-            assert!(reason.contains("does not hold this key"), "{reason}")
+        Err(SendError::Auth { cause, .. }) => {
+            assert!(
+                cause.to_string().contains("does not hold this key"),
+                "{cause}"
+            )
         }
         other => panic!("an unknown key: {other:?}"),
     }

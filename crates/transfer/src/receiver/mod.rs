@@ -79,28 +79,30 @@ const REPLY_BUFFER: usize = 16 << 10;
 #[non_exhaustive]
 pub enum ReceiverError {
     /// The listening address could not be bound.
-    #[error("cannot listen on {addr}: {error}")]
+    #[error("cannot listen on {addr}")]
     Bind {
         /// The address.
         addr: String,
-        /// The cause (address in use, permission denied, ...).
+        /// Why (address in use, permission denied, ...).
+        #[source]
         error: std::io::Error,
     },
     /// The root directory is missing or not writable (or, with direct I/O, on a file system
     /// that does not support it).
-    #[error("receiver root {path} is not a writable directory: {error}")]
+    #[error("receiver root {path} is not a writable directory")]
     Root {
         /// The root given.
         path: String,
-        /// The cause.
+        /// Why.
+        #[source]
         error: std::io::Error,
     },
     /// The limits contradict each other.
     #[error("invalid receiver limits: {0}")]
     Limits(String),
     /// No TLS certificate could be made.
-    #[error("{0}")]
-    Tls(std::io::Error),
+    #[error("cannot make the receiver's TLS certificate")]
+    Tls(#[source] std::io::Error),
     /// The settings are unusable (a key that cannot be read, a value out of range).
     #[error("{0}")]
     Settings(String),

@@ -34,6 +34,7 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::auth::{self, AuthError, SessionKey};
+use crate::cause::Cause;
 use crate::link;
 use crate::link::Connection;
 use crate::manifest::{ManifestBatch, ScanError, ScannedBatch, Scanner, SinkKind};
@@ -183,11 +184,12 @@ impl From<SendSource> for SourceFields {
     }
 }
 
-/// Why a transfer failed. Every variant's text is a complete one-line explanation; the
-/// variants name what a service acts on: which file ([`SendError::Source`],
-/// [`SendError::SourceChanged`], [`SendError::Receiver`]), which receiver
-/// ([`SendError::Connect`], [`SendError::Connection`], [`SendError::Limited`]) and which limit
-/// ([`SendError::Limited`], [`SendError::TooManyFiles`]).
+/// Why a transfer failed. The variants name what a service acts on: which file
+/// ([`SendError::Source`], [`SendError::SourceChanged`], [`SendError::Receiver`]), which
+/// receiver ([`SendError::Connect`], [`SendError::Connection`], [`SendError::Limited`]) and
+/// which limit ([`SendError::Limited`], [`SendError::TooManyFiles`]). A variant's text says
+/// what failed; where an error lies behind it, that is its `source()` (a [`Cause`], which
+/// keeps the error itself): print the chain, as [`Cause`] shows.
 ///
 /// ```
 /// use transfer::sender::SendError;
@@ -222,12 +224,13 @@ pub enum SendError {
     #[error("{0}")]
     Settings(String),
     /// A source could not be read or scanned.
-    #[error("cannot read source {path}: {reason}")]
+    #[error("cannot read source {path}")]
     Source {
         /// The file or directory, as given or found under a given directory.
         path: String,
-        /// The cause.
-        reason: String,
+        /// Why (the system's error).
+        #[source]
+        cause: Cause,
     },
     /// Two sources would land under the same name, or one has no name to land under.
     #[error("{0}")]
@@ -248,16 +251,24 @@ pub enum SendError {
         max: u64,
     },
     /// The receiver's address did not resolve or accept a connection.
-    #[error("cannot connect to {addr}: {reason}")]
+    #[error("cannot connect to {addr}")]
     Connect {
         /// The address.
         addr: String,
-        /// The cause.
-        reason: String,
+        /// Why (the system's error, or that the name has no address).
+        #[source]
+        cause: Cause,
     },
-    /// Authentication failed or the receiver refused the session.
-    #[error("{0}")]
-    Auth(String),
+    /// Authentication failed or the receiver refused the key.
+    #[error("the receiver at {addr} did not accept this sender")]
+    Auth {
+        /// The receiver's address.
+        addr: String,
+        /// Why: the key handshake's error ([`crate::auth::AuthError`]) or a certificate not
+        /// the one announced.
+        #[source]
+        cause: Cause,
+    },
     /// The receiver refused the session because one of its limits is reached: the same
     /// transfer may be started again later.
     #[error("the receiver at {addr} refused the session: {limit}; try again later")]
@@ -278,27 +289,39 @@ pub enum SendError {
         reason: String,
     },
     /// The connection to the receiver broke.
-    #[error("lost connection to the receiver at {addr}: {reason}")]
+    #[error("lost connection to the receiver at {addr}")]
     Connection {
         /// The receiver's address.
         addr: String,
-        /// The cause.
-        reason: String,
+        /// Why: the connection's error, or what was seen (silence, a closed connection, too
+        /// many broken streams).
+        #[source]
+        cause: Cause,
     },
     /// The receiver broke the protocol.
     #[error("protocol error: {0}")]
     Protocol(String),
     /// The live optimiser could not be started.
-    #[error("optimizer: {0}")]
-    Optimizer(String),
+    #[error("cannot start the optimizer")]
+    Optimizer(
+        /// Why ([`crate::optimizer_choice::OptimizerError`], or the system's error).
+        #[source]
+        Cause,
+    ),
     /// The transfer was cancelled ([`Canceller::cancel`]). What the receiver verified stays
     /// there: the same transfer started again sends only the rest.
     #[error("the transfer was cancelled; start it again to send the rest")]
     Cancelled,
     /// The operating system refused something the transfer needs (a thread, a socket
     /// option).
-    #[error("{0}")]
-    System(String),
+    #[error("cannot {what}")]
+    System {
+        /// What the transfer asked for (`start a thread`, `cap the stream rate`).
+        what: String,
+        /// The system's error.
+        #[source]
+        cause: Cause,
+    },
     /// A bug in xfer.
     #[error("internal error (please report it): {0}")]
     Internal(String),
@@ -309,7 +332,7 @@ impl From<ScanError> for SendError {
         match e {
             ScanError::Unreadable { path, error } => SendError::Source {
                 path,
-                reason: error.to_string(),
+                cause: error.into(),
             },
             other => SendError::Sources(other.to_string()),
         }
@@ -317,6 +340,14 @@ impl From<ScanError> for SendError {
 }
 
 impl SendError {
+    /// The system refused `what` (`start a thread`), for `error`.
+    pub(crate) fn system(what: &str, error: std::io::Error) -> SendError {
+        SendError::System {
+            what: what.into(),
+            cause: error.into(),
+        }
+    }
+
     /// A receiver's refusal as the error a sender reports.
     fn refused(reason: String) -> SendError {
         SendError::Receiver { file: None, reason }
@@ -335,11 +366,11 @@ struct Config {
 }
 
 impl Config {
-    /// The connection to the receiver broke, for `reason`.
-    fn lost(&self, reason: impl std::fmt::Display) -> SendError {
+    /// The connection to the receiver broke, for `cause`.
+    fn lost(&self, cause: impl Into<Cause>) -> SendError {
         SendError::Connection {
             addr: self.addr.clone(),
-            reason: reason.to_string(),
+            cause: cause.into(),
         }
     }
 
@@ -347,7 +378,7 @@ impl Config {
     /// out says for how long the receiver was silent.
     fn reading(&self, e: WireError) -> SendError {
         match e {
-            WireError::Io(io) if is_timeout(&io) => self.lost(format_args!(
+            WireError::Io(io) if is_timeout(&io) => self.lost(format!(
                 "the receiver sent nothing for {} s, not even its heartbeat",
                 self.options.stall_timeout.as_secs_f64()
             )),
@@ -369,7 +400,10 @@ impl Config {
                 addr: self.addr.clone(),
                 limit,
             },
-            other => SendError::Auth(other.to_string()),
+            other => SendError::Auth {
+                addr: self.addr.clone(),
+                cause: Cause::new(other),
+            },
         }
     }
 }
@@ -1054,7 +1088,7 @@ impl Transfer {
             std::thread::Builder::new()
                 .name(name.into())
                 .spawn(f)
-                .map_err(|e| SendError::System(format!("cannot start a thread: {e}")))
+                .map_err(|e| SendError::system("start a thread", e))
         };
         let mut threads = vec![
             spawn("xfer-control-out", {
@@ -1146,7 +1180,7 @@ impl Transfer {
         utility: UtilityParams,
         log: Option<mpsc::Sender<MiRecord>>,
     ) -> Result<(), SendError> {
-        let checked = |e: OptimizerError| SendError::Optimizer(e.to_string());
+        let checked = |e: OptimizerError| SendError::Optimizer(Cause::new(e));
         let interval = tuning.interval().map_err(checked)?;
         let tracker = SignalTracker::new(utility, tuning.reward().map_err(checked)?, HISTORY);
         if self.optimized.swap(true, Ordering::AcqRel) {
@@ -1155,7 +1189,7 @@ impl Transfer {
             ));
         }
         let threads = optimize::spawn(&self.shared, controller, interval, tracker, log)
-            .map_err(|e| SendError::Optimizer(format!("cannot start a thread: {e}")))?;
+            .map_err(|e| SendError::system("start a thread for the optimizer", e))?;
         self.threads.lock().expect("threads lock").extend(threads);
         Ok(())
     }
@@ -1572,13 +1606,13 @@ fn resolve(addr: &str) -> Result<Vec<SocketAddr>, SendError> {
         .to_socket_addrs()
         .map_err(|e| SendError::Connect {
             addr: addr.to_string(),
-            reason: e.to_string(),
+            cause: e.into(),
         })?
         .collect();
     if addrs.is_empty() {
         return Err(SendError::Connect {
             addr: addr.to_string(),
-            reason: "the name has no address".into(),
+            cause: "the name has no address".into(),
         });
     }
     Ok(addrs)
@@ -1616,7 +1650,7 @@ fn try_connect(
 fn connect_error(shown: &str, e: std::io::Error) -> SendError {
     SendError::Connect {
         addr: shown.to_string(),
-        reason: e.to_string(),
+        cause: e.into(),
     }
 }
 

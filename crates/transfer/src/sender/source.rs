@@ -185,7 +185,7 @@ impl SourceFile {
     fn unreadable(&self, e: std::io::Error) -> SendError {
         SendError::Source {
             path: self.local.display().to_string(),
-            reason: e.to_string(),
+            cause: e.into(),
         }
     }
 

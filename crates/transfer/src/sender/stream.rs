@@ -15,6 +15,7 @@ use super::{
     CONNECT_TIMEOUT, MAX_STREAM_FAILURES,
 };
 use crate::auth::{self, AuthError, ChannelBinding};
+use crate::cause::Cause;
 use crate::link::{self, Connection, LinkWriter};
 use crate::mptcp_info::Subflow;
 use crate::quic::{QuicClient, QuicError, QuicReader};
@@ -259,9 +260,7 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                     }
                     Err(e) => {
                         drop(streams);
-                        shared.fail(SendError::System(format!(
-                            "cannot start a stream thread: {e}"
-                        )));
+                        shared.fail(SendError::system("start a stream thread", e));
                         break;
                     }
                 }
@@ -321,7 +320,7 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                         shared.fail(
                             shared
                                 .config
-                                .lost(format_args!("{failures} streams broke; last: {reason}")),
+                                .lost(format!("{failures} streams broke; last: {reason}")),
                         );
                     }
                 }
@@ -444,7 +443,9 @@ fn open_quic(
                 return Ok((reader, writer, Connection::Quic(stream.connection)));
             }
             Err(e @ QuicError::WrongCertificate) => {
-                return Err(fatal(shared, SendError::Auth(e.to_string())))
+                let addr = shared.config.addr.clone();
+                let cause = Cause::new(e);
+                return Err(fatal(shared, SendError::Auth { addr, cause }));
             }
             // The transfer ended meanwhile (and said why).
             Err(QuicError::Io(_)) if shared.is_over() => return Err(StreamFailure::Fatal),
@@ -575,10 +576,9 @@ fn tune_data_socket(
 ) -> Result<(), SendError> {
     socket2::SockRef::from(socket)
         .set_tcp_notsent_lowat(options.unsent_limit)
-        .map_err(|e| SendError::System(format!("cannot limit the unsent queue: {e}")))?;
+        .map_err(|e| SendError::system("limit the unsent queue", e))?;
     if let Some(rate) = join_cap.or(options.stream_rate_cap) {
-        cap_pacing(socket, rate)
-            .map_err(|e| SendError::System(format!("cannot cap the stream rate: {e}")))?;
+        cap_pacing(socket, rate).map_err(|e| SendError::system("cap the stream rate", e))?;
     }
     Ok(())
 }

@@ -14,6 +14,17 @@ use transfer::receiver::{Receiver, ReceiverEvents, ReceiverSettings, Stopper};
 use transfer::sender::{SendError, Summary};
 use transfer::SendSource;
 
+/// An error and every cause behind it, on one line, as `xfer` prints it.
+pub fn explain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text += &format!(": {c}");
+        cause = c.source();
+    }
+    text
+}
+
 /// The key of every test receiver.
 pub const KEY: &str = "job-api-test-key-0123456789abcdef";
 
