@@ -128,7 +128,8 @@ fn default_progress_every() -> Duration {
 }
 
 impl SenderSettings {
-    /// Settings with every default, to send `source` to `receiver` with `key`.
+    /// Settings with every default, to send `source` to `receiver` with `key` (a
+    /// [`KeySetting`], or a [`crate::auth::SessionKey`] already read).
     ///
     /// ```
     /// use transfer::auth::KeySetting;
@@ -143,10 +144,14 @@ impl SenderSettings {
     /// settings.options.encrypt = true;
     /// assert_eq!(settings.optimizer, None, "auto, the default");
     /// ```
-    pub fn new(receiver: impl Into<String>, key: KeySetting, source: SendSource) -> Self {
+    pub fn new(
+        receiver: impl Into<String>,
+        key: impl Into<KeySetting>,
+        source: SendSource,
+    ) -> Self {
         SenderSettings {
             receiver: receiver.into(),
-            key,
+            key: key.into(),
             source,
             optimizer: None,
             tuning: Tuning::default(),
