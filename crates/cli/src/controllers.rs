@@ -111,7 +111,7 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("xfer env"), "{err}");
-        let t = tuning(&["--reward-eps", "-1"]);
+        let t = tuning(&["--reward-eps=-1"]);
         assert!(t
             .tuning()
             .reward()
