@@ -268,7 +268,7 @@ pub struct SendArgs {
     #[arg(long, default_value = "xfer")]
     pub remote_xfer: String,
     /// Parallel TCP streams to start with [default: 4]. Without --optimizer, the count stays
-    /// at this for the whole transfer.
+    /// at this for the whole transfer (the controller is fixed:N, not held to --max-streams).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub streams: Option<u32>,
     /// Who chooses the stream count each monitoring interval: gd (gradient ascent on the
@@ -279,7 +279,7 @@ pub struct SendArgs {
     /// speaking the protocol of `xfer env`), fixed:N or schedule:TIME:N,... (counts on a
     /// timetable, on interval boundaries, e.g. schedule:0s:1,15s:6,40s:1; with --mi 100ms
     /// they change every 100 ms) [default: auto (gd when --k/--b ask for a utility the
-    /// built-in policy was not trained for), or none when --streams is given].
+    /// built-in policy was not trained for), or fixed:N when --streams N is given].
     #[arg(long)]
     pub optimizer: Option<OptimizerChoice>,
     /// Write one JSON line per monitoring interval here: the signals, utility, reward, the

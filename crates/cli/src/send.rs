@@ -1,20 +1,22 @@
-//! `xfer send`: run a transfer with a live progress bar, or per-second JSON, and a summary.
+//! `xfer send`: a transfer run as the library's [`SendJob`], shown as a live progress bar or
+//! per-second JSON, and a summary.
 
 use std::fs::File;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use transfer::auth::SessionKey;
+use transfer::job::{SendEvent, SendJob, SenderSettings};
 use transfer::mptcp_info::Subflow;
+use transfer::optimizer::ControllerSpec;
 use transfer::optimizer_choice::OptimizerChoice;
 use transfer::quic::Congestion;
 use transfer::sender::{
-    MiRecord, Progress, SendOptions, SendSource, StreamSample, Summary, Transfer, DEFAULT_STREAMS,
+    MiRecord, Progress, SendOptions, SendSource, StreamSample, Summary, DEFAULT_STREAMS,
 };
 use transfer::tcp_info::TcpInfo;
 use transfer::transport::Transport;
@@ -24,7 +26,7 @@ use crate::controllers;
 use crate::ssh_start::SshStart;
 
 /// How often the progress bar is updated.
-const TICK: Duration = Duration::from_millis(100);
+const TICK: Duration = Duration::from_millis(200);
 /// How often a JSON progress object is printed.
 const REPORT_EVERY: Duration = Duration::from_secs(1);
 
@@ -119,39 +121,32 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
             }
         }
     };
-    let controller = match args.optimizer.clone() {
-        Some(spec) => Some(spec),
-        None if args.streams.is_some() => None,
-        None => Some(controllers::announced_default_optimizer(
-            &args.tuning,
-            args.quiet,
-        )?),
-    };
-    let named_initial = controller
-        .as_ref()
-        .and_then(OptimizerChoice::initial_streams);
-    let mut mi_log = match (&args.mi_log, &controller) {
-        (Some(path), Some(_)) => Some(std::io::BufWriter::new(
-            File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
-        )),
-        (Some(_), None) => {
-            bail!("--mi-log needs an optimizer choosing the count (--optimizer gd, bo, ppo or fixed:N)")
+    // Without --optimizer, --streams N keeps N streams: the controller that does so is
+    // fixed:N, whose count the user named and so is its own limit.
+    let mut tuning = args.tuning.tuning();
+    let optimizer = match (args.optimizer.clone(), args.streams) {
+        (Some(choice), _) => choice,
+        (None, Some(n)) => {
+            tuning.max_streams = tuning.max_streams.max(n);
+            OptimizerChoice::Builtin(ControllerSpec::Fixed(n as usize))
         }
-        (None, _) => None,
+        (None, None) => controllers::announced_default_optimizer(&args.tuning, args.quiet)?,
     };
-    let utility = controllers::utility(controller.as_slice(), &args.tuning)?;
-    let tuning = args.tuning.tuning();
-    // Checked and built before the transfer starts, so that a policy that cannot run (or
-    // tuning that cannot work) stops nothing.
-    tuning.reward()?;
-    let controller = controller
-        .map(|choice| choice.build(&tuning, utility, args.seed))
-        .transpose()?;
     let initial = args
         .streams
         .map(|n| n as usize)
-        .or(named_initial)
+        .or(optimizer.initial_streams())
         .unwrap_or(DEFAULT_STREAMS);
+    // Checked before anything starts (a receiver over ssh included), as the job checks them
+    // again: tuning that cannot work stops nothing.
+    tuning.utility_for(&[&optimizer])?;
+    tuning.reward()?;
+    let mut mi_log = match &args.mi_log {
+        Some(path) => Some(std::io::BufWriter::new(
+            File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
+        )),
+        None => None,
+    };
     let congestion = match (args.congestion, args.transport) {
         (Some(c), Transport::Quic) => c,
         (Some(_), _) => bail!(
@@ -164,13 +159,6 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         Some(mbit) if mbit.is_finite() && mbit > 0.0 => Some((mbit * 1e6 / 8.0) as u64),
         Some(mbit) => bail!("--stream-rate-cap must be a positive number of Mbit/s, not {mbit}"),
         None => None,
-    };
-    let (addr, key, remote) = match receiver {
-        Receiver::Running(addr) => (addr, session_key(&args)?, None),
-        Receiver::OverSsh(start) => {
-            let remote = start.start()?;
-            (remote.addr.to_string(), remote.key.clone(), Some(remote))
-        }
     };
     let options = SendOptions::default()
         .streams(initial)
@@ -185,90 +173,63 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         .stall_timeout(args.stall_timeout)
         .transport(args.transport)
         .congestion(congestion);
+    options.check()?;
+    let (addr, key, remote) = match receiver {
+        Receiver::Running(addr) => (addr, session_key(&args)?, None),
+        Receiver::OverSsh(start) => {
+            let remote = start.start()?;
+            (remote.addr.to_string(), remote.key.clone(), Some(remote))
+        }
+    };
     if let Some(addr) = args.metrics {
         crate::metrics_endpoint::serve(addr)?;
     }
-    let transfer = Transfer::start(&addr, key, source, options)?;
-    if !args.quiet {
-        for warning in transfer.notices() {
-            eprintln!("xfer: warning: {warning}");
-        }
-    }
-    let (log_tx, log_rx) = mpsc::channel();
-    if let Some(controller) = controller {
-        let log = mi_log.is_some().then_some(log_tx);
-        transfer.optimize(controller, &tuning, utility, log)?;
-    }
-    let bar = progress_bar(&args, &transfer.progress());
+    let mut settings = SenderSettings::new(addr, key, source);
+    settings.optimizer = Some(optimizer);
+    settings.tuning = tuning;
+    settings.seed = args.seed;
+    settings.options = options;
+    // The bar moves smoothly; JSON reports once a second.
+    settings.progress_every = if args.json { REPORT_EVERY } else { TICK };
+    let mut job = SendJob::start(settings)?;
+
+    let mut bar = None;
     let mut stdout = std::io::stdout().lock();
-    let mut next_report = REPORT_EVERY;
-    let mut last_acked = (Duration::ZERO, 0u64);
-    loop {
-        let finished = transfer.wait_timeout(TICK);
-        warn_skipped(&transfer, bar.as_ref(), args.quiet);
-        let progress = transfer.progress();
-        if let Some(bar) = &bar {
-            bar.set_length(progress.bytes_total);
-            bar.set_position(progress.bytes_acked);
-            bar.set_message(format!(
-                "files {}/{}  streams {}",
-                progress.files_done, progress.files_total, progress.streams_active
-            ));
-        }
-        if args.json && progress.elapsed >= next_report {
-            next_report += REPORT_EVERY;
-            let rate = rate_since(last_acked, &progress);
-            last_acked = (progress.elapsed, progress.bytes_acked);
-            let tcp: Vec<_> = transfer
-                .sample_streams()
-                .into_iter()
-                .map(
-                    |StreamSample {
-                         stream,
-                         retiring,
-                         tcp,
-                         subflows,
-                     }| StreamReport {
-                        stream,
-                        retiring,
-                        tcp,
-                        subflows,
-                    },
-                )
-                .collect();
-            let report = ProgressReport {
-                r#type: "progress",
-                t: progress.elapsed.as_secs_f64(),
-                bytes_acked: progress.bytes_acked,
-                bytes_total: progress.bytes_total,
-                bytes_skipped: progress.bytes_skipped,
-                gbit_per_s: rate,
-                files_done: progress.files_done,
-                files_total: progress.files_total,
-                streams: progress.streams_active,
-                streams_target: progress.streams_target,
-                tcp: &tcp,
-            };
-            serde_json::to_writer(&mut stdout, &report)?;
-            writeln!(stdout)?;
-            stdout.flush()?;
-        }
-        if let Some(out) = &mut mi_log {
-            write_mi_records(out, log_rx.try_iter())?;
-        }
-        if finished {
-            break;
+    let mut latest = Progress::default();
+    let mut last_report = (Duration::ZERO, 0u64);
+    while let Some(event) = job.next_event_blocking() {
+        match event {
+            SendEvent::Started { .. } => bar = progress_bar(&args),
+            SendEvent::Notice(notice) => warn(&notice, bar.as_ref(), args.quiet),
+            SendEvent::Progress(progress) => {
+                latest = progress;
+                if let Some(bar) = &bar {
+                    bar.set_length(progress.bytes_total);
+                    bar.set_position(progress.bytes_acked);
+                    bar.set_message(format!(
+                        "files {}/{}  streams {}",
+                        progress.files_done, progress.files_total, progress.streams_active
+                    ));
+                }
+            }
+            SendEvent::Streams(streams) if args.json => {
+                let rate = rate_since(last_report, &latest);
+                last_report = (latest.elapsed, latest.bytes_acked);
+                print_progress(&mut stdout, &latest, rate, streams)?;
+            }
+            SendEvent::Decision(record) => {
+                if let Some(out) = &mut mi_log {
+                    write_mi_record(out, &record)?;
+                }
+            }
+            SendEvent::Finished(_) => break,
+            _ => {}
         }
     }
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
-    let summary = transfer.wait();
-    if let Some(out) = &mut mi_log {
-        // The controller's threads have ended: these are the last intervals.
-        write_mi_records(out, log_rx.try_iter())?;
-    }
-    let summary = summary?;
+    let summary = job.wait()?;
     if let Some(remote) = remote {
         remote.finish()?;
     }
@@ -283,34 +244,67 @@ enum Receiver {
     OverSsh(SshStart),
 }
 
-/// Prints the sources the scanner left out since the last call, above the progress bar (or
-/// only forgets them, when `quiet`: a tree of many links must not pile up their names).
-fn warn_skipped(transfer: &Transfer, bar: Option<&ProgressBar>, quiet: bool) {
-    let skipped = transfer.take_skipped_sources();
-    if skipped.is_empty() || quiet {
+/// Prints a notice (a source left out, why MPTCP was not used) above the progress bar, unless
+/// `quiet`.
+fn warn(notice: &str, bar: Option<&ProgressBar>, quiet: bool) {
+    if quiet {
         return;
     }
-    let print = || {
-        for warning in &skipped {
-            eprintln!("xfer: warning: {warning}");
-        }
-    };
+    let print = || eprintln!("xfer: warning: {notice}");
     match bar {
         Some(bar) => bar.suspend(print),
         None => print(),
     }
 }
 
-/// Appends MI records as JSON lines and flushes, so a killed transfer leaves a usable log.
-fn write_mi_records(
-    out: &mut impl Write,
-    records: impl Iterator<Item = MiRecord>,
-) -> anyhow::Result<()> {
-    for record in records {
-        serde_json::to_writer(&mut *out, &record)?;
-        writeln!(out)?;
-    }
+/// Appends an MI record as a JSON line and flushes, so a killed transfer leaves a usable log.
+fn write_mi_record(out: &mut impl Write, record: &MiRecord) -> anyhow::Result<()> {
+    serde_json::to_writer(&mut *out, record)?;
+    writeln!(out)?;
     out.flush().context("writing the MI log")
+}
+
+/// Prints one JSON progress report: `progress` with the transfer's rate since the previous
+/// report, and each stream's counters.
+fn print_progress(
+    out: &mut impl Write,
+    progress: &Progress,
+    gbit_per_s: f64,
+    streams: Vec<StreamSample>,
+) -> anyhow::Result<()> {
+    let tcp: Vec<_> = streams
+        .into_iter()
+        .map(
+            |StreamSample {
+                 stream,
+                 retiring,
+                 tcp,
+                 subflows,
+             }| StreamReport {
+                stream,
+                retiring,
+                tcp,
+                subflows,
+            },
+        )
+        .collect();
+    let report = ProgressReport {
+        r#type: "progress",
+        t: progress.elapsed.as_secs_f64(),
+        bytes_acked: progress.bytes_acked,
+        bytes_total: progress.bytes_total,
+        bytes_skipped: progress.bytes_skipped,
+        gbit_per_s,
+        files_done: progress.files_done,
+        files_total: progress.files_total,
+        streams: progress.streams_active,
+        streams_target: progress.streams_target,
+        tcp: &tcp,
+    };
+    serde_json::to_writer(&mut *out, &report)?;
+    writeln!(out)?;
+    out.flush()?;
+    Ok(())
 }
 
 fn rate_since((t0, b0): (Duration, u64), now: &Progress) -> f64 {
@@ -322,11 +316,11 @@ fn rate_since((t0, b0): (Duration, u64), now: &Progress) -> f64 {
     }
 }
 
-fn progress_bar(args: &SendArgs, progress: &Progress) -> Option<ProgressBar> {
+fn progress_bar(args: &SendArgs) -> Option<ProgressBar> {
     if args.quiet || args.json {
         return None;
     }
-    let bar = ProgressBar::new(progress.bytes_total);
+    let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template(
             "{bar:30.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}  {msg}",

@@ -44,7 +44,8 @@ use crate::auth::KeySetting;
 use crate::cause::Cause;
 use crate::optimizer_choice::{OptimizerChoice, OptimizerError, Tuning};
 use crate::sender::{
-    Canceller, MiRecord, Progress, SendError, SendOptions, SendSource, Summary, Transfer,
+    Canceller, MiRecord, Progress, SendError, SendOptions, SendSource, StreamSample, Summary,
+    Transfer,
 };
 use crate::session_id::SessionId;
 use crate::transport::Transport;
@@ -175,6 +176,10 @@ impl SenderSettings {
 ///         }
 ///         SendEvent::Notice(notice) => format!("note: {notice}"),
 ///         SendEvent::Progress(p) => format!("{} of {} bytes", p.bytes_acked, p.bytes_total),
+///         SendEvent::Streams(streams) => {
+///             let retransmits: u32 = streams.iter().map(|s| s.tcp.total_retrans).sum();
+///             format!("{} streams, {retransmits} retransmits", streams.len())
+///         }
 ///         SendEvent::Decision(mi) => format!("interval {}: {:?} streams", mi.observation.mi, mi.decision),
 ///         SendEvent::Finished(Ok(summary)) => format!("done: {} bytes", summary.bytes),
 ///         SendEvent::Finished(Err(e)) => format!("failed: {e}"),
@@ -205,6 +210,9 @@ pub enum SendEvent {
     /// Bytes, files and streams so far, every `progress_every` (a reader that falls
     /// behind misses some; the next one is newer).
     Progress(Progress),
+    /// Each open stream's counters ([`Transfer::sample_streams`]), read right after the
+    /// [`SendEvent::Progress`] it follows: the two always come together, or neither does.
+    Streams(Vec<StreamSample>),
     /// One monitoring interval: its signals and the controller's decision.
     Decision(Box<MiRecord>),
     /// The transfer ended: its summary, or why it failed ([`SendError::Cancelled`] when it was
@@ -588,10 +596,16 @@ impl Run {
             if over {
                 break;
             }
-            // A reader that is behind misses this snapshot; the next one is newer.
-            let _ = self
-                .events
-                .try_send(SendEvent::Progress(transfer.progress()));
+            // A reader that is behind misses this snapshot; the next one is newer. This
+            // thread alone sends, so the room it sees stays free for both events.
+            if self.events.capacity() >= 2 {
+                let _ = self
+                    .events
+                    .try_send(SendEvent::Progress(transfer.progress()));
+                let _ = self
+                    .events
+                    .try_send(SendEvent::Streams(transfer.sample_streams()));
+            }
         }
         let result = transfer.wait();
         decisions();

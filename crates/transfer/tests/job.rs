@@ -1,5 +1,6 @@
 //! The service API ([`transfer::job`]): a job built from a configuration file sends a tree
-//! byte-identical while reporting progress and the optimiser's decisions; a cancelled job ends
+//! byte-identical while reporting progress, its streams' counters and the optimiser's
+//! decisions; a cancelled job ends
 //! with `Cancelled` and a second run sends only the rest; bad settings are refused before
 //! anything is sent, and an unreachable receiver is named; a sender whose control connection is
 //! closed at once tries again; errors name the file, the receiver and the limit they concern;
@@ -81,6 +82,27 @@ fn a_job_from_a_config_file_sends_a_tree_byte_identical_and_reports_what_it_does
         .collect();
     assert!(progress.len() >= 2, "{} progress events", progress.len());
     assert!(progress.windows(2).all(|w| w[0] <= w[1]), "{progress:?}");
+    // Each progress snapshot comes with its streams' counters, and only with it.
+    for (i, event) in events.iter().enumerate() {
+        let follows_progress = i > 0 && matches!(events[i - 1], SendEvent::Progress(_));
+        match event {
+            SendEvent::Streams(streams) => {
+                assert!(follows_progress, "{:?} before {event:?}", events[i - 1]);
+                assert!(
+                    streams.len() <= 64 && streams.iter().all(|s| s.stream >= 1),
+                    "{streams:?}"
+                );
+            }
+            SendEvent::Progress(_) => {
+                assert!(matches!(events.get(i + 1), Some(SendEvent::Streams(_))))
+            }
+            _ => {}
+        }
+    }
+    let sampled = events
+        .iter()
+        .any(|e| matches!(e, SendEvent::Streams(s) if s.iter().any(|s| s.tcp.bytes_acked > 0)));
+    assert!(sampled, "no stream's counters among {events:?}");
     let decisions = events
         .iter()
         .filter(|e| matches!(e, SendEvent::Decision(mi) if mi.controller == "auto"))

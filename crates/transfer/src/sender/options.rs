@@ -186,8 +186,19 @@ impl SendOptions {
         self
     }
 
-    /// Refuses options that cannot work together, with the reason.
-    pub(crate) fn check(&self) -> Result<(), SendError> {
+    /// Refuses options that cannot work together, with the reason; [`crate::SendJob::start`]
+    /// and [`crate::sender::Transfer::start`] check them too, so a program calls this only to
+    /// refuse them before it does something else first.
+    ///
+    /// ```
+    /// use transfer::sender::SendOptions;
+    /// use transfer::transport::Transport;
+    ///
+    /// let quic_capped = SendOptions::default().transport(Transport::Quic).stream_rate_cap(Some(1 << 20));
+    /// assert!(quic_capped.check().unwrap_err().to_string().contains("needs TCP"));
+    /// assert!(SendOptions::default().check().is_ok());
+    /// ```
+    pub fn check(&self) -> Result<(), SendError> {
         if self.streams == 0 {
             return Err(SendError::Settings("streams must be at least 1".into()));
         }
