@@ -3,14 +3,28 @@
 
 use std::path::Path;
 
-use crate::manifest::{FileEntry, ManifestBatch};
-use crate::wire::FileStatus;
+use crate::manifest::FileEntry;
+use crate::wire::{FileStatus, Message};
 
-/// The receiver's handling of a manifest sent into `dest` in `batches`: path checks,
-/// directories made under `root`, and each batch's resume plan from what is there. `Err` is a
-/// refusal (with its reason), never a panic.
-pub fn receive_manifest(root: &Path, dest: &[u8], batches: &[ManifestBatch]) -> Result<(), String> {
-    crate::receiver::prepare_for_fuzzing(root, dest, batches)
+/// What a session's control connection did with the messages of [`receive_control`].
+#[derive(Debug, Default)]
+pub struct ControlRun {
+    /// The receiver's replies, in order.
+    pub replies: Vec<Message>,
+    /// How the session ended: completed (`Ok`), or why not; `None` while it goes on.
+    pub end: Option<Result<(), String>>,
+    /// Files the manifest announced.
+    pub files_announced: u64,
+    /// Files placed under their final names.
+    pub files_placed: u64,
+}
+
+/// The receiver's handling of a session's control messages into `dest` under `root`, as its
+/// control connection runs them (the session's rules, over the files of a real destination):
+/// path checks, directories made, each batch's resume plan read from what is there, seals and
+/// the finish. A message that breaks the rules ends the session with a reason, never a panic.
+pub fn receive_control(root: &Path, dest: &[u8], messages: Vec<Message>) -> ControlRun {
+    crate::receiver::control_for_fuzzing(root, dest, messages)
 }
 
 /// The sender's handling of the receiver's resume plan for `files`: the units left to send as

@@ -84,6 +84,8 @@ pub mod link;
 pub mod manifest;
 pub mod mptcp_info;
 pub mod optimizer_choice;
+#[cfg(test)]
+mod pair_tests;
 pub mod policy_source;
 pub mod quic;
 pub mod receiver;

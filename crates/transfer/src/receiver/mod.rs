@@ -4,6 +4,7 @@
 
 mod admission;
 mod announced;
+pub(crate) mod control;
 mod destination;
 mod events;
 mod file_tree;
@@ -26,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use admission::{Admission, Place};
 use announced::Budget;
+use control::{ControlSession, SessionFiles};
 pub use destination::check_root_writable;
 use destination::{ActivePaths, Destination, DestinationError, Placement};
 use events::Publisher;
@@ -47,6 +49,7 @@ pub use tenant::Tenant;
 use crate::auth::{self, random_bytes, ChannelBinding, SessionKey};
 use crate::direct_io::AlignedBuffer;
 use crate::link::{self, Connection, LinkReader, LinkWriter};
+use crate::manifest::ManifestBatch;
 use crate::quic::{QuicServer, QuicStream};
 use crate::seal::{ChunkCheck, FrameWrite, FrameWriter};
 use crate::session_id::SessionId;
@@ -54,7 +57,8 @@ use crate::telemetry;
 use crate::tls::ServerIdentity;
 use crate::transport::{self, Transport};
 use crate::wire::{
-    self, ChunkHeader, FrameReader, Head, Limit, Message, Role, SessionLimits, WireError,
+    self, ChunkHeader, FileStatus, FrameReader, Head, Limit, Message, Role, SessionLimits,
+    WireError,
 };
 
 /// Size of the buffer in front of each connection's socket.
@@ -916,8 +920,9 @@ fn serve_session(
         .insert(id, session.clone());
     // From now on the sender's address has places of its own for its streams' handshakes.
     let _known = shared.admission.session_from(peer.ip());
-    let mut announced = ManifestSoFar::default();
-    let outcome = serve_control_messages(shared, &session, reader, writer, &mut announced);
+    let mut control = ControlSession::default();
+    let outcome = serve_control_messages(shared, &session, reader, writer, &mut control);
+    let announced = control.announced();
     shared.sessions.lock().expect("sessions lock").remove(&id);
     if let Some(quic) = &shared.quic {
         quic.remove_session(&id);
@@ -974,128 +979,72 @@ impl Session {
     }
 }
 
-/// What a session's manifest announced so far, and how many of its files are in place.
-#[derive(Default)]
-struct ManifestSoFar {
-    files: u64,
-    bytes: u64,
-    placed: u64,
-    /// The batch that said `last` came.
-    complete: bool,
+/// A session's files and QUIC endpoint as its control messages act on them
+/// ([`control::ControlSession`]): each long step (a batch's plan, a large file's BLAKE3) under
+/// the session's busy mark, so that the heartbeat tells the sender it is working.
+struct LiveFiles<'a> {
+    shared: &'a Shared,
+    session: &'a Session,
 }
 
+impl SessionFiles for LiveFiles<'_> {
+    fn add_batch(
+        &mut self,
+        batch: &ManifestBatch,
+    ) -> Result<(u32, Vec<FileStatus>), DestinationError> {
+        let _busy = self.session.activity.busy();
+        self.session.dest.add_batch(batch)
+    }
+
+    fn seal(&mut self, file: u32, blake3: Option<[u8; 32]>) -> Result<(), DestinationError> {
+        let _busy = self.session.activity.busy();
+        self.session.dest.seal(file, blake3)
+    }
+
+    fn finish(&mut self) -> Result<(), DestinationError> {
+        let _busy = self.session.activity.busy();
+        self.session.dest.finish()
+    }
+
+    fn offer_quic(&mut self) -> Result<[u8; 32], String> {
+        offer_quic(self.shared, self.session)
+    }
+}
+
+/// Reads the control connection's messages and writes their replies as `control` says, until
+/// the session is over.
 fn serve_control_messages(
     shared: &Shared,
     session: &Session,
     reader: &mut ConnFrames,
     writer: &mut impl FrameWrite,
-    announced: &mut ManifestSoFar,
+    control: &mut ControlSession,
 ) -> Result<(), SessionOutcome> {
     let lost = |e: &dyn std::fmt::Display| SessionOutcome::Disconnected(e.to_string());
-    let failed = |e: &dyn std::fmt::Display| SessionOutcome::Failed(e.to_string());
-    let wire_error = |e: WireError| match e {
-        WireError::Io(_) => lost(&e),
-        _ => failed(&e),
-    };
     reader
         .get_mut()
         .get_mut()
         .source_mut()
         .watch_session(session.activity.clone(), shared.options.idle_timeout)
         .map_err(|e| lost(&e))?;
+    let mut files = LiveFiles { shared, session };
     loop {
-        let message = match reader.read_message() {
-            Ok(message) => message,
+        let step = match reader.read_message() {
+            Ok(message) => control.handle(message, &mut files),
             Err(e @ WireError::Io(_)) => return Err(lost(&e)),
-            Err(e) => {
-                // A frame damaged, forged or malformed: the sender is told why before the
-                // connection closes.
-                let error = Message::Error {
-                    message: e.to_string(),
-                };
-                let _ = wire::write_message(writer, &error);
-                return Err(failed(&e));
-            }
+            Err(e) => control.damaged(&e),
         };
-        match message {
-            Message::Entries(batch) => {
-                if announced.complete {
-                    return Err(failed(&"a batch of the manifest after its last"));
-                }
-                let result = {
-                    let _busy = session.activity.busy();
-                    session.dest.add_batch(&batch)
+        if let Some(reply) = &step.reply {
+            if let Err(e) = wire::write_message(writer, reply) {
+                return match (step.end, e) {
+                    (Some(Err(failed)), _) => Err(failed),
+                    (_, e @ WireError::Io(_)) => Err(lost(&e)),
+                    (_, e) => Err(SessionOutcome::Failed(e.to_string())),
                 };
-                let reply = match &result {
-                    Ok((first, files)) => Message::Plan {
-                        first: *first,
-                        files: files.clone(),
-                        last: batch.last,
-                    },
-                    Err(e) => Message::Refused {
-                        reason: e.to_string(),
-                    },
-                };
-                wire::write_message(writer, &reply).map_err(wire_error)?;
-                result.map_err(|e| failed(&e))?;
-                announced.files += batch.files.len() as u64;
-                announced.bytes = announced.bytes.saturating_add(batch.total_bytes());
-                announced.complete = batch.last;
             }
-            Message::Seal { file, blake3 } => {
-                let result = {
-                    let _busy = session.activity.busy();
-                    session.dest.seal(file, blake3)
-                };
-                let error = result.as_ref().err().map(ToString::to_string);
-                if result.is_ok() {
-                    announced.placed += 1;
-                }
-                wire::write_message(
-                    writer,
-                    &Message::Finalized {
-                        file,
-                        error: error.clone(),
-                    },
-                )
-                .map_err(wire_error)?;
-                if let Err(DestinationError::Protocol(e)) = result {
-                    return Err(failed(&e));
-                }
-            }
-            Message::QuicRequest => {
-                let offer = offer_quic(shared, session);
-                let reply = match &offer {
-                    Ok(certificate) => Message::QuicOffer {
-                        certificate: *certificate,
-                    },
-                    Err(reason) => Message::Refused {
-                        reason: reason.clone(),
-                    },
-                };
-                wire::write_message(writer, &reply).map_err(wire_error)?;
-                offer.map_err(|e| failed(&e))?;
-            }
-            Message::Finish => {
-                let finished = {
-                    let _busy = session.activity.busy();
-                    session.dest.finish()
-                };
-                let reply = match &finished {
-                    Ok(()) => Message::Done,
-                    Err(e) => Message::Error {
-                        message: e.to_string(),
-                    },
-                };
-                wire::write_message(writer, &reply).map_err(wire_error)?;
-                return finished.map_err(|e| failed(&e));
-            }
-            other => {
-                return Err(failed(&format_args!(
-                    "unexpected {} on the control connection",
-                    auth::name(&other)
-                )))
-            }
+        }
+        if let Some(end) = step.end {
+            return end;
         }
     }
 }
@@ -1376,15 +1325,39 @@ fn receive_chunk(
     Ok(true)
 }
 
-/// What the receiver does with a peer's manifest before any data: the destination checked and
-/// made under `root`, then each batch in turn: every path checked, the directories made, the
-/// resume plan read from what is there. Stops at the first refusal.
+/// A session's control messages as the receiver handles them, with no connection: the
+/// destination `dest` checked and made under `root`, then each message handed to the session's
+/// rules ([`ControlSession`]) with that destination's files (QUIC is not served), until the
+/// session ends. Returns the replies, how it ended (`None`: it had not), and what the manifest
+/// announced.
 #[cfg(feature = "fuzzing")]
-pub(crate) fn prepare_for_fuzzing(
+pub(crate) fn control_for_fuzzing(
     root: &Path,
     dest: &[u8],
-    batches: &[crate::manifest::ManifestBatch],
-) -> Result<(), String> {
+    messages: Vec<Message>,
+) -> crate::fuzzing::ControlRun {
+    /// The destination alone, without heartbeat or QUIC.
+    struct Unattended(Destination);
+
+    impl SessionFiles for Unattended {
+        fn add_batch(
+            &mut self,
+            batch: &ManifestBatch,
+        ) -> Result<(u32, Vec<FileStatus>), DestinationError> {
+            self.0.add_batch(batch)
+        }
+        fn seal(&mut self, file: u32, blake3: Option<[u8; 32]>) -> Result<(), DestinationError> {
+            self.0.seal(file, blake3)
+        }
+        fn finish(&mut self) -> Result<(), DestinationError> {
+            self.0.finish()
+        }
+        fn offer_quic(&mut self) -> Result<[u8; 32], String> {
+            Err("QUIC is not served here".into())
+        }
+    }
+
+    let mut run = crate::fuzzing::ControlRun::default();
     let active = Arc::default();
     let placement = Placement {
         root,
@@ -1395,11 +1368,23 @@ pub(crate) fn prepare_for_fuzzing(
         budget: &Budget::new(1 << 10),
         direct_io: false,
     };
-    let destination = Destination::open(placement, crate::manifest::SinkKind::Files)
-        .map_err(|e| e.to_string())?;
-    for batch in batches {
-        batch.total_bytes();
-        destination.add_batch(batch).map_err(|e| e.to_string())?;
+    let mut files = match Destination::open(placement, crate::manifest::SinkKind::Files) {
+        Ok(destination) => Unattended(destination),
+        Err(e) => {
+            run.end = Some(Err(e.to_string()));
+            return run;
+        }
+    };
+    let mut control = ControlSession::default();
+    for message in messages {
+        let step = control.handle(message, &mut files);
+        run.replies.extend(step.reply);
+        if let Some(end) = step.end {
+            run.end = Some(end.map_err(|e| e.to_string()));
+            break;
+        }
     }
-    Ok(())
+    let announced = control.announced();
+    (run.files_announced, run.files_placed) = (announced.files, announced.placed);
+    run
 }

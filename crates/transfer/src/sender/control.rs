@@ -8,9 +8,8 @@ use crate::link::{LinkReader, LinkWriter, PollRead};
 use crate::seal::FrameWriter;
 use std::sync::mpsc;
 
-use super::manifest_stream::Planner;
-use super::{ControlEvent, SendError, Shared};
-use crate::auth;
+use super::control_session::Planner;
+use super::{ControlEvent, Shared};
 use crate::wire::{self, FrameReader, Message};
 
 /// Writes each batch of the manifest, `Seal` for each file as it completes, then `Finish` once
@@ -46,8 +45,9 @@ pub(super) fn run_writer(
     }
 }
 
-/// Reads the receiver's plans, answers and heartbeats on the control connection until `Done` or
-/// a failure (the socket's read timeout is the stall timeout).
+/// Reads the receiver's plans, answers and heartbeats on the control connection and acts on
+/// them as the session's rules say ([`Planner`]) until `Done` or a failure (the socket's read
+/// timeout is the stall timeout).
 pub(super) fn run_reader(
     shared: &Shared,
     mut reader: FrameReader<BufReader<LinkReader<PollRead>>>,
@@ -58,37 +58,15 @@ pub(super) fn run_reader(
             Ok(m) => m,
             Err(e) => return shared.fail(shared.config.reading(e)),
         };
-        match message {
-            Message::Working => {}
-            Message::Plan { first, files, last } => {
-                if let Err(e) = planner.apply(shared, first, &files, last) {
-                    return shared.fail(e);
-                }
-            }
-            Message::Finalized { file, error: None } => {
-                if let Err(e) = planner.finalized(shared, file) {
-                    return shared.fail(e);
-                }
-            }
-            Message::Finalized {
-                file,
-                error: Some(reason),
-            } => {
-                return shared.fail(SendError::Receiver {
-                    file: Some(shared.file_shown(file)),
-                    reason,
-                })
-            }
-            Message::Done => return shared.complete(),
-            Message::Error { message } | Message::Refused { reason: message } => {
-                return shared.fail(SendError::refused(message))
-            }
-            other => {
-                return shared.fail(SendError::Protocol(format!(
-                    "unexpected {} on the control connection",
-                    auth::name(&other)
-                )))
-            }
+        let done = message == Message::Done;
+        if let Err(e) = planner
+            .handle(message, shared)
+            .and_then(|actions| shared.act(actions))
+        {
+            return shared.fail(e);
+        }
+        if done {
+            return;
         }
     }
 }

@@ -16,6 +16,7 @@
 //! not grow with a file's size either.
 
 mod control;
+pub(crate) mod control_session;
 mod join;
 mod manifest_stream;
 mod meter;
@@ -47,7 +48,7 @@ use crate::tcp_info::{self, TcpInfo};
 use crate::telemetry;
 use crate::transport::{self, Transport};
 use crate::wire::{self, FrameReader, Limit, Message, Role, WireError};
-use manifest_stream::Planner;
+use control_session::{Action, Announced, Planner};
 pub use meter::PathStats;
 pub use optimize::MiRecord;
 use optimize::HISTORY;
@@ -908,6 +909,54 @@ impl Shared {
     }
 }
 
+impl Announced for Shared {
+    fn announced(&self) -> (u64, bool) {
+        (
+            self.files_total.load(Ordering::Acquire),
+            self.manifest_whole.load(Ordering::Acquire),
+        )
+    }
+
+    fn size(&self, file: u32) -> Result<u64, SendError> {
+        Ok(self.source_file(file)?.entry.size)
+    }
+
+    fn shown(&self, file: u32) -> String {
+        self.file_shown(file)
+    }
+}
+
+impl Shared {
+    /// Takes the actions the control session's rules asked for ([`Planner::handle`]), in order.
+    fn act(&self, actions: Vec<Action>) -> Result<(), SendError> {
+        let mut queued = false;
+        for action in actions {
+            match action {
+                Action::Count { to_send, skipped } => {
+                    self.bytes_total.fetch_add(to_send, Ordering::Relaxed);
+                    self.bytes_skipped.fetch_add(skipped, Ordering::Relaxed);
+                }
+                Action::Queue(file, ranges) => {
+                    self.queue().add_file(file, ranges);
+                    queued = true;
+                }
+                Action::CloseQueue => {
+                    self.queue().close();
+                    queued = true;
+                }
+                Action::Settle(file) => self.settle(file)?,
+                Action::Seal(file) => self.send_control(ControlEvent::Seal(file)),
+                Action::Finish => self.send_control(ControlEvent::AllFinalized),
+                Action::Complete => self.complete(),
+            }
+        }
+        if queued {
+            self.queue_cv.notify_all();
+        }
+        Ok(())
+    }
+}
+
 /// A running transfer, driven directly: a service that chooses the stream count itself, or
 /// reads the streams' counters, uses it instead of a [`crate::job::SendJob`].
 ///
@@ -1074,16 +1123,8 @@ impl Transfer {
         wire::write_message(&mut writer, &Message::Entries(batch))
             .map_err(|e| shared.config.lost(e))?;
         let mut planner = Planner::default();
-        match read_answer(&mut reader, &shared.config)? {
-            Message::Plan { first, files, last } => planner.apply(&shared, first, &files, last)?,
-            Message::Refused { reason } => return Err(SendError::refused(reason)),
-            other => {
-                return Err(SendError::Protocol(format!(
-                    "expected Plan, got {}",
-                    auth::name(&other)
-                )))
-            }
-        }
+        let answer = read_answer(&mut reader, &shared.config)?;
+        shared.act(planner.handle(answer, &*shared)?)?;
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
                 .name(name.into())
@@ -1718,7 +1759,8 @@ pub(crate) fn queue_for_fuzzing(
 ) -> Result<Vec<(u32, u64, u32)>, String> {
     let mut queue = WorkQueue::new(unit_size);
     for (file, (entry, status)) in (0..).zip(files.iter().zip(plan)) {
-        let ranges = manifest_stream::ranges_to_send(entry, status).map_err(|e| e.to_string())?;
+        let ranges =
+            control_session::ranges_to_send(entry.size, status).map_err(|e| e.to_string())?;
         if !ranges.is_empty() {
             queue.add_file(file, ranges);
         }

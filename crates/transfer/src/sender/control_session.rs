@@ -1,0 +1,260 @@
+//! The sender's rules of the control session, without sockets, files or clock: what each of
+//! the receiver's messages means for the transfer, as [`Action`]s the transfer then takes (the
+//! ranges to queue, the files settled, sealed or finished), and which messages break the
+//! protocol. The control connection's reader feeds it (`control.rs`); the pair tests in
+//! `crate::pair_tests` run it against the receiver's rules with files in memory.
+//!
+//! ```text
+//! Plan of the next batch ──▶ Count, Queue each file's missing ranges, CloseQueue after the
+//!                            last, Settle the complete files, Seal those with nothing to send
+//! Finalized (file)       ──▶ Settle it; Finish once the whole manifest is finalised
+//! Done                   ──▶ Complete (only after Finish was asked for)
+//! Working                ──▶ nothing (the receiver is busy with a long step)
+//! ```
+
+use std::collections::BTreeSet;
+use std::ops::Range;
+
+use super::SendError;
+use crate::auth;
+use crate::wire::{FileStatus, Message};
+
+/// What the rules need to know of the manifest the sender announced so far.
+pub(crate) trait Announced {
+    /// Files announced so far, and whether the last batch is among them.
+    fn announced(&self) -> (u64, bool);
+    /// The size of announced file `file`, while it is waiting to be settled.
+    fn size(&self, file: u32) -> Result<u64, SendError>;
+    /// How `file` is shown in messages: its path.
+    fn shown(&self, file: u32) -> String;
+}
+
+/// What the transfer does after one of the receiver's messages, in this order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// Of a batch's files, bytes this run has to send and bytes the receiver already holds.
+    Count {
+        /// Bytes to send.
+        to_send: u64,
+        /// Bytes held already.
+        skipped: u64,
+    },
+    /// Send these byte ranges of `file` (in order, none empty).
+    Queue(u32, Vec<Range<u64>>),
+    /// Every range of the manifest is queued.
+    CloseQueue,
+    /// The file is settled: complete at the receiver before, or finalised now.
+    Settle(u32),
+    /// Seal the file at once: nothing of it is left to send.
+    Seal(u32),
+    /// Every file is finalised: ask the receiver to finish.
+    Finish,
+    /// The receiver finished: the transfer is complete.
+    Complete,
+}
+
+/// The sender's account of the receiver's plans and seals (kept by whoever reads the control
+/// connection).
+#[derive(Debug, Default)]
+pub(crate) struct Planner {
+    /// Number of the first file not planned yet.
+    next: u32,
+    /// Files planned that wait for the receiver to finalise them.
+    sealing: BTreeSet<u32>,
+    /// The plan of the last batch arrived.
+    whole: bool,
+    /// `Finish` was asked for.
+    finishing: bool,
+}
+
+impl Planner {
+    /// Acts on one message of the receiver: what the transfer does next, or why the
+    /// session cannot go on.
+    pub(crate) fn handle(
+        &mut self,
+        message: Message,
+        files: &impl Announced,
+    ) -> Result<Vec<Action>, SendError> {
+        match message {
+            Message::Working => Ok(Vec::new()),
+            Message::Plan {
+                first,
+                files: plan,
+                last,
+            } => self.apply(files, first, &plan, last),
+            Message::Finalized { file, error: None } => {
+                if !self.sealing.remove(&file) {
+                    return Err(SendError::Protocol(format!(
+                        "{} finalised when it was not waiting for it",
+                        files.shown(file)
+                    )));
+                }
+                let mut actions = vec![Action::Settle(file)];
+                actions.extend(self.finish_when_done());
+                Ok(actions)
+            }
+            Message::Finalized {
+                file,
+                error: Some(reason),
+            } => Err(SendError::Receiver {
+                file: Some(files.shown(file)),
+                reason,
+            }),
+            Message::Done if self.finishing => Ok(vec![Action::Complete]),
+            Message::Done => Err(SendError::Protocol(
+                "the receiver said done before the sender finished".into(),
+            )),
+            Message::Error { message } | Message::Refused { reason: message } => {
+                Err(SendError::refused(message))
+            }
+            other => Err(SendError::Protocol(format!(
+                "unexpected {} on the control connection",
+                auth::name(&other)
+            ))),
+        }
+    }
+
+    /// Takes the receiver's plan for the batch whose first file is `first`: complete files are
+    /// settled, the others' missing parts are queued, and files with nothing left to send are
+    /// sealed at once.
+    fn apply(
+        &mut self,
+        files: &impl Announced,
+        first: u32,
+        plan: &[FileStatus],
+        last: bool,
+    ) -> Result<Vec<Action>, SendError> {
+        let end = u64::from(first) + plan.len() as u64;
+        let (announced, whole) = files.announced();
+        if first != self.next || end > announced || self.whole {
+            return Err(SendError::Protocol(format!(
+                "a plan for files {first}..{end} when {} of {announced} were planned",
+                self.next
+            )));
+        }
+        if last && !(whole && end == announced) {
+            return Err(SendError::Protocol(
+                "a plan said it was the last before the manifest's end".into(),
+            ));
+        }
+        let (mut to_send, mut skipped) = (0u64, 0u64);
+        let (mut queued, mut settled, mut sealed) = (Vec::new(), Vec::new(), Vec::new());
+        for (file, status) in (first..).zip(plan) {
+            let size = files.size(file)?;
+            let ranges = ranges_to_send(size, status)?;
+            let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+            to_send += bytes;
+            skipped += size - bytes;
+            match status {
+                FileStatus::Complete => settled.push(Action::Settle(file)),
+                _ if ranges.is_empty() => sealed.push(Action::Seal(file)),
+                _ => queued.push(Action::Queue(file, ranges)),
+            }
+            if !matches!(status, FileStatus::Complete) {
+                self.sealing.insert(file);
+            }
+        }
+        self.next = end as u32;
+        self.whole = last;
+        let mut actions = vec![Action::Count { to_send, skipped }];
+        actions.extend(queued);
+        if last {
+            actions.push(Action::CloseQueue);
+        }
+        actions.extend(settled);
+        actions.extend(sealed);
+        actions.extend(self.finish_when_done());
+        Ok(actions)
+    }
+
+    /// `Finish`, once every file of the whole manifest is finalised (and only once).
+    fn finish_when_done(&mut self) -> Option<Action> {
+        if self.whole && !self.finishing && self.sealing.is_empty() {
+            self.finishing = true;
+            return Some(Action::Finish);
+        }
+        None
+    }
+}
+
+/// The byte ranges of a file of `size` bytes that the receiver does not hold, by its
+/// `status`, in order and not empty. A plan range outside the file is a protocol error.
+pub(super) fn ranges_to_send(size: u64, status: &FileStatus) -> Result<Vec<Range<u64>>, SendError> {
+    let mut have = rangemap::RangeSet::new();
+    match status {
+        FileStatus::Complete => return Ok(Vec::new()),
+        FileStatus::Missing => {}
+        FileStatus::Partial(ranges) => {
+            for &(offset, len) in ranges {
+                let end = offset
+                    .checked_add(len)
+                    .filter(|&e| e <= size)
+                    .ok_or_else(|| {
+                        SendError::Protocol(format!(
+                            "plan range {offset}+{len} outside a file of {size} bytes"
+                        ))
+                    })?;
+                if len > 0 {
+                    have.insert(offset..end);
+                }
+            }
+        }
+    }
+    Ok(have.gaps(&(0..size)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::work_queue::{Next, WorkQueue};
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn a_range_outside_the_file_is_refused() {
+        let plan = FileStatus::Partial(vec![(90, 20)]);
+        let e = ranges_to_send(100, &plan).unwrap_err();
+        assert!(e.to_string().contains("outside a file of 100 bytes"), "{e}");
+        let plan = FileStatus::Partial(vec![(u64::MAX, 2)]);
+        assert!(ranges_to_send(100, &plan).is_err());
+    }
+
+    proptest::proptest! {
+        /// Whatever the receiver holds, the units a queue hands out for the rest tile exactly
+        /// the bytes it does not hold: none twice, none it holds, none missed, none longer
+        /// than a unit, and each hole's units start at the hole's start.
+        #[test]
+        fn the_units_handed_out_tile_what_the_receiver_lacks(
+            size in 1..5_000u64,
+            held in proptest::collection::vec((0..5_000u64, 0..700u64), 0..8),
+            unit_size in 1..900u32,
+        ) {
+            let held: Vec<(u64, u64)> = held
+                .into_iter()
+                .map(|(offset, len)| (offset % size, len.min(size - offset % size)))
+                .collect();
+            let ranges = ranges_to_send(size, &FileStatus::Partial(held.clone())).unwrap();
+            let mut queue = WorkQueue::new(unit_size);
+            if !ranges.is_empty() {
+                queue.add_file(0, ranges.clone());
+            }
+            queue.close();
+            let mut covered = vec![false; size as usize];
+            for &(offset, len) in &held {
+                covered[offset as usize..(offset + len) as usize].fill(true);
+            }
+            let lacking: Vec<bool> = covered.iter().map(|&c| !c).collect();
+            let mut sent = vec![false; size as usize];
+            let mut next_in_range = ranges.iter().map(|r| r.start).collect::<Vec<_>>();
+            while let Next::Unit(u) = queue.next(1, Instant::now()) {
+                proptest::prop_assert!(u.len >= 1 && u.len <= unit_size, "{u:?}");
+                let (start, end) = (u.offset as usize, (u.offset + u64::from(u.len)) as usize);
+                proptest::prop_assert!(sent[start..end].iter().all(|&s| !s), "{u:?} twice");
+                sent[start..end].fill(true);
+                let hole = ranges.iter().position(|r| r.contains(&u.offset)).unwrap();
+                proptest::prop_assert_eq!(u.offset, next_in_range[hole]);
+                next_in_range[hole] += u64::from(u.len);
+            }
+            proptest::prop_assert_eq!(sent, lacking);
+        }
+    }
+}
