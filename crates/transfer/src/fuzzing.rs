@@ -44,3 +44,94 @@ pub fn sealed_frames<R: std::io::Read>(inner: R, max_chunk: usize) -> crate::wir
     reader.open_sealed(crate::seal::FrameKey::new([7; 32]));
     reader
 }
+
+/// The sender's rules under any replies a receiver can send: the manifest is files of `sizes`,
+/// all announced in one batch; `control` is what the receiver says on the control connection,
+/// and `data` what it says on a data stream that sent the units `sent` (`(file, offset, len)`),
+/// each taken until the first it refuses. Panics when the rules act against the manifest or
+/// the protocol: a range queued outside its file or twice, a file settled twice or never
+/// announced, the transfer complete before it asked to finish, an answer matched to a unit
+/// out of order or never sent.
+pub fn sender_rules(
+    sizes: &[u64],
+    control: Vec<Message>,
+    sent: &[(u32, u64, u32)],
+    data: Vec<Message>,
+) {
+    use std::collections::{BTreeSet, VecDeque};
+
+    use crate::sender::answers::{Answer, Unanswered};
+    use crate::sender::control_session::{Action, Announced, Planner};
+    use crate::sender::work_queue::Unit;
+    use crate::sender::SendError;
+
+    /// Every file of the manifest announced.
+    struct Whole<'a>(&'a [u64]);
+
+    impl Announced for Whole<'_> {
+        fn announced(&self) -> (u64, bool) {
+            (self.0.len() as u64, true)
+        }
+        fn size(&self, file: u32) -> Result<u64, SendError> {
+            (self.0.get(file as usize).copied())
+                .ok_or_else(|| SendError::Protocol(format!("no file {file}")))
+        }
+        fn shown(&self, file: u32) -> String {
+            format!("file {file}")
+        }
+    }
+
+    let files = Whole(sizes);
+    let mut planner = Planner::default();
+    let (mut queued, mut settled) = (BTreeSet::new(), BTreeSet::new());
+    let mut finishing = false;
+    for message in control {
+        let Ok(actions) = planner.handle(message, &files) else {
+            break;
+        };
+        for action in actions {
+            match action {
+                Action::Queue(file, ranges) => {
+                    let size = sizes[file as usize];
+                    assert!(queued.insert(file), "file {file} queued twice");
+                    let mut end = 0;
+                    for r in &ranges {
+                        assert!(
+                            end <= r.start && r.start < r.end && r.end <= size,
+                            "{ranges:?}"
+                        );
+                        end = r.end;
+                    }
+                }
+                Action::Settle(file) => {
+                    assert!((file as usize) < sizes.len(), "file {file} never announced");
+                    assert!(settled.insert(file), "file {file} settled twice");
+                }
+                Action::Seal(file) => assert!(!settled.contains(&file), "{file} sealed settled"),
+                Action::Finish => {
+                    assert!(!finishing, "finish asked twice");
+                    finishing = true;
+                }
+                Action::Complete => assert!(finishing, "complete before the finish"),
+                Action::Count { .. } | Action::CloseQueue => {}
+            }
+        }
+    }
+
+    let mut unanswered = Unanswered::default();
+    let mut expected = VecDeque::new();
+    for &(file, offset, len) in sent {
+        let unit = Unit { file, offset, len };
+        unanswered.sent(unit);
+        expected.push_back(unit);
+    }
+    for message in data {
+        match unanswered.answer(message) {
+            Ok(Answer::Acked(u) | Answer::Nacked(u)) => {
+                assert_eq!(expected.pop_front(), Some(u), "an answer out of order");
+            }
+            Ok(Answer::Ended) => {}
+            Err(_) => break,
+        }
+    }
+}

@@ -1,17 +1,28 @@
-//! Pair tests of the control session: the sender's rules ([`Planner`]) against the receiver's
-//! ([`ControlSession`]) with the receiver's files in memory, no socket and no thread. The
-//! exchange runs as the live one does: the sender announces its manifest a batch at a time, the
-//! receiver plans each batch from what it holds, the ranges the sender queues "arrive" whole,
-//! each file is sealed once all of it arrived, and the session finishes once every file is
-//! in place. A fault between the two (a message dropped, changed or invented) is injected by
-//! a hook on the receiver's replies, and each side must refuse what it cannot accept.
+//! Pair tests: the sender's rules against the receiver's, with the receiver's files in
+//! memory, no socket, no thread and no clock.
+//!
+//! The control session: the sender's rules ([`Planner`]) against the receiver's
+//! ([`ControlSession`]). The exchange runs as the live one does: the sender announces its
+//! manifest a batch at a time, the receiver plans each batch from what it holds, the ranges the
+//! sender queues "arrive" whole, each file is sealed once all of it arrived, and the session
+//! finishes once every file is in place. A fault between the two (a message dropped, changed
+//! or invented) is injected by a hook on the receiver's replies, and each side must refuse what
+//! it cannot accept.
+//!
+//! The data streams, in simulated time: several streams take units from one [`WorkQueue`],
+//! each unit's answer comes back after its stream's delay and is matched by the stream's
+//! [`Unanswered`]; a slow stream's units are carried again by idle ones at the tail, a chunk
+//! that arrives damaged is sent again, and a stream that breaks hands its units to the others.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use crate::manifest::{FileEntry, ManifestBatch, Timestamp};
 use crate::receiver::control::memory::Files;
-use crate::receiver::control::ControlSession;
+use crate::receiver::control::{ControlSession, SessionFiles};
+use crate::sender::answers::{Answer, Unanswered};
 use crate::sender::control_session::{Action, Announced, Planner};
+use crate::sender::work_queue::{Next, Unit, WorkQueue};
 use crate::sender::SendError;
 use crate::wire::Message;
 
@@ -338,4 +349,370 @@ fn a_file_the_receiver_cannot_place_fails_the_transfer_naming_it() {
         ),
         other => panic!("{other:?}"),
     }
+}
+
+/// One simulated data stream.
+struct Stream {
+    /// Time from a unit's hand-out to its answer.
+    delay: Duration,
+    unanswered: Unanswered,
+    /// Units sent and not answered.
+    in_flight: usize,
+    /// It broke at this time: answers after it are lost and its units go back to the queue.
+    breaks_at: Option<Duration>,
+    /// Its `EndOfStream` was answered (or it broke).
+    ended: bool,
+}
+
+/// What happens next in a simulated run.
+#[derive(Debug)]
+enum Event {
+    /// The stream asks the queue for work.
+    Ask(u64),
+    /// The receiver's answer reaches the stream.
+    Answer(u64, Message),
+}
+
+/// What a simulated run of the data streams did.
+#[derive(Debug, Default)]
+struct DataRun {
+    /// When the queue was done.
+    finished: Duration,
+    /// Bytes the first acknowledgements counted.
+    acked: u64,
+    /// Units sent, copies included.
+    units_sent: u64,
+    /// The number of times each file was reported complete.
+    completed: BTreeMap<u32, u32>,
+}
+
+/// Sends files of `sizes` in units of `unit` bytes over `streams` in simulated time; the
+/// receiver answers the first copy of each unit in `damaged` with a `Nack`. Returns what
+/// happened, or the first protocol error.
+fn run_streams(
+    sizes: &[u64],
+    unit: u32,
+    mut streams: Vec<Stream>,
+    damaged: &[Unit],
+    files: &mut Files,
+) -> Result<DataRun, SendError> {
+    /// Units a stream keeps unanswered at most (its window).
+    const WINDOW: usize = 4;
+    let t0 = Instant::now();
+    let time = Timestamp { secs: 0, nanos: 0 };
+    let entries = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| FileEntry {
+            path: format!("f{i}").into_bytes(),
+            size,
+            mode: 0o644,
+            mtime: time,
+            ctime: time,
+            inode: i as u64,
+            content: None,
+        })
+        .collect();
+    let batch = ManifestBatch {
+        dirs: Vec::new(),
+        files: entries,
+        last: true,
+    };
+    files.add_batch(&batch).expect("a plan");
+    let mut queue = WorkQueue::new(unit);
+    for (file, &size) in (0..).zip(sizes) {
+        if size > 0 {
+            queue.add_file(file, std::iter::once(0..size));
+        }
+    }
+    queue.close();
+    let mut damaged: Vec<Unit> = damaged.to_vec();
+    let mut run = DataRun::default();
+    // Events by their time, then in the order they were made.
+    let mut events: BTreeMap<(Duration, u64), Event> = BTreeMap::new();
+    let mut seq = 0u64;
+    let mut at = |events: &mut BTreeMap<_, _>, when: Duration, event: Event| {
+        seq += 1;
+        events.insert((when, seq), event);
+    };
+    for id in 0..streams.len() as u64 {
+        at(&mut events, Duration::ZERO, Event::Ask(id));
+    }
+    while let Some(((now, _), event)) = events.pop_first() {
+        let ask_all = match event {
+            Event::Ask(id) => {
+                let stream = &mut streams[id as usize];
+                if stream.ended || stream.breaks_at.is_some_and(|b| now >= b) {
+                    continue;
+                }
+                if stream.in_flight >= WINDOW {
+                    continue;
+                }
+                match queue.next(id, t0 + now) {
+                    Next::Unit(u) => {
+                        stream.unanswered.sent(u);
+                        stream.in_flight += 1;
+                        run.units_sent += 1;
+                        let answer = match damaged.iter().position(|d| *d == u) {
+                            Some(i) => {
+                                damaged.swap_remove(i);
+                                Message::Nack {
+                                    file: u.file,
+                                    offset: u.offset,
+                                }
+                            }
+                            None => {
+                                files.receive(u.file, u.offset..u.offset + u64::from(u.len));
+                                Message::Ack {
+                                    file: u.file,
+                                    offset: u.offset,
+                                    len: u.len,
+                                }
+                            }
+                        };
+                        let delay = stream.delay;
+                        at(&mut events, now + delay, Event::Answer(id, answer));
+                        // The next unit goes out once this one is on its way.
+                        at(
+                            &mut events,
+                            now + Duration::from_micros(100),
+                            Event::Ask(id),
+                        );
+                    }
+                    Next::Wait(Some(wait)) => at(&mut events, now + wait, Event::Ask(id)),
+                    // Asked again when an answer arrives anywhere.
+                    Next::Wait(None) => {}
+                    Next::Done if !stream.unanswered.waiting() => {
+                        stream.unanswered.end_sent();
+                        let delay = stream.delay;
+                        at(
+                            &mut events,
+                            now + delay,
+                            Event::Answer(id, Message::EndOfStream),
+                        );
+                    }
+                    Next::Done => {}
+                }
+                false
+            }
+            Event::Answer(id, message) => {
+                let stream = &mut streams[id as usize];
+                if stream.ended {
+                    continue;
+                }
+                if stream.breaks_at.is_some_and(|b| now >= b) {
+                    // The connection broke: what it carried and was not answered goes back.
+                    stream.ended = true;
+                    for u in stream.unanswered.take().into_iter().rev() {
+                        queue.give_back(u, id);
+                    }
+                    true
+                } else {
+                    let answer = stream.unanswered.answer(message)?;
+                    if matches!(answer, Answer::Acked(_) | Answer::Nacked(_)) {
+                        stream.in_flight -= 1;
+                    }
+                    match answer {
+                        Answer::Acked(u) => {
+                            if let Some(done) = queue.acked(u, t0 + now) {
+                                run.acked += u64::from(u.len);
+                                if done {
+                                    *run.completed.entry(u.file).or_default() += 1;
+                                }
+                            }
+                        }
+                        Answer::Nacked(u) => queue.give_back(u, id),
+                        Answer::Ended => stream.ended = true,
+                    }
+                    at(&mut events, now, Event::Ask(id));
+                    true
+                }
+            }
+        };
+        if queue.is_done() && run.finished == Duration::ZERO {
+            run.finished = now;
+        }
+        if ask_all {
+            for other in 0..streams.len() as u64 {
+                at(&mut events, now, Event::Ask(other));
+            }
+        }
+    }
+    assert!(
+        queue.is_done(),
+        "the streams ended with units unacknowledged"
+    );
+    Ok(run)
+}
+
+fn stream(delay_ms: u64) -> Stream {
+    Stream {
+        delay: Duration::from_millis(delay_ms),
+        unanswered: Unanswered::default(),
+        in_flight: 0,
+        breaks_at: None,
+        ended: false,
+    }
+}
+
+/// Files of many sizes, empty ones among them.
+const SIZES: [u64; 6] = [1 << 20, 0, 300_000, 1, 65_536, 2_000_003];
+
+#[test]
+fn every_byte_crosses_once_and_every_file_completes_once() {
+    let mut files = Files::default();
+    let run = run_streams(
+        &SIZES,
+        64 << 10,
+        vec![stream(10), stream(10), stream(10)],
+        &[],
+        &mut files,
+    )
+    .unwrap();
+    let total: u64 = SIZES.iter().sum();
+    assert_eq!(run.acked, total);
+    for (file, &size) in (0..).zip(&SIZES) {
+        assert_eq!(files.held(file), size, "file {file}");
+        let expected = u32::from(size > 0);
+        assert_eq!(
+            run.completed.get(&file).copied().unwrap_or(0),
+            expected,
+            "file {file}"
+        );
+    }
+}
+
+#[test]
+fn at_the_tail_idle_streams_carry_a_slow_streams_units_and_the_first_answer_counts() {
+    let (mut fast, mut mixed) = (Files::default(), Files::default());
+    let even = run_streams(
+        &SIZES,
+        64 << 10,
+        vec![stream(10), stream(10), stream(10)],
+        &[],
+        &mut fast,
+    )
+    .unwrap();
+    // One stream answers 50 times slower: without copies, the transfer would wait for it.
+    let slow = run_streams(
+        &SIZES,
+        64 << 10,
+        vec![stream(10), stream(10), stream(500)],
+        &[],
+        &mut mixed,
+    )
+    .unwrap();
+    let total: u64 = SIZES.iter().sum();
+    assert_eq!(
+        slow.acked, total,
+        "a copy's second answer counts for nothing"
+    );
+    assert!(
+        slow.units_sent > even.units_sent,
+        "no straggler was carried again"
+    );
+    assert!(
+        slow.finished < Duration::from_millis(500),
+        "done in {:?}: it waited for the slow stream",
+        slow.finished
+    );
+    assert!(
+        slow.completed.values().all(|&n| n == 1),
+        "{:?}",
+        slow.completed
+    );
+}
+
+#[test]
+fn a_damaged_chunk_is_sent_again_and_a_broken_streams_units_go_to_the_others() {
+    let mut files = Files::default();
+    let damaged = [
+        Unit {
+            file: 0,
+            offset: 0,
+            len: 64 << 10,
+        },
+        Unit {
+            file: 5,
+            offset: 128 << 10,
+            len: 64 << 10,
+        },
+    ];
+    let mut breaking = stream(10);
+    breaking.breaks_at = Some(Duration::from_millis(25));
+    let run = run_streams(
+        &SIZES,
+        64 << 10,
+        vec![stream(10), breaking, stream(20)],
+        &damaged,
+        &mut files,
+    )
+    .unwrap();
+    let total: u64 = SIZES.iter().sum();
+    assert_eq!(run.acked, total);
+    for (file, &size) in (0..).zip(&SIZES) {
+        assert_eq!(files.held(file), size, "file {file}");
+    }
+    assert!(
+        run.completed.values().all(|&n| n == 1),
+        "{:?}",
+        run.completed
+    );
+    // Each damaged unit went twice, and so did what the broken stream had not had answered.
+    let units: u64 = SIZES.iter().map(|s| s.div_ceil(64 << 10)).sum();
+    assert!(
+        run.units_sent > units + 2,
+        "{} units sent of {units}",
+        run.units_sent
+    );
+}
+
+#[test]
+fn an_answer_for_a_unit_the_stream_did_not_send_is_a_protocol_error() {
+    let mut unanswered = Unanswered::default();
+    let unit = Unit {
+        file: 1,
+        offset: 0,
+        len: 10,
+    };
+    unanswered.sent(unit);
+    unanswered.sent(Unit {
+        file: 1,
+        offset: 10,
+        len: 10,
+    });
+    // Out of order, a wrong length, and a nack for another file.
+    for message in [
+        Message::Ack {
+            file: 1,
+            offset: 10,
+            len: 10,
+        },
+        Message::Ack {
+            file: 1,
+            offset: 0,
+            len: 9,
+        },
+        Message::Nack { file: 2, offset: 0 },
+        Message::Plan {
+            first: 0,
+            files: Vec::new(),
+            last: true,
+        },
+    ] {
+        match unanswered.answer(message.clone()) {
+            Err(SendError::Protocol(_)) => {}
+            other => panic!("{message:?}: {other:?}"),
+        }
+    }
+    let ack = Message::Ack {
+        file: 1,
+        offset: 0,
+        len: 10,
+    };
+    assert_eq!(unanswered.answer(ack).unwrap(), Answer::Acked(unit));
+    let refused = unanswered.answer(Message::Error {
+        message: "disk full".into(),
+    });
+    assert!(matches!(refused, Err(SendError::Receiver { reason, .. }) if reason == "disk full"));
 }

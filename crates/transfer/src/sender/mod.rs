@@ -15,6 +15,7 @@
 //! the queue cuts a file's missing ranges into units only as streams ask for them, so it does
 //! not grow with a file's size either.
 
+pub(crate) mod answers;
 mod control;
 pub(crate) mod control_session;
 mod join;
@@ -24,7 +25,7 @@ mod optimize;
 mod options;
 mod source;
 mod stream;
-mod work_queue;
+pub(crate) mod work_queue;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};

@@ -1,13 +1,14 @@
 //! Data streams: the manager thread that opens and retires streams to follow the target count,
 //! and each stream's writer and acknowledgement reader.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufReader, Read};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::answers::{Answer, Unanswered};
 use super::join::{self, Join, Pace};
 use super::source::UnitBuffer;
 use super::{
@@ -524,7 +525,7 @@ fn carry<R: Read + Send>(
     if shared.is_over() {
         handle.shutdown();
     }
-    let in_flight = Mutex::new(VecDeque::new());
+    let in_flight = Mutex::new(Unanswered::default());
     let result = std::thread::scope(|scope| {
         let acks = scope.spawn(|| {
             let acked = read_acks(shared, handle, reader, &in_flight);
@@ -541,11 +542,7 @@ fn carry<R: Read + Send>(
         let acked = acks.join().unwrap_or(Err(StreamFailure::Fatal));
         written.and(acked)
     });
-    let leftover: Vec<Unit> = in_flight
-        .lock()
-        .expect("in-flight lock")
-        .drain(..)
-        .collect();
+    let leftover = in_flight.lock().expect("in-flight lock").take();
     if !leftover.is_empty() {
         shared.hand_back(handle.id, leftover.into_iter());
     }
@@ -594,18 +591,22 @@ fn write_units(
     shared: &Shared,
     handle: &StreamHandle,
     writer: &mut FrameWriter<LinkWriter>,
-    in_flight: &Mutex<VecDeque<Unit>>,
+    in_flight: &Mutex<Unanswered>,
 ) -> Result<(), StreamFailure> {
     let sealed = writer.seals();
     let mut buf = UnitBuffer::default();
     let mut open = None;
     let broken = |e: wire::WireError| StreamFailure::Broken(e.to_string());
+    // The clock of the answer runs from the first unit sent while none was due.
     let in_flight_push = |unit: Option<Unit>| {
-        let mut units = in_flight.lock().expect("in-flight lock");
-        if units.is_empty() {
+        let mut unanswered = in_flight.lock().expect("in-flight lock");
+        if !unanswered.waiting() {
             handle.set_ack_clock(shared, true);
         }
-        units.extend(unit);
+        match unit {
+            Some(unit) => unanswered.sent(unit),
+            None => unanswered.end_sent(),
+        }
     };
     while let Some(unit) = shared.next_unit(handle.id, &handle.retire) {
         in_flight_push(Some(unit));
@@ -619,9 +620,9 @@ fn write_units(
             // A copy of a straggler whose other copy was acknowledged meanwhile: its file may
             // be finalised and forgotten already, and nothing is left to send.
             Err(_) if !shared.awaits_ack(unit) => {
-                let mut units = in_flight.lock().expect("in-flight lock");
-                units.pop_back();
-                handle.set_ack_clock(shared, !units.is_empty());
+                let mut unanswered = in_flight.lock().expect("in-flight lock");
+                unanswered.not_sent();
+                handle.set_ack_clock(shared, unanswered.waiting());
                 continue;
             }
             Err(e) => {
@@ -644,23 +645,14 @@ fn write_units(
     wire::write_message(writer, &Message::EndOfStream).map_err(broken)
 }
 
-/// Matches acknowledgements to the units in flight, in order, until `EndOfStream`.
+/// Reads the receiver's answers to the units in flight ([`Unanswered::answer`]) and acts on
+/// them until `EndOfStream`.
 fn read_acks(
     shared: &Shared,
     handle: &StreamHandle,
     mut reader: FrameReader<BufReader<impl Read>>,
-    in_flight: &Mutex<VecDeque<Unit>>,
+    in_flight: &Mutex<Unanswered>,
 ) -> Result<(), StreamFailure> {
-    let fatal = |e: SendError| {
-        shared.fail(e);
-        StreamFailure::Fatal
-    };
-    let answered = || {
-        let mut units = in_flight.lock().expect("in-flight lock");
-        let unit = units.pop_front();
-        handle.set_ack_clock(shared, !units.is_empty());
-        unit
-    };
     loop {
         let message = reader.read_message().map_err(|e| {
             if shared.is_over() {
@@ -669,39 +661,29 @@ fn read_acks(
                 StreamFailure::Broken(e.to_string())
             }
         })?;
-        match message {
-            Message::Ack { file, offset, len } => match answered() {
-                Some(u) if u == (Unit { file, offset, len }) => shared.unit_acked(u),
-                _ => {
-                    return Err(fatal(SendError::Protocol(
-                        "acknowledgement for a chunk that was not sent".into(),
-                    )))
+        let answer = {
+            let mut unanswered = in_flight.lock().expect("in-flight lock");
+            let answer = unanswered.answer(message);
+            handle.set_ack_clock(shared, unanswered.waiting());
+            answer
+        };
+        match answer.map_err(|e| fatal(shared, e))? {
+            Answer::Acked(unit) => shared.unit_acked(unit),
+            Answer::Nacked(unit) => {
+                tracing::warn!(
+                    "chunk {} of {} failed its checksum at the receiver; sending it again",
+                    unit.offset,
+                    shared.file_shown(unit.file)
+                );
+                shared.hand_back(handle.id, std::iter::once(unit));
+                if shared.nacks.fetch_add(1, Ordering::Relaxed) >= MAX_NACKS {
+                    return Err(fatal(
+                        shared,
+                        shared.config.lost("too many chunks arrived corrupted"),
+                    ));
                 }
-            },
-            Message::Nack { file, offset } => match answered() {
-                Some(u) if u.file == file && u.offset == offset => {
-                    tracing::warn!("chunk {offset} of {} failed its checksum at the receiver; sending it again", shared.file_shown(file));
-                    shared.hand_back(handle.id, std::iter::once(u));
-                    if shared.nacks.fetch_add(1, Ordering::Relaxed) >= MAX_NACKS {
-                        return Err(fatal(
-                            shared.config.lost("too many chunks arrived corrupted"),
-                        ));
-                    }
-                }
-                _ => {
-                    return Err(fatal(SendError::Protocol(
-                        "negative acknowledgement for a chunk that was not sent".into(),
-                    )))
-                }
-            },
-            Message::EndOfStream => return Ok(()),
-            Message::Error { message } => return Err(fatal(SendError::refused(message))),
-            other => {
-                return Err(fatal(SendError::Protocol(format!(
-                    "unexpected {} on a data stream",
-                    auth::name(&other)
-                ))))
             }
+            Answer::Ended => return Ok(()),
         }
     }
 }

@@ -23,9 +23,9 @@ pub(super) const STRAGGLER_FACTOR: u32 = 3;
 /// One unit of work: a byte range of one manifest file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Unit {
-    pub(super) file: u32,
-    pub(super) offset: u64,
-    pub(super) len: u32,
+    pub(crate) file: u32,
+    pub(crate) offset: u64,
+    pub(crate) len: u32,
 }
 
 /// Bytes of one file not handed out yet, from `range.start` on.
@@ -46,7 +46,7 @@ struct InFlight {
 
 /// What a stream asking for work gets.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Next {
+pub(crate) enum Next {
     /// A unit to send.
     Unit(Unit),
     /// Nothing now: units are in flight on other streams. Ask again when one is acknowledged
@@ -59,7 +59,7 @@ pub(super) enum Next {
 /// Units given back, ranges not handed out yet, units in flight, and bytes not yet
 /// acknowledged of each file with units.
 #[derive(Debug)]
-pub(super) struct WorkQueue {
+pub(crate) struct WorkQueue {
     /// The most bytes a unit carries.
     unit_size: u32,
     /// Units handed back unacknowledged: they go out again before any new one.
@@ -76,7 +76,7 @@ pub(super) struct WorkQueue {
 
 impl WorkQueue {
     /// An open, empty queue that cuts units of at most `unit_size` bytes (at least 1).
-    pub(super) fn new(unit_size: u32) -> Self {
+    pub(crate) fn new(unit_size: u32) -> Self {
         WorkQueue {
             unit_size: unit_size.max(1),
             returned: VecDeque::new(),
@@ -90,7 +90,7 @@ impl WorkQueue {
 
     /// Queues `ranges`, the parts of `file` still to send, which together are not empty. Each
     /// range's units start at its start: the last unit of a range may be short.
-    pub(super) fn add_file(&mut self, file: u32, ranges: impl IntoIterator<Item = Range<u64>>) {
+    pub(crate) fn add_file(&mut self, file: u32, ranges: impl IntoIterator<Item = Range<u64>>) {
         let mut bytes = 0;
         for range in ranges.into_iter().filter(|r| !r.is_empty()) {
             bytes += range.end - range.start;
@@ -100,12 +100,12 @@ impl WorkQueue {
     }
 
     /// No more files will join: the queue is done once its units are acknowledged.
-    pub(super) fn close(&mut self) {
+    pub(crate) fn close(&mut self) {
         self.closed = true;
     }
 
     /// Whether every unit is acknowledged and no more will come.
-    pub(super) fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.closed && self.waiting_is_empty() && self.in_flight.is_empty()
     }
 
@@ -143,7 +143,7 @@ impl WorkQueue {
 
     /// The next unit for `stream` at `now`: a waiting one, else a copy of the oldest straggler
     /// that only another stream carries.
-    pub(super) fn next(&mut self, stream: u64, now: Instant) -> Next {
+    pub(crate) fn next(&mut self, stream: u64, now: Instant) -> Next {
         if let Some(unit) = self.take_waiting() {
             let flight = InFlight {
                 since: now,
@@ -182,7 +182,7 @@ impl WorkQueue {
     /// `stream` received the acknowledgement of `unit` at `now`. `Some(done)` for the first
     /// acknowledgement, where `done` says whether it completed its file; `None` when the
     /// other copy was acknowledged before.
-    pub(super) fn acked(&mut self, unit: Unit, now: Instant) -> Option<bool> {
+    pub(crate) fn acked(&mut self, unit: Unit, now: Instant) -> Option<bool> {
         let flight = self.in_flight.remove(&unit)?;
         let took = now.duration_since(flight.since);
         self.unit_time = Some(match self.unit_time {
@@ -203,7 +203,7 @@ impl WorkQueue {
 
     /// `stream` gives `unit` up unacknowledged (it broke, or the chunk arrived damaged): the
     /// unit waits again, first in line, unless another stream carries it or it was acknowledged.
-    pub(super) fn give_back(&mut self, unit: Unit, stream: u64) {
+    pub(crate) fn give_back(&mut self, unit: Unit, stream: u64) {
         let Some(flight) = self.in_flight.get_mut(&unit) else {
             return;
         };
