@@ -267,8 +267,9 @@ pub struct SendArgs {
     /// The xfer command on the remote host, as its shell runs it (e.g. /opt/xfer/bin/xfer).
     #[arg(long, default_value = "xfer")]
     pub remote_xfer: String,
-    /// Parallel TCP streams to start with [default: 4]. Without --optimizer, the count stays
-    /// at this for the whole transfer (the controller is fixed:N, not held to --max-streams).
+    /// Parallel TCP streams to start with [default: 4; fixed:N and schedules start at their
+    /// own]. Without --optimizer, the count stays at this for the whole transfer (the
+    /// controller is fixed:N, not held to --max-streams).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub streams: Option<u32>,
     /// Who chooses the stream count each monitoring interval: gd (gradient ascent on the

@@ -132,11 +132,8 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         }
         (None, None) => controllers::announced_default_optimizer(&args.tuning, args.quiet)?,
     };
-    let initial = args
-        .streams
-        .map(|n| n as usize)
-        .or(optimizer.initial_streams())
-        .unwrap_or(DEFAULT_STREAMS);
+    // A controller that names its count starts at it (the job sees to that).
+    let initial = args.streams.map_or(DEFAULT_STREAMS, |n| n as usize);
     // Checked before anything starts (a receiver over ssh included), as the job checks them
     // again: tuning that cannot work stops nothing.
     tuning.utility_for(&[&optimizer])?;

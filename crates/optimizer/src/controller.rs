@@ -264,16 +264,18 @@ impl ControllerSpec {
     }
 
     /// The count a transfer under this controller starts with, where the controller names one
-    /// (a schedule's first); `None`: the caller's choice.
+    /// (fixed:N's, a schedule's first); `None`: the caller's choice.
     ///
     /// ```
     /// use optimizer::ControllerSpec;
     ///
     /// let schedule: ControllerSpec = "schedule:0s:6,10s:1".parse().unwrap();
     /// assert_eq!((schedule.initial_streams(), ControllerSpec::Gd.initial_streams()), (Some(6), None));
+    /// assert_eq!(ControllerSpec::Fixed(3).initial_streams(), Some(3));
     /// ```
     pub fn initial_streams(&self) -> Option<usize> {
         match self {
+            ControllerSpec::Fixed(n) => Some(*n),
             ControllerSpec::Schedule(schedule) => Some(schedule.first()),
             _ => None,
         }

@@ -279,7 +279,7 @@ impl SendJob {
     /// let refused = SendJob::start(settings).err().unwrap();
     /// assert_eq!(refused.to_string(), "streams must be at least 1");
     /// ```
-    pub fn start(settings: SenderSettings) -> Result<SendJob, SendError> {
+    pub fn start(mut settings: SenderSettings) -> Result<SendJob, SendError> {
         let tuning = &settings.tuning;
         let (choice, note) = match &settings.optimizer {
             Some(choice) => (choice.clone(), None),
@@ -289,6 +289,11 @@ impl SendJob {
         let controller = choice
             .build(tuning, utility, settings.seed)
             .map_err(optimizer_error)?;
+        // A controller that names its count (fixed:N, a schedule) starts the transfer at it,
+        // within the most it may use, rather than one interval later.
+        if let Some(named) = choice.initial_streams() {
+            settings.options.streams = named.min(tuning.max_streams as usize);
+        }
         Self::spawn(&settings, controller, utility, note)
     }
 

@@ -199,8 +199,8 @@ impl OptimizerChoice {
         }
     }
 
-    /// The count a transfer under this controller starts with, where it names one (a
-    /// schedule's first count); `None`: the transfer's own choice.
+    /// The count a transfer under this controller starts with, where it names one (fixed:N's,
+    /// a schedule's first); `None`: the transfer's own choice.
     ///
     /// ```
     /// use transfer::optimizer_choice::OptimizerChoice;

@@ -168,6 +168,35 @@ fn a_cancelled_job_ends_cancelled_and_the_next_run_sends_only_the_rest() {
 }
 
 #[test]
+fn a_controller_that_names_its_count_starts_the_transfer_at_it() {
+    let root = tempfile::tempdir().unwrap();
+    let addr = start_receiver(root.path());
+    // (controller, most streams allowed, the count the transfer must start at)
+    for (optimizer, max_streams, first) in [
+        ("fixed:3", 64, 3),
+        ("schedule:0s:2,10s:6", 64, 2),
+        ("fixed:8", 5, 5),
+    ] {
+        let mut settings = SenderSettings::new(
+            addr.clone(),
+            KeySetting::Text(KEY.into()),
+            SendSource::Memory { size: 64 << 20 },
+        );
+        settings.optimizer = Some(optimizer.parse().unwrap());
+        settings.tuning.max_streams = max_streams;
+        assert_eq!(settings.options.streams, transfer::sender::DEFAULT_STREAMS);
+        let (_, result) = run(SendJob::start(settings).unwrap());
+        let summary = result.unwrap();
+        assert_eq!(
+            summary.streams_timeline.first().map(|&(_, n)| n),
+            Some(first),
+            "{optimizer}: {:?}",
+            summary.streams_timeline
+        );
+    }
+}
+
+#[test]
 fn a_job_cancelled_before_it_connects_sends_nothing() {
     let src = tempfile::tempdir().unwrap();
     let root = tempfile::tempdir().unwrap();

@@ -5,6 +5,7 @@
 mod admission;
 mod announced;
 pub(crate) mod control;
+mod data;
 mod destination;
 mod events;
 mod file_tree;
@@ -28,6 +29,7 @@ use std::time::{Duration, Instant};
 use admission::{Admission, Place};
 use announced::Budget;
 use control::{ControlSession, SessionFiles};
+use data::{ChunkError, End, Next, Step};
 pub use destination::check_root_writable;
 use destination::{ActivePaths, Destination, DestinationError, Placement};
 use events::Publisher;
@@ -57,8 +59,7 @@ use crate::telemetry;
 use crate::tls::ServerIdentity;
 use crate::transport::{self, Transport};
 use crate::wire::{
-    self, ChunkHeader, FileStatus, FrameReader, Head, Limit, Message, Role, SessionLimits,
-    WireError,
+    self, ChunkHeader, FileStatus, FrameReader, Limit, Message, Role, SessionLimits, WireError,
 };
 
 /// Size of the buffer in front of each connection's socket.
@@ -1104,29 +1105,32 @@ fn run_data(
         return false;
     }
     let _open = telemetry::Open::receiver_stream();
-    let result = wire::write_message(
+    let welcomed = wire::write_message(
         writer,
         &Message::Welcome {
             session: session.id,
             limits,
         },
     )
-    .map_err(|e| StreamEnd::Closed(e.to_string()))
+    .map_err(|e| End::Closed(e.to_string()))
     .and_then(|()| {
         let conn = reader.get_mut().get_mut().source_mut();
         conn.watch_session(session.activity.clone(), shared.options.idle_timeout)
             .and_then(|()| conn.start_batching())
-            .map_err(|e| StreamEnd::Closed(e.to_string()))
-    })
-    .and_then(|()| receive_chunks(session, reader, writer));
+            .map_err(|e| End::Closed(e.to_string()))
+    });
+    let end = match welcomed {
+        Ok(()) => receive_chunks(session, reader, writer),
+        Err(end) => end,
+    };
     session.streams.fetch_sub(1, Ordering::AcqRel);
-    match result {
-        Ok(()) => false,
-        Err(StreamEnd::Closed(e)) => {
+    match end {
+        End::Finished => false,
+        End::Closed(e) => {
             tracing::debug!("session {}: stream from {peer} closed: {e}", session.name);
             false
         }
-        Err(StreamEnd::Failed(e)) => {
+        End::Failed(e) => {
             tracing::warn!(
                 "session {}: stream from {peer} failed the session: {e}",
                 session.name
@@ -1154,14 +1158,6 @@ fn close_after_reply(connection: &Connection, writer: &mut LinkWriter, failed: b
     connection.shutdown();
 }
 
-/// Why a data stream ended early.
-enum StreamEnd {
-    /// The connection closed or broke; the session may go on with other streams.
-    Closed(String),
-    /// The peer broke a rule or the receiver failed: the session cannot go on.
-    Failed(String),
-}
-
 /// Half-closes, then reads and discards what the peer is still sending, for at most [`LINGER`].
 fn drain_before_close(mut socket: &TcpStream) {
     let _ = socket.shutdown(std::net::Shutdown::Write);
@@ -1178,7 +1174,8 @@ fn drain_before_close(mut socket: &TcpStream) {
     }
 }
 
-/// Verifies, writes and acknowledges chunks until the sender ends the stream.
+/// Verifies, writes and acknowledges chunks until the stream ends, as the data stream's rules
+/// say ([`data`]); how it ended.
 ///
 /// Replies wait in a buffer while chunks that have arrived whole are handled, and go out before
 /// the stream waits for more: a run of small files costs one write, not one per file, and no
@@ -1188,93 +1185,58 @@ fn receive_chunks(
     session: &Session,
     reader: &mut ConnFrames,
     writer: &mut FrameWriter<LinkWriter>,
-) -> Result<(), StreamEnd> {
-    let closed = |e: std::io::Error| StreamEnd::Closed(e.to_string());
+) -> End {
     let mut writer = BufWriter::with_capacity(REPLY_BUFFER, writer);
     let mut aligned = AlignedBuffer::default();
-    let fail = |writer: &mut BufWriter<&mut FrameWriter<LinkWriter>>, message: String| {
-        session
-            .failure
-            .lock()
-            .expect("failure lock")
-            .get_or_insert_with(|| message.clone());
-        let _ = wire::write_message(
-            writer,
-            &Message::Error {
-                message: message.clone(),
-            },
-        );
-        let _ = writer.flush();
-        Err(StreamEnd::Failed(message))
-    };
     loop {
         // Before a read that may wait for the peer, which may be waiting for these replies.
         if !reader.next_frame_buffered() {
-            writer.flush().map_err(closed)?;
+            if let Err(e) = writer.flush() {
+                return End::Closed(e.to_string());
+            }
         }
-        let reply = match reader.read_head() {
-            Ok(Head::Chunk(header, len)) => {
-                // Bound first: a guard in the `if let` would be held through `fail`, which
-                // locks again.
-                let failed = session.failure.lock().expect("failure lock").clone();
-                if let Some(message) = failed {
-                    return fail(&mut writer, message);
-                }
-                let verified = match receive_chunk(session, reader, &mut aligned, &header, len) {
-                    Ok(verified) => verified,
-                    Err(ChunkError::Wire(e)) => {
-                        let _ = writer.flush();
-                        return Err(StreamEnd::Closed(e.to_string()));
-                    }
-                    Err(ChunkError::Destination(e)) => return fail(&mut writer, e.to_string()),
-                };
-                if verified {
+        let head = reader.read_head();
+        // Read after the head arrived: the session may have failed while this stream waited.
+        let failure = session.failure.lock().expect("failure lock").clone();
+        let step = match data::on_head(head, failure) {
+            Next::Receive(header, len) => {
+                let stored = receive_chunk(session, reader, &mut aligned, &header, len);
+                if let Ok(true) = stored {
                     telemetry::receiver_wrote(len as u64);
                     session
                         .bytes_received
                         .fetch_add(len as u64, Ordering::Relaxed);
-                    Message::Ack {
-                        file: header.file,
-                        offset: header.offset,
-                        len: len as u32,
-                    }
-                } else {
-                    Message::Nack {
-                        file: header.file,
-                        offset: header.offset,
-                    }
+                }
+                data::on_stored(&header, len, stored)
+            }
+            Next::Then(step) => step,
+        };
+        match step {
+            Step::Answer(answer) => {
+                if let Err(e) = wire::write_message(&mut writer, &answer) {
+                    return End::Closed(e.to_string());
                 }
             }
-            Ok(Head::Message(Message::EndOfStream)) => {
-                wire::write_message(&mut writer, &Message::EndOfStream)
-                    .map_err(|e| StreamEnd::Closed(e.to_string()))?;
-                return writer.flush().map_err(closed);
+            Step::End(end, answer) => {
+                if let End::Failed(reason) = &end {
+                    session
+                        .failure
+                        .lock()
+                        .expect("failure lock")
+                        .get_or_insert_with(|| reason.clone());
+                }
+                let answered = match answer {
+                    Some(answer) => wire::write_message(&mut writer, &answer),
+                    None => Ok(()),
+                };
+                let flushed = answered.and_then(|()| writer.flush().map_err(WireError::Io));
+                return match (end, flushed) {
+                    (End::Finished, Err(e)) => End::Closed(e.to_string()),
+                    (end, _) => end,
+                };
             }
-            Ok(Head::Message(other)) => {
-                return fail(
-                    &mut writer,
-                    format!("unexpected {} on a data stream", auth::name(&other)),
-                )
-            }
-            Err(e @ (WireError::Oversized { .. } | WireError::Malformed(_))) => {
-                return fail(&mut writer, e.to_string())
-            }
-            Err(e) => {
-                // What was verified and written is acknowledged, whatever broke after it.
-                let _ = writer.flush();
-                return Err(StreamEnd::Closed(e.to_string()));
-            }
-        };
-        wire::write_message(&mut writer, &reply).map_err(|e| StreamEnd::Closed(e.to_string()))?;
+        }
     }
-}
-
-/// How receiving one chunk's payload failed.
-enum ChunkError {
-    /// The connection broke while the payload arrived.
-    Wire(WireError),
-    /// The destination refused or failed to write it.
-    Destination(DestinationError),
 }
 
 /// Reads a chunk's payload (straight into its part file when it is long enough, else into the

@@ -51,7 +51,8 @@ pub const DEFAULT_UNSENT_LIMIT: u32 = 128 << 10;
 #[non_exhaustive]
 pub struct SendOptions {
     /// Streams to open at first (a controller, or [`super::Transfer::set_target_streams`],
-    /// changes the count later).
+    /// changes the count later). A [`crate::SendJob`] whose controller names its count
+    /// (`fixed:N`, a schedule) starts at that count instead.
     pub streams: usize,
     /// Largest work unit in bytes (capped by the receiver's limit).
     pub unit_size: u32,
