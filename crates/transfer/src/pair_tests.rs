@@ -557,56 +557,35 @@ fn stream(delay_ms: u64) -> Stream {
 
 /// Files of many sizes, empty ones among them.
 const SIZES: [u64; 6] = [1 << 20, 0, 300_000, 1, 65_536, 2_000_003];
+/// The units they are cut into.
+const UNIT: u32 = 64 << 10;
+
+/// Sends [`SIZES`] over `streams` (answering the first copy of each unit in `damaged` with a
+/// `Nack`) and checks what every run must end with: each byte acknowledged once (a copy's
+/// second answer counts for nothing) and held by the receiver, each file with bytes completed
+/// exactly once.
+fn sent_whole(streams: Vec<Stream>, damaged: &[Unit]) -> DataRun {
+    let mut files = Files::default();
+    let run = run_streams(&SIZES, UNIT, streams, damaged, &mut files).unwrap();
+    assert_eq!(run.acked, SIZES.iter().sum::<u64>());
+    for (file, &size) in (0..).zip(&SIZES) {
+        assert_eq!(files.held(file), size, "file {file}");
+        let completed = run.completed.get(&file).copied().unwrap_or(0);
+        assert_eq!(completed, u32::from(size > 0), "file {file}");
+    }
+    run
+}
 
 #[test]
 fn every_byte_crosses_once_and_every_file_completes_once() {
-    let mut files = Files::default();
-    let run = run_streams(
-        &SIZES,
-        64 << 10,
-        vec![stream(10), stream(10), stream(10)],
-        &[],
-        &mut files,
-    )
-    .unwrap();
-    let total: u64 = SIZES.iter().sum();
-    assert_eq!(run.acked, total);
-    for (file, &size) in (0..).zip(&SIZES) {
-        assert_eq!(files.held(file), size, "file {file}");
-        let expected = u32::from(size > 0);
-        assert_eq!(
-            run.completed.get(&file).copied().unwrap_or(0),
-            expected,
-            "file {file}"
-        );
-    }
+    sent_whole(vec![stream(10), stream(10), stream(10)], &[]);
 }
 
 #[test]
 fn at_the_tail_idle_streams_carry_a_slow_streams_units_and_the_first_answer_counts() {
-    let (mut fast, mut mixed) = (Files::default(), Files::default());
-    let even = run_streams(
-        &SIZES,
-        64 << 10,
-        vec![stream(10), stream(10), stream(10)],
-        &[],
-        &mut fast,
-    )
-    .unwrap();
+    let even = sent_whole(vec![stream(10), stream(10), stream(10)], &[]);
     // One stream answers 50 times slower: without copies, the transfer would wait for it.
-    let slow = run_streams(
-        &SIZES,
-        64 << 10,
-        vec![stream(10), stream(10), stream(500)],
-        &[],
-        &mut mixed,
-    )
-    .unwrap();
-    let total: u64 = SIZES.iter().sum();
-    assert_eq!(
-        slow.acked, total,
-        "a copy's second answer counts for nothing"
-    );
+    let slow = sent_whole(vec![stream(10), stream(10), stream(500)], &[]);
     assert!(
         slow.units_sent > even.units_sent,
         "no straggler was carried again"
@@ -616,50 +595,20 @@ fn at_the_tail_idle_streams_carry_a_slow_streams_units_and_the_first_answer_coun
         "done in {:?}: it waited for the slow stream",
         slow.finished
     );
-    assert!(
-        slow.completed.values().all(|&n| n == 1),
-        "{:?}",
-        slow.completed
-    );
 }
 
 #[test]
 fn a_damaged_chunk_is_sent_again_and_a_broken_streams_units_go_to_the_others() {
-    let mut files = Files::default();
-    let damaged = [
-        Unit {
-            file: 0,
-            offset: 0,
-            len: 64 << 10,
-        },
-        Unit {
-            file: 5,
-            offset: 128 << 10,
-            len: 64 << 10,
-        },
-    ];
+    let damaged = [(0, 0), (5, 128 << 10)].map(|(file, offset)| Unit {
+        file,
+        offset,
+        len: UNIT,
+    });
     let mut breaking = stream(10);
     breaking.breaks_at = Some(Duration::from_millis(25));
-    let run = run_streams(
-        &SIZES,
-        64 << 10,
-        vec![stream(10), breaking, stream(20)],
-        &damaged,
-        &mut files,
-    )
-    .unwrap();
-    let total: u64 = SIZES.iter().sum();
-    assert_eq!(run.acked, total);
-    for (file, &size) in (0..).zip(&SIZES) {
-        assert_eq!(files.held(file), size, "file {file}");
-    }
-    assert!(
-        run.completed.values().all(|&n| n == 1),
-        "{:?}",
-        run.completed
-    );
+    let run = sent_whole(vec![stream(10), breaking, stream(20)], &damaged);
     // Each damaged unit went twice, and so did what the broken stream had not had answered.
-    let units: u64 = SIZES.iter().map(|s| s.div_ceil(64 << 10)).sum();
+    let units: u64 = SIZES.iter().map(|s| s.div_ceil(u64::from(UNIT))).sum();
     assert!(
         run.units_sent > units + 2,
         "{} units sent of {units}",
