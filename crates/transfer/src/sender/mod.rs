@@ -1527,11 +1527,21 @@ impl Canceller {
     }
 }
 
-/// Attempts at the control connection when the receiver is busy authenticating others
-/// ([`Limit::Authenticating`], a burst of senders) or closes the connection before the key
-/// handshake is done: the pause between them doubles from 100 ms, plus up to as much again at
-/// random, about 6 s in all.
+/// Attempts at the control connection when the receiver closes it before the key handshake is
+/// done: the pause between them doubles from 100 ms, plus up to as much again at random, about
+/// 6 s in all.
 const CONTROL_ATTEMPTS: u32 = 7;
+
+/// How long the control connection keeps trying while the receiver is busy authenticating
+/// others ([`Limit::Authenticating`]). A receiver frees every place at the latest at its
+/// handshake deadline (10 s by default, [`crate::receiver::DEFAULT_HANDSHAKE_TIMEOUT`]), so a
+/// sender that tries a little longer than that finds a place if the receiver has one to give:
+/// strangers holding every place until their deadline cannot turn a sender away.
+const BUSY_PATIENCE: Duration = Duration::from_secs(15);
+
+/// The longest pause between attempts while the receiver is busy (before the jitter of
+/// [`with_jitter`]), so that a place freed is found within a second or two.
+const BUSY_PAUSE: Duration = Duration::from_secs(1);
 
 /// The control connection through its key handshake.
 struct ControlLink {
@@ -1554,31 +1564,33 @@ enum ControlFailure {
     Failed(SendError),
 }
 
-/// Connects the control connection and runs its key handshake, trying again (up to
-/// [`CONTROL_ATTEMPTS`] in all) when the receiver closes it first.
+/// Connects the control connection and runs its key handshake, trying again when the receiver
+/// closes it first (up to [`CONTROL_ATTEMPTS`] in all) or is busy (for [`BUSY_PATIENCE`]).
 fn open_control(addrs: &[SocketAddr], config: &Config) -> Result<ControlLink, SendError> {
+    let started = Instant::now();
     let mut pause = Duration::from_millis(100);
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let why = match try_control(addrs, config) {
+        let (why, pause_cap) = match try_control(addrs, config) {
             Ok(link) => return Ok(link),
             Err(ControlFailure::Failed(e)) => return Err(e),
             Err(ControlFailure::Closed(e)) if attempt >= CONTROL_ATTEMPTS => {
                 return Err(config.reading(WireError::Io(e)))
             }
-            Err(ControlFailure::Busy(limit)) if attempt >= CONTROL_ATTEMPTS => {
+            Err(ControlFailure::Busy(limit)) if started.elapsed() >= BUSY_PATIENCE => {
                 return Err(SendError::Limited {
                     addr: config.addr.clone(),
                     limit,
                 })
             }
-            Err(ControlFailure::Closed(e)) => {
-                format!("the receiver closed the connection before the handshake ({e})")
-            }
-            Err(ControlFailure::Busy(limit)) => limit.to_string(),
+            Err(ControlFailure::Closed(e)) => (
+                format!("the receiver closed the connection before the handshake ({e})"),
+                Duration::MAX,
+            ),
+            Err(ControlFailure::Busy(limit)) => (limit.to_string(), BUSY_PAUSE),
         };
-        let wait = with_jitter(pause);
+        let wait = with_jitter(pause.min(pause_cap));
         tracing::info!("{why}; trying again in {wait:.1?}");
         std::thread::sleep(wait);
         pause *= 2;
