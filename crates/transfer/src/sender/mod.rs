@@ -929,20 +929,28 @@ impl Announced for Shared {
 
 impl Shared {
     /// Takes the actions the control session's rules asked for ([`Planner::handle`]), in order.
+    /// A batch's files are queued under one hold of the work queue's lock, which the streams
+    /// take for every unit; it is let go before any other action, which takes other locks.
     fn act(&self, actions: Vec<Action>) -> Result<(), SendError> {
+        let mut queue = None;
         let mut queued = false;
         for action in actions {
+            if !matches!(action, Action::Queue(..) | Action::CloseQueue) {
+                queue = None;
+            }
             match action {
                 Action::Count { to_send, skipped } => {
                     self.bytes_total.fetch_add(to_send, Ordering::Relaxed);
                     self.bytes_skipped.fetch_add(skipped, Ordering::Relaxed);
                 }
                 Action::Queue(file, ranges) => {
-                    self.queue().add_file(file, ranges);
+                    queue
+                        .get_or_insert_with(|| self.queue())
+                        .add_file(file, ranges);
                     queued = true;
                 }
                 Action::CloseQueue => {
-                    self.queue().close();
+                    queue.get_or_insert_with(|| self.queue()).close();
                     queued = true;
                 }
                 Action::Settle(file) => self.settle(file)?,
@@ -951,6 +959,7 @@ impl Shared {
                 Action::Complete => self.complete(),
             }
         }
+        drop(queue);
         if queued {
             self.queue_cv.notify_all();
         }
