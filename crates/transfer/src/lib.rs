@@ -93,6 +93,7 @@ pub mod receiver;
 pub mod seal;
 pub mod sender;
 pub mod session_id;
+mod sync;
 mod sys;
 pub mod tcp_info;
 pub mod telemetry;

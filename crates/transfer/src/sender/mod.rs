@@ -18,6 +18,7 @@
 pub(crate) mod answers;
 mod control;
 pub(crate) mod control_session;
+mod hand_out;
 mod join;
 mod manifest_stream;
 mod meter;
@@ -32,7 +33,7 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{mpsc, Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::auth::{self, AuthError, SessionKey};
@@ -50,6 +51,7 @@ use crate::telemetry;
 use crate::transport::{self, Transport};
 use crate::wire::{self, FrameReader, Limit, Message, Role, WireError};
 use control_session::{Action, Announced, Planner};
+use hand_out::HandOut;
 pub use meter::PathStats;
 pub use optimize::MiRecord;
 use optimize::HISTORY;
@@ -61,7 +63,7 @@ pub use options::{
 use serde::{Deserialize, Serialize};
 use source::{SourceData, SourceFile};
 use stream::StreamHandle;
-use work_queue::{Next, Unit, WorkQueue};
+use work_queue::Unit;
 
 /// How long connecting one TCP connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -606,8 +608,7 @@ struct Shared {
     skipped: Mutex<Vec<String>>,
     source: SourceData,
     start: Instant,
-    queue: Mutex<WorkQueue>,
-    queue_cv: Condvar,
+    units: HandOut,
     target: AtomicUsize,
     max_streams: usize,
     bytes_total: AtomicU64,
@@ -626,46 +627,20 @@ struct Shared {
     control_socket: TcpStream,
     control_tx: Mutex<mpsc::Sender<ControlEvent>>,
     manager_tx: Mutex<mpsc::Sender<ManagerEvent>>,
-    failed: AtomicBool,
     outcome: Mutex<Option<Result<(), SendError>>>,
     outcome_cv: Condvar,
 }
 
 impl Shared {
-    fn queue(&self) -> MutexGuard<'_, WorkQueue> {
-        self.queue.lock().expect("work queue lock")
-    }
-
-    /// The next unit for `stream`, waiting while others have units in flight that may come
-    /// back (or become stragglers it may carry too, see [`work_queue`]). `None` when the stream
-    /// should close: it is being removed, the transfer failed, or all units are acknowledged.
+    /// The next unit for `stream` ([`HandOut::next`]); `None` when the stream should close.
     fn next_unit(&self, stream: u64, retire: &AtomicBool) -> Option<Unit> {
-        let mut q = self.queue();
-        loop {
-            if self.failed.load(Ordering::Acquire) || retire.load(Ordering::Acquire) {
-                return None;
-            }
-            q = match q.next(stream, Instant::now()) {
-                Next::Unit(unit) => return Some(unit),
-                Next::Done => return None,
-                Next::Wait(None) => self.queue_cv.wait(q).expect("work queue lock"),
-                Next::Wait(Some(at_most)) => {
-                    let waited = self.queue_cv.wait_timeout(q, at_most);
-                    waited.expect("work queue lock").0
-                }
-            };
-        }
-    }
-
-    /// Whether `unit` still waits for its first acknowledgement: a stream carrying a copy of
-    /// one that no longer does has nothing left to send of it.
-    fn awaits_ack(&self, unit: Unit) -> bool {
-        self.queue().awaits_ack(unit)
+        self.units
+            .next(stream, || retire.load(Ordering::Acquire), Instant::now)
     }
 
     /// A unit's acknowledgement arrived; the first of its copies counts.
     fn unit_acked(&self, unit: Unit) {
-        let Some(file_done) = self.queue().acked(unit, Instant::now()) else {
+        let Some(file_done) = self.units.acked(unit, Instant::now()) else {
             return;
         };
         self.bytes_acked
@@ -674,21 +649,6 @@ impl Shared {
         if file_done {
             self.send_control(ControlEvent::Seal(unit.file));
         }
-        self.queue_cv.notify_all();
-    }
-
-    /// `stream` gives up `units` unacknowledged; they wait again in their order.
-    fn hand_back(&self, stream: u64, units: impl DoubleEndedIterator<Item = Unit>) {
-        let mut q = self.queue();
-        for unit in units.rev() {
-            q.give_back(unit, stream);
-        }
-        drop(q);
-        self.queue_cv.notify_all();
-    }
-
-    fn all_units_acked(&self) -> bool {
-        self.queue().is_done()
     }
 
     fn send_control(&self, event: ControlEvent) {
@@ -787,11 +747,7 @@ impl Shared {
             }
             *outcome = Some(Err(error));
         }
-        {
-            let _q = self.queue();
-            self.failed.store(true, Ordering::Release);
-        }
-        self.queue_cv.notify_all();
+        self.units.stop();
         self.outcome_cv.notify_all();
         self.send_control(ControlEvent::Abort);
         self.notify_manager(ManagerEvent::TargetChanged);
@@ -929,11 +885,11 @@ impl Announced for Shared {
 
 impl Shared {
     /// Takes the actions the control session's rules asked for ([`Planner::handle`]), in order.
-    /// A batch's files are queued under one hold of the work queue's lock, which the streams
-    /// take for every unit; it is let go before any other action, which takes other locks.
+    /// A batch's files are queued in one change of the work queue, whose lock the streams
+    /// take for every unit; the change ends (waking the streams) before any other action,
+    /// which takes other locks.
     fn act(&self, actions: Vec<Action>) -> Result<(), SendError> {
         let mut queue = None;
-        let mut queued = false;
         for action in actions {
             if !matches!(action, Action::Queue(..) | Action::CloseQueue) {
                 queue = None;
@@ -945,23 +901,15 @@ impl Shared {
                 }
                 Action::Queue(file, ranges) => {
                     queue
-                        .get_or_insert_with(|| self.queue())
+                        .get_or_insert_with(|| self.units.change())
                         .add_file(file, ranges);
-                    queued = true;
                 }
-                Action::CloseQueue => {
-                    queue.get_or_insert_with(|| self.queue()).close();
-                    queued = true;
-                }
+                Action::CloseQueue => queue.get_or_insert_with(|| self.units.change()).close(),
                 Action::Settle(file) => self.settle(file)?,
                 Action::Seal(file) => self.send_control(ControlEvent::Seal(file)),
                 Action::Finish => self.send_control(ControlEvent::AllFinalized),
                 Action::Complete => self.complete(),
             }
-        }
-        drop(queue);
-        if queued {
-            self.queue_cv.notify_all();
         }
         Ok(())
     }
@@ -1107,8 +1055,7 @@ impl Transfer {
             skipped: Mutex::default(),
             source: source_data,
             start,
-            queue: Mutex::new(WorkQueue::new(unit_size)),
-            queue_cv: Condvar::new(),
+            units: HandOut::new(unit_size),
             max_streams,
             bytes_total: AtomicU64::new(0),
             bytes_skipped: AtomicU64::new(0),
@@ -1124,7 +1071,6 @@ impl Transfer {
             control_socket: control,
             control_tx: Mutex::new(control_tx),
             manager_tx: Mutex::new(manager_tx),
-            failed: AtomicBool::new(false),
             outcome: Mutex::new(None),
             outcome_cv: Condvar::new(),
         });
@@ -1779,6 +1725,7 @@ pub(crate) fn queue_for_fuzzing(
     plan: &[crate::wire::FileStatus],
     unit_size: u32,
 ) -> Result<Vec<(u32, u64, u32)>, String> {
+    use work_queue::{Next, WorkQueue};
     let mut queue = WorkQueue::new(unit_size);
     for (file, (entry, status)) in (0..).zip(files.iter().zip(plan)) {
         let ranges =

@@ -112,9 +112,9 @@ impl StreamHandle {
 
     /// Marks the stream for removal: it takes no new unit (a writer waiting for one wakes up).
     fn retire(&self, shared: &Shared) {
-        let _q = shared.queue();
-        self.retire.store(true, Ordering::Release);
-        shared.queue_cv.notify_all();
+        shared
+            .units
+            .wake_after(|| self.retire.store(true, Ordering::Release));
     }
 
     pub(super) fn is_retiring(&self) -> bool {
@@ -201,7 +201,7 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
             for handle in streams.values() {
                 handle.retire(shared);
             }
-        } else if !shared.all_units_acked() {
+        } else if !shared.units.is_done() {
             let target = shared.target.load(Ordering::Acquire);
             let mut streams = shared.streams.lock().expect("streams lock");
             let active: Vec<_> = streams
@@ -493,7 +493,7 @@ fn handshake_failure(shared: &Shared, e: AuthError) -> StreamFailure {
 /// serving it (`xfer recv --once`), while the stream connected, and the control connection
 /// says how the session ended.
 fn unless_done(shared: &Shared, e: SendError) -> StreamFailure {
-    if shared.all_units_acked() {
+    if shared.units.is_done() {
         StreamFailure::Unneeded(e.to_string())
     } else {
         fatal(shared, e)
@@ -544,7 +544,7 @@ fn carry<R: Read + Send>(
     });
     let leftover = in_flight.lock().expect("in-flight lock").take();
     if !leftover.is_empty() {
-        shared.hand_back(handle.id, leftover.into_iter());
+        shared.units.hand_back(handle.id, leftover.into_iter());
     }
     if let Some((tcp, subflows)) = sample_connection(&connection, shared.transport) {
         let retransmits = if subflows.is_empty() {
@@ -619,7 +619,7 @@ fn write_units(
             Ok(read) => read,
             // A copy of a straggler whose other copy was acknowledged meanwhile: its file may
             // be finalised and forgotten already, and nothing is left to send.
-            Err(_) if !shared.awaits_ack(unit) => {
+            Err(_) if !shared.units.awaits_ack(unit) => {
                 let mut unanswered = in_flight.lock().expect("in-flight lock");
                 unanswered.not_sent();
                 handle.set_ack_clock(shared, unanswered.waiting());
@@ -675,7 +675,7 @@ fn read_acks(
                     unit.offset,
                     shared.file_shown(unit.file)
                 );
-                shared.hand_back(handle.id, std::iter::once(unit));
+                shared.units.hand_back(handle.id, std::iter::once(unit));
                 if shared.nacks.fetch_add(1, Ordering::Relaxed) >= MAX_NACKS {
                     return Err(fatal(
                         shared,
