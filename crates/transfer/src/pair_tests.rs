@@ -12,7 +12,9 @@
 //! The data streams, in simulated time: several streams take units from one [`WorkQueue`],
 //! each unit's answer comes back after its stream's delay and is matched by the stream's
 //! [`Unanswered`]; a slow stream's units are carried again by idle ones at the tail, a chunk
-//! that arrives damaged is sent again, and a stream that breaks hands its units to the others.
+//! that arrives damaged is sent again, a stream that breaks hands its units to the others, and
+//! streams added and retired mid-transfer (as the optimiser changes the count) start and end
+//! cleanly.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -360,6 +362,10 @@ struct Stream {
     in_flight: usize,
     /// It broke at this time: answers after it are lost and its units go back to the queue.
     breaks_at: Option<Duration>,
+    /// It opens at this time (the optimiser added it).
+    joins_at: Duration,
+    /// It is retired at this time: it takes no new unit and ends once its units are answered.
+    retires_at: Option<Duration>,
     /// Its `EndOfStream` was answered (or it broke).
     ended: bool,
 }
@@ -384,6 +390,10 @@ struct DataRun {
     units_sent: u64,
     /// The number of times each file was reported complete.
     completed: BTreeMap<u32, u32>,
+    /// Which stream took each unit (copies included) and when.
+    taken: Vec<(u64, Duration)>,
+    /// Whether each stream ended, its `EndOfStream` answered or its connection broken.
+    ended: Vec<bool>,
 }
 
 /// Sends files of `sizes` in units of `unit` bytes over `streams` in simulated time; the
@@ -435,8 +445,11 @@ fn run_streams(
         seq += 1;
         events.insert((when, seq), event);
     };
-    for id in 0..streams.len() as u64 {
-        at(&mut events, Duration::ZERO, Event::Ask(id));
+    for (id, stream) in (0..).zip(&streams) {
+        at(&mut events, stream.joins_at, Event::Ask(id));
+        if let Some(retires_at) = stream.retires_at {
+            at(&mut events, retires_at, Event::Ask(id));
+        }
     }
     while let Some(((now, _), event)) = events.pop_first() {
         let ask_all = match event {
@@ -445,14 +458,20 @@ fn run_streams(
                 if stream.ended || stream.breaks_at.is_some_and(|b| now >= b) {
                     continue;
                 }
-                if stream.in_flight >= WINDOW {
+                if stream.in_flight >= WINDOW || now < stream.joins_at {
                     continue;
                 }
-                match queue.next(id, t0 + now) {
+                let next = if stream.retires_at.is_some_and(|r| now >= r) {
+                    Next::Done
+                } else {
+                    queue.next(id, t0 + now)
+                };
+                match next {
                     Next::Unit(u) => {
                         stream.unanswered.sent(u);
                         stream.in_flight += 1;
                         run.units_sent += 1;
+                        run.taken.push((id, now));
                         let answer = match damaged.iter().position(|d| *d == u) {
                             Some(i) => {
                                 damaged.swap_remove(i);
@@ -542,6 +561,7 @@ fn run_streams(
         queue.is_done(),
         "the streams ended with units unacknowledged"
     );
+    run.ended = streams.iter().map(|s| s.ended).collect();
     Ok(run)
 }
 
@@ -551,6 +571,8 @@ fn stream(delay_ms: u64) -> Stream {
         unanswered: Unanswered::default(),
         in_flight: 0,
         breaks_at: None,
+        joins_at: Duration::ZERO,
+        retires_at: None,
         ended: false,
     }
 }
@@ -614,6 +636,38 @@ fn a_damaged_chunk_is_sent_again_and_a_broken_streams_units_go_to_the_others() {
         "{} units sent of {units}",
         run.units_sent
     );
+}
+
+/// The optimiser changes the count mid-transfer: a stream retired takes no new unit, has what
+/// it carries answered and ends, with a copy of a straggler perhaps still in flight; a stream
+/// added later takes its share. Every byte still crosses once.
+#[test]
+fn streams_added_and_retired_mid_transfer_carry_every_byte_once() {
+    let ms = Duration::from_millis;
+    let mut leaving = stream(10);
+    leaving.retires_at = Some(ms(15));
+    let mut joining = stream(10);
+    joining.joins_at = ms(20);
+    let mut brief = stream(40);
+    (brief.joins_at, brief.retires_at) = (ms(5), Some(ms(30)));
+    let windows = [
+        (0, ms(0), None),
+        (1, ms(0), Some(ms(15))),
+        (2, ms(20), None),
+        (3, ms(5), Some(ms(30))),
+    ];
+    let run = sent_whole(vec![stream(10), leaving, joining, brief], &[]);
+    for (id, from, until) in windows {
+        let taken: Vec<_> = run.taken.iter().filter(|(s, _)| *s == id).collect();
+        assert!(!taken.is_empty(), "stream {id} took no unit");
+        assert!(
+            taken
+                .iter()
+                .all(|(_, at)| *at >= from && until.is_none_or(|u| *at < u)),
+            "stream {id} took a unit outside {from:?}..{until:?}: {taken:?}"
+        );
+    }
+    assert_eq!(run.ended, [true; 4], "every stream ended");
 }
 
 #[test]
