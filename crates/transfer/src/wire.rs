@@ -446,14 +446,207 @@ pub enum Head {
 pub struct FrameReader<R> {
     inner: R,
     buf: Vec<u8>,
+    decoder: FrameDecoder,
+}
+
+/// The frames of a byte stream decoded from their bytes, with no reader: whoever reads the
+/// stream, blocking ([`FrameReader`]) or not, gives it each frame's head once the bytes
+/// [`FrameDecoder::head_len`] asks for have arrived, places a chunk's payload wherever it
+/// belongs, and gives it the tag that follows on a sealed connection. It checks every length
+/// before the bytes it announces are read, and every check and tag once they are.
+///
+/// ```
+/// use transfer::wire::{write_message, FrameDecoder, Head, Message};
+///
+/// let mut bytes = Vec::new();
+/// write_message(&mut bytes, &Message::Working).unwrap();
+/// let mut decoder = FrameDecoder::new(0);
+/// let need = decoder.head_len(&bytes[..3]).unwrap();
+/// assert_eq!(need, 5, "the prefix first");
+/// let need = decoder.head_len(&bytes[..need]).unwrap();
+/// assert_eq!(need, bytes.len(), "then the whole message");
+/// assert!(matches!(decoder.decode_head(&bytes).unwrap(), Head::Message(Message::Working)));
+/// ```
+#[derive(Debug)]
+pub struct FrameDecoder {
     max_chunk: usize,
     max_message: usize,
-    /// Payload bytes of the last chunk head still to be read.
+    /// Payload bytes of the last chunk head still to arrive.
     payload_due: usize,
     /// On a sealed connection, the key of the frames read ([`crate::seal`]).
     key: Option<FrameKey>,
     /// The tag of the chunk whose head was read, hashed so far.
     chunk_tag: Option<blake3::Hasher>,
+}
+
+/// What a frame's prefix says: its kind and the length of what follows the prefix.
+fn frame_prefix(prefix: &[u8; FRAME_PREFIX_LEN]) -> Result<(u8, usize), WireError> {
+    let len = u32::from_le_bytes(prefix[..4].try_into().expect("4 bytes")) as usize;
+    let body_len = len
+        .checked_sub(1)
+        .ok_or_else(|| WireError::Malformed("zero-length frame".into()))?;
+    Ok((prefix[4], body_len))
+}
+
+impl FrameDecoder {
+    /// A decoder of a plain connection's frames; chunks longer than `max_chunk` bytes and
+    /// messages longer than [`MAX_MESSAGE_LEN`] are refused as oversized.
+    ///
+    /// ```
+    /// use transfer::wire::{write_chunk, chunk_checksum, ChunkHeader, FrameDecoder, WireError};
+    ///
+    /// let data = [7u8; 100];
+    /// let header = ChunkHeader { file: 0, offset: 0, checksum: chunk_checksum(&data) };
+    /// let mut bytes = Vec::new();
+    /// write_chunk(&mut bytes, &header, &data, None).unwrap();
+    /// let mut decoder = FrameDecoder::new(64);
+    /// let head = decoder.head_len(&bytes).unwrap();
+    /// assert!(matches!(decoder.decode_head(&bytes[..head]), Err(WireError::Oversized { limit: 64, .. })));
+    /// ```
+    pub fn new(max_chunk: usize) -> Self {
+        FrameDecoder {
+            max_chunk: max_chunk.min(MAX_CHUNK_LEN),
+            max_message: MAX_MESSAGE_LEN,
+            payload_due: 0,
+            key: None,
+            chunk_tag: None,
+        }
+    }
+
+    /// From the next frame on, every frame must carry its tag under `key` ([`crate::seal`]).
+    pub(crate) fn open_sealed(&mut self, key: FrameKey) {
+        self.key = Some(key);
+    }
+
+    /// Refuses messages longer than `limit` bytes (at most [`MAX_MESSAGE_LEN`]) from now on.
+    pub fn set_message_limit(&mut self, limit: usize) {
+        self.max_message = limit.min(MAX_MESSAGE_LEN);
+    }
+
+    /// The bytes of a frame's tag on this connection: [`crate::seal::TAG_LEN`] once sealed.
+    fn tag_len(&self) -> usize {
+        if self.key.is_some() {
+            TAG_LEN
+        } else {
+            0
+        }
+    }
+
+    /// How many bytes the next frame's head takes, given `start`, the first of them to have
+    /// arrived: the prefix's length until it is there, then the head's (a message frame
+    /// whole, a chunk frame up to its payload). A prefix that announces a malformed frame or an
+    /// oversized message is refused here, before the bytes it announces are read.
+    ///
+    /// # Panics
+    ///
+    /// If a chunk's payload is still due ([`FrameDecoder::payload_arrived`]).
+    pub fn head_len(&self, start: &[u8]) -> Result<usize, WireError> {
+        assert_eq!(self.payload_due, 0, "a chunk's payload was not read");
+        let Some(prefix) = start.first_chunk::<FRAME_PREFIX_LEN>() else {
+            return Ok(FRAME_PREFIX_LEN);
+        };
+        let (kind, body_len) = frame_prefix(prefix)?;
+        let tag_len = self.tag_len();
+        let head = match kind {
+            KIND_MESSAGE => {
+                let message_len = body_len.checked_sub(CHECK_LEN + tag_len).ok_or_else(|| {
+                    WireError::Malformed(format!("message frame of {body_len} bytes has no check"))
+                })?;
+                if message_len > self.max_message {
+                    return Err(WireError::Oversized {
+                        len: message_len,
+                        limit: self.max_message,
+                    });
+                }
+                body_len
+            }
+            KIND_CHUNK => {
+                if body_len < ChunkHeader::LEN + CHECK_LEN + tag_len {
+                    return Err(WireError::Malformed(format!(
+                        "chunk frame of {body_len} bytes has no header"
+                    )));
+                }
+                ChunkHeader::LEN + CHECK_LEN
+            }
+            other => return Err(WireError::Malformed(format!("unknown frame kind {other}"))),
+        };
+        Ok(FRAME_PREFIX_LEN + head)
+    }
+
+    /// Decodes a frame's head from `head`, the [`FrameDecoder::head_len`] bytes it takes: a
+    /// whole message, or a chunk's header and the length of the payload that follows.
+    ///
+    /// # Panics
+    ///
+    /// If `head` is not as long as [`FrameDecoder::head_len`] says.
+    pub fn decode_head(&mut self, head: &[u8]) -> Result<Head, WireError> {
+        let need = self.head_len(head)?;
+        assert_eq!(head.len(), need, "a frame's head is head_len bytes");
+        let (prefix, body) = head
+            .split_first_chunk::<FRAME_PREFIX_LEN>()
+            .expect("a head is longer than its prefix");
+        let (kind, body_len) = frame_prefix(prefix)?;
+        let tag_len = self.tag_len();
+        if kind == KIND_MESSAGE {
+            let (checked, tag) = body.split_at(body_len - tag_len);
+            let (message, check) = checked.split_at(checked.len() - CHECK_LEN);
+            verify_check(&[prefix, message], check, "message")?;
+            if let Some(key) = &mut self.key {
+                if !tags_match(&key.tag(&[prefix, checked]), tag) {
+                    return Err(WireError::Unauthentic("message"));
+                }
+            }
+            let msg = postcard::from_bytes(message)
+                .map_err(|e| WireError::Malformed(format!("bad message: {e}")))?;
+            return Ok(Head::Message(msg));
+        }
+        let data_len = body_len - (ChunkHeader::LEN + CHECK_LEN + tag_len);
+        let (fields, check) = body.split_at(ChunkHeader::LEN);
+        verify_check(&[prefix, fields], check, "chunk header")?;
+        if data_len > self.max_chunk {
+            return Err(WireError::Oversized {
+                len: data_len,
+                limit: self.max_chunk,
+            });
+        }
+        self.payload_due = data_len;
+        self.chunk_tag = self.key.as_mut().map(|key| key.chunk(&[prefix, body]));
+        let fields = fields.try_into().expect("header length");
+        Ok(Head::Chunk(ChunkHeader::decode(fields), data_len))
+    }
+
+    /// Payload bytes of the chunk whose head was decoded still to arrive.
+    pub fn payload_due(&self) -> usize {
+        self.payload_due
+    }
+
+    /// `n` bytes of the chunk's payload arrived, wherever the reader put them.
+    ///
+    /// # Panics
+    ///
+    /// If more arrived than were due.
+    pub fn payload_arrived(&mut self, n: usize) {
+        self.payload_due = (self.payload_due.checked_sub(n)).expect("no more payload than due");
+    }
+
+    /// The bytes of the chunk's tag that follow its payload: none on a plain connection.
+    pub fn chunk_tag_len(&self) -> usize {
+        if self.chunk_tag.is_some() {
+            TAG_LEN
+        } else {
+            0
+        }
+    }
+
+    /// The chunk's payload arrived, and its [`FrameDecoder::chunk_tag_len`] bytes of tag in
+    /// `tag`: on a sealed connection, the seal its reader checks once it has hashed the
+    /// payload.
+    pub fn chunk_end(&mut self, tag: &[u8]) -> Option<ChunkSeal> {
+        debug_assert_eq!(self.payload_due, 0, "the whole payload arrived");
+        let hasher = self.chunk_tag.take()?;
+        let tag = tag.try_into().expect("a tag of chunk_tag_len bytes");
+        Some(ChunkSeal::new(hasher, tag))
+    }
 }
 
 impl<R: Read> FrameReader<R> {
@@ -475,18 +668,14 @@ impl<R: Read> FrameReader<R> {
         FrameReader {
             inner,
             buf: Vec::new(),
-            max_chunk: max_chunk.min(MAX_CHUNK_LEN),
-            max_message: MAX_MESSAGE_LEN,
-            payload_due: 0,
-            key: None,
-            chunk_tag: None,
+            decoder: FrameDecoder::new(max_chunk),
         }
     }
 
     /// From the next frame on, every frame must carry its tag under `key` ([`crate::seal`]);
     /// a chunk's is checked by its reader, which gets it with the payload.
     pub(crate) fn open_sealed(&mut self, key: FrameKey) {
-        self.key = Some(key);
+        self.decoder.open_sealed(key);
     }
 
     /// Refuses messages longer than `limit` bytes (at most [`MAX_MESSAGE_LEN`]) from now on.
@@ -501,7 +690,7 @@ impl<R: Read> FrameReader<R> {
     /// assert!(matches!(reader.read_message(), Err(WireError::Oversized { .. })));
     /// ```
     pub fn set_message_limit(&mut self, limit: usize) {
-        self.max_message = limit.min(MAX_MESSAGE_LEN);
+        self.decoder.set_message_limit(limit);
     }
 
     /// Gives back the wrapped reader.
@@ -559,64 +748,12 @@ impl<R: Read> FrameReader<R> {
     /// assert_eq!(place, data);
     /// ```
     pub fn read_head(&mut self) -> Result<Head, WireError> {
-        assert_eq!(self.payload_due, 0, "a chunk's payload was not read");
-        let tag_len = if self.key.is_some() { TAG_LEN } else { 0 };
-        let mut prefix = [0u8; FRAME_PREFIX_LEN];
-        read_exact(&mut self.inner, &mut prefix)?;
-        let len = u32::from_le_bytes(prefix[..4].try_into().expect("4 bytes")) as usize;
-        let body_len = len
-            .checked_sub(1)
-            .ok_or_else(|| WireError::Malformed("zero-length frame".into()))?;
-        match prefix[4] {
-            KIND_MESSAGE => {
-                let message_len = body_len.checked_sub(CHECK_LEN + tag_len).ok_or_else(|| {
-                    WireError::Malformed(format!("message frame of {body_len} bytes has no check"))
-                })?;
-                if message_len > self.max_message {
-                    return Err(WireError::Oversized {
-                        len: message_len,
-                        limit: self.max_message,
-                    });
-                }
-                self.buf.resize(body_len, 0);
-                read_exact(&mut self.inner, &mut self.buf)?;
-                let (checked, tag) = self.buf.split_at(message_len + CHECK_LEN);
-                let (message, check) = checked.split_at(message_len);
-                verify_check(&[&prefix, message], check, "message")?;
-                if let Some(key) = &mut self.key {
-                    if !tags_match(&key.tag(&[&prefix, checked]), tag) {
-                        return Err(WireError::Unauthentic("message"));
-                    }
-                }
-                let msg = postcard::from_bytes(message)
-                    .map_err(|e| WireError::Malformed(format!("bad message: {e}")))?;
-                Ok(Head::Message(msg))
-            }
-            KIND_CHUNK => {
-                let data_len = body_len
-                    .checked_sub(ChunkHeader::LEN + CHECK_LEN + tag_len)
-                    .ok_or_else(|| {
-                        WireError::Malformed(format!(
-                            "chunk frame of {body_len} bytes has no header"
-                        ))
-                    })?;
-                let mut header = [0u8; ChunkHeader::LEN + CHECK_LEN];
-                read_exact(&mut self.inner, &mut header)?;
-                let (fields, check) = header.split_at(ChunkHeader::LEN);
-                verify_check(&[&prefix, fields], check, "chunk header")?;
-                if data_len > self.max_chunk {
-                    return Err(WireError::Oversized {
-                        len: data_len,
-                        limit: self.max_chunk,
-                    });
-                }
-                self.payload_due = data_len;
-                self.chunk_tag = self.key.as_mut().map(|key| key.chunk(&[&prefix, &header]));
-                let fields = fields.try_into().expect("header length");
-                Ok(Head::Chunk(ChunkHeader::decode(fields), data_len))
-            }
-            other => Err(WireError::Malformed(format!("unknown frame kind {other}"))),
-        }
+        self.buf.resize(FRAME_PREFIX_LEN, 0);
+        read_exact(&mut self.inner, &mut self.buf)?;
+        let len = self.decoder.head_len(&self.buf)?;
+        self.buf.resize(len, 0);
+        read_exact(&mut self.inner, &mut self.buf[FRAME_PREFIX_LEN..])?;
+        self.decoder.decode_head(&self.buf)
     }
 
     /// Reads the payload of the chunk whose head was just read into the reader's own buffer;
@@ -637,7 +774,9 @@ impl<R: Read> FrameReader<R> {
     /// assert!(seal.is_none(), "a plain connection's chunks carry no tag");
     /// ```
     pub fn read_payload(&mut self) -> Result<(&[u8], Option<ChunkSeal>), WireError> {
-        self.buf.resize(std::mem::take(&mut self.payload_due), 0);
+        let due = self.decoder.payload_due();
+        self.decoder.payload_arrived(due);
+        self.buf.resize(due, 0);
         read_exact(&mut self.inner, &mut self.buf)?;
         let seal = self.read_chunk_tag()?;
         Ok((&self.buf, seal))
@@ -646,12 +785,10 @@ impl<R: Read> FrameReader<R> {
     /// After a chunk's payload: on a sealed connection, reads its tag, for the chunk's reader
     /// to check once it has hashed the payload.
     fn read_chunk_tag(&mut self) -> Result<Option<ChunkSeal>, WireError> {
-        let Some(hasher) = self.chunk_tag.take() else {
-            return Ok(None);
-        };
         let mut tag = [0u8; TAG_LEN];
-        read_exact(&mut self.inner, &mut tag)?;
-        Ok(Some(ChunkSeal::new(hasher, tag)))
+        let tag = &mut tag[..self.decoder.chunk_tag_len()];
+        read_exact(&mut self.inner, tag)?;
+        Ok(self.decoder.chunk_end(tag))
     }
 
     /// Reads the next frame and requires it to be a message.
@@ -696,7 +833,7 @@ impl<R: Read> FrameReader<io::BufReader<R>> {
     /// ```
     pub fn next_frame_buffered(&self) -> bool {
         let buffered = self.inner.buffer();
-        self.payload_due == 0
+        self.decoder.payload_due() == 0
             && buffered.len() >= 4
             && (buffered.len() - 4) as u64
                 >= u64::from(u32::from_le_bytes(
@@ -723,8 +860,8 @@ impl<R: Read> FrameReader<io::BufReader<R>> {
     /// assert_eq!(dest, data);
     /// ```
     pub fn read_payload_into(&mut self, dest: &mut [u8]) -> Result<Option<ChunkSeal>, WireError> {
-        assert_eq!(dest.len(), self.payload_due, "payload length");
-        self.payload_due = 0;
+        assert_eq!(dest.len(), self.decoder.payload_due(), "payload length");
+        self.decoder.payload_arrived(dest.len());
         let buffered = self.inner.buffer();
         let n = buffered.len().min(dest.len());
         dest[..n].copy_from_slice(&buffered[..n]);
@@ -858,6 +995,7 @@ pub fn chunk_checksum(data: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::seal::FrameWriter;
     use proptest::prelude::*;
 
     fn roundtrip(msg: &Message) -> Message {
@@ -1061,7 +1199,158 @@ mod tests {
         assert!(err.to_string().contains("integrity check"), "{err}");
     }
 
+    /// What a frame decodes to: a message, or a chunk's header and payload (and whether its
+    /// seal, if sealed, matches).
+    #[derive(Debug, PartialEq)]
+    enum Decoded {
+        Message(Message),
+        Chunk(ChunkHeader, Vec<u8>, bool),
+    }
+
+    /// Decodes `bytes` as an event-driven reader does: they arrive in pieces of the sizes in
+    /// `pieces` (cycled), each head is decoded once [`FrameDecoder::head_len`] of its bytes
+    /// are there, and a chunk's payload and tag are taken as they come. Ends at the first error
+    /// or where the bytes end.
+    fn decode_in_pieces(
+        bytes: &[u8],
+        pieces: &[usize],
+        key: Option<FrameKey>,
+    ) -> (Vec<Decoded>, Option<WireError>) {
+        let mut decoder = FrameDecoder::new(1 << 16);
+        if let Some(key) = key {
+            decoder.open_sealed(key);
+        }
+        let (mut arrived, mut taken, mut piece) = (0, 0, 0);
+        let mut more = |arrived: &mut usize| {
+            let size = pieces[piece % pieces.len()].max(1);
+            piece += 1;
+            *arrived = (*arrived + size).min(bytes.len());
+        };
+        let mut frames = Vec::new();
+        loop {
+            let head = loop {
+                match decoder.head_len(&bytes[taken..arrived]) {
+                    Err(e) => return (frames, Some(e)),
+                    Ok(need) if arrived - taken >= need => break &bytes[taken..taken + need],
+                    Ok(_) if arrived == bytes.len() => return (frames, None),
+                    Ok(_) => more(&mut arrived),
+                }
+            };
+            taken += head.len();
+            match decoder.decode_head(head) {
+                Err(e) => return (frames, Some(e)),
+                Ok(Head::Message(m)) => frames.push(Decoded::Message(m)),
+                Ok(Head::Chunk(header, len)) => {
+                    let mut payload = Vec::new();
+                    while payload.len() < len {
+                        if arrived == taken {
+                            if arrived == bytes.len() {
+                                return (frames, None);
+                            }
+                            more(&mut arrived);
+                        }
+                        let n = (len - payload.len()).min(arrived - taken);
+                        payload.extend_from_slice(&bytes[taken..taken + n]);
+                        decoder.payload_arrived(n);
+                        taken += n;
+                    }
+                    let tag_len = decoder.chunk_tag_len();
+                    while arrived - taken < tag_len {
+                        if arrived == bytes.len() {
+                            return (frames, None);
+                        }
+                        more(&mut arrived);
+                    }
+                    let seal = decoder.chunk_end(&bytes[taken..taken + tag_len]);
+                    taken += tag_len;
+                    let sealed = seal.is_none_or(|s| s.matches(&blake3::hash(&payload)));
+                    frames.push(Decoded::Chunk(header, payload, sealed));
+                }
+            }
+        }
+    }
+
+    /// The same bytes through the blocking reader.
+    fn read_whole(bytes: &[u8], key: Option<FrameKey>) -> (Vec<Decoded>, Option<WireError>) {
+        let mut reader = FrameReader::new(bytes, 1 << 16);
+        if let Some(key) = key {
+            reader.open_sealed(key);
+        }
+        let mut frames = Vec::new();
+        loop {
+            match reader.read_head() {
+                Err(WireError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    return (frames, None)
+                }
+                Err(e) => return (frames, Some(e)),
+                Ok(Head::Message(m)) => frames.push(Decoded::Message(m)),
+                Ok(Head::Chunk(header, _)) => match reader.read_payload() {
+                    Err(WireError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                        return (frames, None)
+                    }
+                    Err(e) => return (frames, Some(e)),
+                    Ok((payload, seal)) => {
+                        let sealed = seal.is_none_or(|s| s.matches(&blake3::hash(payload)));
+                        frames.push(Decoded::Chunk(header, payload.to_vec(), sealed));
+                    }
+                },
+            }
+        }
+    }
+
     proptest! {
+        /// Frames decoded from bytes in pieces of any size, as an event-driven reader gets
+        /// them, are the frames the blocking reader reads, with the same first error, plain
+        /// and sealed, whole or cut short or with a byte changed.
+        #[test]
+        fn frames_decoded_in_pieces_are_the_frames_read(
+            frames in proptest::collection::vec(
+                (any::<bool>(), any::<u32>(), proptest::collection::vec(any::<u8>(), 0..300)),
+                1..6,
+            ),
+            pieces in proptest::collection::vec(1usize..64, 1..8),
+            sealed: bool,
+            cut in any::<proptest::sample::Index>(),
+            flip in proptest::option::of((any::<proptest::sample::Index>(), 1u8..=255)),
+        ) {
+            let mut writer = FrameWriter::new(Vec::new());
+            if sealed {
+                writer.seal_with(FrameKey::new([9; 32])).unwrap();
+            }
+            let mut written = Vec::new();
+            for (is_chunk, n, data) in frames {
+                if is_chunk {
+                    let header = ChunkHeader { file: n, offset: 7, checksum: chunk_checksum(&data) };
+                    let content = sealed.then(|| blake3::hash(&data));
+                    write_chunk(&mut writer, &header, &data, content.as_ref()).unwrap();
+                    written.push(Decoded::Chunk(header, data, true));
+                } else {
+                    let message = Message::Error { message: String::from_utf8_lossy(&data).into() };
+                    write_message(&mut writer, &message).unwrap();
+                    written.push(Decoded::Message(message));
+                }
+            }
+            let mut bytes = writer.get_ref().clone();
+            if let Some((at, bits)) = flip {
+                let at = at.index(bytes.len());
+                bytes[at] ^= bits;
+            }
+            let cut = cut.index(bytes.len() / 4 + 1);
+            bytes.truncate(bytes.len() - cut);
+            let key = || sealed.then(|| FrameKey::new([9; 32]));
+            let (read, read_error) = read_whole(&bytes, key());
+            let (decoded, decode_error) = decode_in_pieces(&bytes, &pieces, key());
+            if flip.is_none() && cut == 0 {
+                prop_assert_eq!(&decoded, &written);
+                prop_assert!(decode_error.is_none(), "{:?}", decode_error);
+            }
+            prop_assert_eq!(decoded, read);
+            prop_assert_eq!(
+                decode_error.map(|e| e.to_string()),
+                read_error.map(|e| e.to_string())
+            );
+        }
+
         #[test]
         fn chunk_roundtrip(file: u32, offset: u64, data in proptest::collection::vec(any::<u8>(), 0..4096)) {
             let header = ChunkHeader { file, offset, checksum: chunk_checksum(&data) };
