@@ -4,13 +4,13 @@
 //! directory, a fifth of them cancelled at a random moment. Every completed tree must arrive
 //! byte-identical, every cancelled one must leave only complete files of its own (or its part
 //! files), no session may fail, the receiver must not crash, and it must stop cleanly on
-//! SIGTERM. It prints the counts and the receiver's peak RSS.
+//! SIGTERM. It prints the counts, the receiver's peak RSS and the most threads it ran.
 //!
 //! The suite runs the short version; `scripts/load-test` runs a longer one, with
 //! `XFER_LOAD_SESSIONS`, `XFER_LOAD_CONCURRENCY` and `XFER_LOAD_SEED`.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -167,12 +167,28 @@ fn walk_files(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// A field of process `pid`'s `/proc/PID/status` (`VmHWM`, `Threads`), as a number.
+fn status_field(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Samples process `pid`'s thread count every 20 ms until `stop`; the most it saw.
+fn most_threads(pid: u32, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut most = 0;
+        while !stop.load(Ordering::Acquire) {
+            most = most.max(status_field(pid, "Threads:"));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        most
+    })
+}
+
 /// The peak resident memory of process `pid` (VmHWM), in bytes.
 fn peak_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
-    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    kib * 1024
+    status_field(pid, "VmHWM:") * 1024
 }
 
 #[test]
@@ -204,6 +220,8 @@ fn a_receiver_daemon_serves_many_sessions_at_once_each_intact_and_apart() {
     let trees: Vec<PathBuf> = plans.iter().map(|p| p.tree.clone()).collect();
 
     let started = Instant::now();
+    let stop_sampling = Arc::new(AtomicBool::new(false));
+    let threads = most_threads(receiver.child.id(), stop_sampling.clone());
     let running = Arc::new(Running::default());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let outcomes: Vec<Outcome> = runtime.block_on(async {
@@ -233,6 +251,8 @@ fn a_receiver_daemon_serves_many_sessions_at_once_each_intact_and_apart() {
         receiver.stderr.lock().unwrap()
     );
     let rss = peak_rss(receiver.child.id());
+    stop_sampling.store(true, Ordering::Release);
+    let threads = threads.join().unwrap();
     let count = |f: fn(&Outcome) -> bool| outcomes.iter().filter(|o| f(o)).count();
     let (completed, cancelled) = (
         count(|o| matches!(o, Outcome::Completed)),
@@ -250,7 +270,7 @@ fn a_receiver_daemon_serves_many_sessions_at_once_each_intact_and_apart() {
     println!(
         "load test (seed {seed}): {sessions} sessions started, {completed} completed \
          byte-identical, {cancelled} cancelled cleanly, {} failed, at most {peak} at once, \
-         peak receiver RSS {} MiB, {seconds:.1} s",
+         peak receiver RSS {} MiB, at most {threads} receiver threads, {seconds:.1} s",
         failed.len(),
         rss >> 20
     );
