@@ -664,104 +664,192 @@ pub fn handshake_as_server<R: Read, W: FrameWrite>(
     channel: &ChannelBinding,
     key_for: impl FnOnce(&Asked) -> Result<SessionKey, String>,
 ) -> Result<(Asked, Agreed), AuthError> {
-    let refuse = |writer: &mut W, reason: String| {
-        let _ = crate::wire::write_message(
-            writer,
-            &Message::Refused {
-                reason: reason.clone(),
-            },
-        );
-        reason
+    let refused = |writer: &mut W, refusal: Refusal| {
+        if let Some(reason) = refusal.told {
+            let _ = crate::wire::write_message(writer, &Message::Refused { reason });
+        }
+        refusal.error
     };
     reader.set_message_limit(HANDSHAKE_MESSAGE_LIMIT);
-    let hello = match reader.read_message() {
-        // A client of another version sends a Hello of another shape: tell it so.
-        Err(WireError::Malformed(e)) => {
-            return Err(AuthError::Protocol(refuse(
-                writer,
-                format!(
-                    "cannot read the client's Hello ({e}): is it an xfer of another version? \
-                     This receiver speaks protocol {PROTOCOL_VERSION}"
-                ),
-            )))
-        }
-        other => other?,
-    };
-    let (asked, client_nonce, client_share) = match hello {
-        Message::Hello {
-            magic,
-            version,
-            role,
-            nonce,
-            key,
-            share,
-            sealed,
-        } => {
-            if magic != MAGIC {
-                return Err(AuthError::Protocol("not an xfer client".into()));
-            }
-            if version != PROTOCOL_VERSION {
-                return Err(AuthError::Protocol(refuse(
-                    writer,
-                    format!(
-                    "protocol version {version} is not supported (receiver speaks {PROTOCOL_VERSION})"
-                ),
-                )));
-            }
-            (Asked { role, key, sealed }, nonce, share)
-        }
-        other => {
-            return Err(AuthError::Protocol(format!(
-                "expected Hello, got {}",
-                name(&other)
-            )))
-        }
-    };
-    let key = key_for(&asked).map_err(|reason| AuthError::Rejected(refuse(writer, reason)))?;
-    let role = &asked.role;
-    let server_nonce = random_bytes::<32>();
-    let exchange = Exchange::start()?;
-    let said = Said {
-        client_nonce,
-        server_nonce,
-        client_share,
-        server_share: exchange.share(),
-        sealed: asked.sealed,
-    };
-    let secret = exchange.finish(&client_share)?;
-    let proof = key.proof(b"server", channel, &said, role);
-    crate::wire::write_message(
-        writer,
-        &Message::Challenge {
-            nonce: server_nonce,
-            share: said.server_share,
-            proof: *proof.as_bytes(),
-        },
-    )?;
-    let client_proof = match reader.read_message()? {
-        Message::Auth { proof } => proof,
-        Message::Refused { reason } => return Err(AuthError::Rejected(reason)),
-        other => {
-            return Err(AuthError::Protocol(format!(
-                "expected Auth, got {}",
-                name(&other)
-            )))
-        }
-    };
-    if key.proof(b"client", channel, &said, role) != blake3::Hash::from(client_proof) {
-        return Err(AuthError::Rejected(refuse(writer, "wrong key".into())));
-    }
-    let agreed = Agreed {
-        client_nonce,
-        server_nonce,
-        secret,
-    };
-    if asked.sealed {
-        let (incoming, outgoing) = agreed.frame_keys(&key);
+    let (challenged, challenge) = ServerHandshake::hello(reader.read_message(), channel, key_for)
+        .map_err(|r| refused(writer, r))?;
+    crate::wire::write_message(writer, &challenge)?;
+    let proven = challenged
+        .auth(reader.read_message())
+        .map_err(|r| refused(writer, r))?;
+    if let Some((incoming, outgoing)) = proven.frame_keys {
         writer.seal_with(outgoing).map_err(WireError::Io)?;
         reader.open_sealed(incoming);
     }
-    Ok((asked, agreed))
+    Ok((proven.asked, proven.agreed))
+}
+
+/// The receiver's side of the key handshake as rules, with no connection: the client's
+/// `Hello` in and the `Challenge` out ([`ServerHandshake::hello`]), then its `Auth` in and
+/// what both agreed out ([`Challenged::auth`]). A driver reads and writes the messages
+/// ([`handshake_as_server`] blocking); each refusal says what to tell the client.
+#[derive(Debug)]
+pub(crate) struct ServerHandshake;
+
+/// A handshake refused: why, and the reason to tell the client first in `Refused`, if any
+/// (none for a peer that is not an xfer client, or that refused first).
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    /// Why.
+    pub(crate) error: AuthError,
+    /// The reason the client is told.
+    pub(crate) told: Option<String>,
+}
+
+impl Refusal {
+    /// A refusal the client is told of, with `reason`.
+    fn told(reason: String, error: impl FnOnce(String) -> AuthError) -> Refusal {
+        Refusal {
+            told: Some(reason.clone()),
+            error: error(reason),
+        }
+    }
+}
+
+impl<E: Into<AuthError>> From<E> for Refusal {
+    fn from(error: E) -> Refusal {
+        Refusal {
+            error: error.into(),
+            told: None,
+        }
+    }
+}
+
+/// A handshake whose `Challenge` went out, waiting for the client's proof.
+pub(crate) struct Challenged {
+    asked: Asked,
+    key: SessionKey,
+    channel: ChannelBinding,
+    said: Said,
+    secret: [u8; 32],
+}
+
+/// What a handshake proved: what the client asked, what both agreed, and on a sealed
+/// connection the keys of the frames from then on (the client's, the receiver's).
+pub(crate) struct Proven {
+    /// What the client asked.
+    pub(crate) asked: Asked,
+    /// What both agreed.
+    pub(crate) agreed: Agreed,
+    /// The keys of the frames read and written once sealed.
+    pub(crate) frame_keys: Option<(FrameKey, FrameKey)>,
+}
+
+impl ServerHandshake {
+    /// Takes what the client sent first (`read`, as read from the connection): a `Hello`
+    /// whose key `key_for` names for its role (or refuses), answered by the `Challenge` to
+    /// send.
+    pub(crate) fn hello(
+        read: Result<Message, WireError>,
+        channel: &ChannelBinding,
+        key_for: impl FnOnce(&Asked) -> Result<SessionKey, String>,
+    ) -> Result<(Challenged, Message), Refusal> {
+        let hello = match read {
+            // A client of another version sends a Hello of another shape: tell it so.
+            Err(WireError::Malformed(e)) => {
+                return Err(Refusal::told(
+                    format!(
+                        "cannot read the client's Hello ({e}): is it an xfer of another \
+                         version? This receiver speaks protocol {PROTOCOL_VERSION}"
+                    ),
+                    AuthError::Protocol,
+                ))
+            }
+            other => other?,
+        };
+        let Message::Hello {
+            magic,
+            version,
+            role,
+            nonce: client_nonce,
+            key,
+            share: client_share,
+            sealed,
+        } = hello
+        else {
+            return Err(
+                AuthError::Protocol(format!("expected Hello, got {}", name(&hello))).into(),
+            );
+        };
+        if magic != MAGIC {
+            return Err(AuthError::Protocol("not an xfer client".into()).into());
+        }
+        if version != PROTOCOL_VERSION {
+            return Err(Refusal::told(
+                format!(
+                    "protocol version {version} is not supported (receiver speaks \
+                     {PROTOCOL_VERSION})"
+                ),
+                AuthError::Protocol,
+            ));
+        }
+        let asked = Asked { role, key, sealed };
+        let key = key_for(&asked).map_err(|reason| Refusal::told(reason, AuthError::Rejected))?;
+        let exchange = Exchange::start()?;
+        let said = Said {
+            client_nonce,
+            server_nonce: random_bytes::<32>(),
+            client_share,
+            server_share: exchange.share(),
+            sealed,
+        };
+        let secret = exchange.finish(&client_share)?;
+        let proof = key.proof(b"server", channel, &said, &asked.role);
+        let challenge = Message::Challenge {
+            nonce: said.server_nonce,
+            share: said.server_share,
+            proof: *proof.as_bytes(),
+        };
+        let challenged = Challenged {
+            asked,
+            key,
+            channel: *channel,
+            said,
+            secret,
+        };
+        Ok((challenged, challenge))
+    }
+}
+
+impl Challenged {
+    /// Takes the client's answer to the `Challenge` (`read`, as read from the connection):
+    /// its proof of the key, which must match.
+    pub(crate) fn auth(self, read: Result<Message, WireError>) -> Result<Proven, Refusal> {
+        let client_proof = match read? {
+            Message::Auth { proof } => proof,
+            Message::Refused { reason } => return Err(AuthError::Rejected(reason).into()),
+            other => {
+                let got = name(&other);
+                return Err(AuthError::Protocol(format!("expected Auth, got {got}")).into());
+            }
+        };
+        let Challenged {
+            asked,
+            key,
+            channel,
+            said,
+            secret,
+        } = self;
+        if key.proof(b"client", &channel, &said, &asked.role) != blake3::Hash::from(client_proof) {
+            return Err(Refusal::told("wrong key".into(), AuthError::Rejected));
+        }
+        let agreed = Agreed {
+            client_nonce: said.client_nonce,
+            server_nonce: said.server_nonce,
+            secret,
+        };
+        let frame_keys = asked.sealed.then(|| agreed.frame_keys(&key));
+        Ok(Proven {
+            asked,
+            agreed,
+            frame_keys,
+        })
+    }
 }
 
 /// Short name of a message for error texts (never its contents).
@@ -1065,6 +1153,104 @@ mod tests {
             exchange.finish(&[0; 32]),
             Err(AuthError::Protocol(e)) if e.contains("unusable")
         ));
+    }
+
+    /// A client's `Hello` for the rules of [`ServerHandshake`], with the exchange that made
+    /// its share.
+    fn hello(key: &SessionKey, version: u16) -> (Message, Exchange) {
+        let exchange = Exchange::start().unwrap();
+        let hello = Message::Hello {
+            magic: MAGIC,
+            version,
+            role: Role::Control,
+            nonce: [3; 32],
+            key: key.id(),
+            share: exchange.share(),
+            sealed: true,
+        };
+        (hello, exchange)
+    }
+
+    /// The receiver's rules, with no connection: the `Challenge` proves the key, the client's
+    /// proof is checked, both sides agree on one secret and the sealed frames' keys; a wrong
+    /// proof is refused with "wrong key" told to the client.
+    #[test]
+    fn the_server_rules_prove_the_key_and_check_the_clients_proof() {
+        let key = SessionKey::from_text(KEY).unwrap();
+        let channel = ChannelBinding::PLAIN;
+        for honest in [true, false] {
+            let (hello, exchange) = hello(&key, PROTOCOL_VERSION);
+            let Message::Hello { share, .. } = hello else {
+                unreachable!()
+            };
+            let (challenged, challenge) =
+                ServerHandshake::hello(Ok(hello), &channel, |_| Ok(key.clone())).unwrap();
+            let Message::Challenge {
+                nonce,
+                share: server_share,
+                proof,
+            } = challenge
+            else {
+                panic!("{challenge:?}")
+            };
+            let said = Said {
+                client_nonce: [3; 32],
+                server_nonce: nonce,
+                client_share: share,
+                server_share,
+                sealed: true,
+            };
+            let role = Role::Control;
+            assert_eq!(
+                key.proof(b"server", &channel, &said, &role),
+                blake3::Hash::from(proof)
+            );
+            let client = if honest { b"client" } else { b"server" };
+            let proof = *key.proof(client, &channel, &said, &role).as_bytes();
+            match challenged.auth(Ok(Message::Auth { proof })) {
+                Ok(proven) => {
+                    assert!(honest);
+                    assert_eq!(
+                        proven.agreed.secret,
+                        exchange.finish(&server_share).unwrap()
+                    );
+                    assert!(
+                        proven.frame_keys.is_some(),
+                        "the client asked for sealed frames"
+                    );
+                }
+                Err(refusal) => {
+                    assert!(!honest);
+                    assert!(matches!(refusal.error, AuthError::Rejected(_)));
+                    assert_eq!(refusal.told.as_deref(), Some("wrong key"));
+                }
+            }
+        }
+    }
+
+    /// What the rules tell a client they refuse: why, when it is an xfer client of another
+    /// version or its key or role is refused; nothing to a peer that does not say `Hello`.
+    #[test]
+    fn the_server_rules_tell_a_refused_client_why() {
+        let key = SessionKey::from_text(KEY).unwrap();
+        let channel = ChannelBinding::PLAIN;
+        let refuse = |read, key_for: Result<SessionKey, String>| {
+            let refusal = ServerHandshake::hello(read, &channel, |_| key_for)
+                .err()
+                .unwrap();
+            refusal.told
+        };
+        let newer = refuse(Ok(hello(&key, PROTOCOL_VERSION + 1).0), Ok(key.clone())).unwrap();
+        assert!(newer.contains("is not supported"), "{newer}");
+        let odd = Err(WireError::Malformed("a Hello of another shape".into()));
+        let unread = refuse(odd, Ok(key.clone())).unwrap();
+        assert!(unread.contains("another version"), "{unread}");
+        let role = refuse(
+            Ok(hello(&key, PROTOCOL_VERSION).0),
+            Err("no such role".into()),
+        );
+        assert_eq!(role.as_deref(), Some("no such role"));
+        assert_eq!(refuse(Ok(Message::Done), Ok(key.clone())), None);
     }
 
     #[test]
