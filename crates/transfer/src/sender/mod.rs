@@ -326,7 +326,8 @@ pub enum SendError {
         #[source]
         cause: Cause,
     },
-    /// A bug in xfer.
+    /// A bug in xfer, or a panic in a controller of the caller's own: a thread of the
+    /// transfer panicked (named, with the panic's message), and the transfer ended.
     #[error("internal error (please report it): {0}")]
     Internal(String),
 }
@@ -1082,9 +1083,13 @@ impl Transfer {
         let answer = read_answer(&mut reader, &shared.config)?;
         shared.act(planner.handle(answer, &*shared)?)?;
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            let shared = shared.clone();
+            let what = name.to_string();
             std::thread::Builder::new()
                 .name(name.into())
-                .spawn(f)
+                .spawn(move || {
+                    guarded(&what, f, |e| shared.fail(e));
+                })
                 .map_err(|e| SendError::system("start a thread", e))
         };
         let mut threads = vec![
@@ -1478,6 +1483,28 @@ impl Canceller {
     pub fn cancel(&self) {
         if let Some(shared) = self.0.upgrade() {
             shared.fail(SendError::Cancelled);
+        }
+    }
+}
+
+/// Runs `body`, the work of the thread named `thread`. A panic in it (a bug, or in a
+/// controller of the caller's own) is caught and given to `fail` as
+/// [`SendError::Internal`] naming the thread and the panic's message, so that the transfer
+/// ends with that error instead of leaving the other threads waiting for work that will never
+/// be done (or panicking in turn on its poisoned locks). `None` after a panic.
+fn guarded<T>(thread: &str, body: impl FnOnce() -> T, fail: impl FnOnce(SendError)) -> Option<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        Ok(done) => Some(done),
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|m| m.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            fail(SendError::Internal(format!(
+                "the {thread} thread panicked: {message}"
+            )));
+            None
         }
     }
 }

@@ -14,7 +14,7 @@ use optimizer::{Acting, Controller, Observation, SignalTracker};
 use serde::Serialize;
 
 use super::meter::{IntervalMeter, PathStats};
-use super::Shared;
+use super::{guarded, Shared};
 use crate::telemetry;
 
 /// Past stream-count changes each observation carries.
@@ -66,13 +66,19 @@ pub(super) fn spawn(
     let (tx, rx) = mpsc::channel();
     let sampler = std::thread::Builder::new().name("xfer-mi".into()).spawn({
         let shared = shared.clone();
-        move || sample_intervals(&shared, interval, tracker, tx)
+        move || {
+            let sampling = || sample_intervals(&shared, interval, tracker, tx);
+            guarded("xfer-mi", sampling, |e| shared.fail(e));
+        }
     })?;
     let decider = std::thread::Builder::new()
         .name("xfer-decide".into())
         .spawn({
             let shared = shared.clone();
-            move || decide(&shared, controller, rx, log)
+            move || {
+                let deciding = || decide(&shared, controller, rx, log);
+                guarded("xfer-decide", deciding, |e| shared.fail(e));
+            }
         })?;
     Ok([sampler, decider])
 }

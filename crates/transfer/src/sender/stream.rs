@@ -12,7 +12,7 @@ use super::answers::{Answer, Unanswered};
 use super::join::{self, Join, Pace};
 use super::source::UnitBuffer;
 use super::{
-    connect, sample_connection, ManagerEvent, SendError, SendOptions, Shared, Unit,
+    connect, guarded, sample_connection, ManagerEvent, SendError, SendOptions, Shared, Unit,
     CONNECT_TIMEOUT, MAX_STREAM_FAILURES,
 };
 use crate::auth::{self, AuthError, ChannelBinding};
@@ -247,12 +247,18 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                 next_id += 1;
                 streams.insert(handle.id, handle.clone());
                 let thread_shared = shared.clone();
+                let name = format!("xfer-stream-{}", handle.id);
                 let spawned = std::thread::Builder::new()
-                    .name(format!("xfer-stream-{}", handle.id))
+                    .name(name.clone())
                     .spawn(move || {
                         let id = handle.id;
                         let _open = telemetry::Open::sender_stream();
-                        let result = run_stream(&thread_shared, &handle);
+                        let result = guarded(
+                            &name,
+                            || run_stream(&thread_shared, &handle),
+                            |e| thread_shared.fail(e),
+                        );
+                        let result = result.unwrap_or(Err(StreamFailure::Fatal));
                         thread_shared.notify_manager(ManagerEvent::StreamExited { id, result });
                     });
                 match spawned {
