@@ -445,6 +445,10 @@ pub enum Head {
 /// ```
 pub struct FrameReader<R> {
     inner: R,
+    /// The head being read.
+    head: Vec<u8>,
+    /// Chunk payloads read into the reader's own memory. Apart from `head`, so that it keeps
+    /// its length from chunk to chunk and is not filled again for each.
     buf: Vec<u8>,
     decoder: FrameDecoder,
 }
@@ -667,6 +671,7 @@ impl<R: Read> FrameReader<R> {
     pub fn new(inner: R, max_chunk: usize) -> Self {
         FrameReader {
             inner,
+            head: Vec::new(),
             buf: Vec::new(),
             decoder: FrameDecoder::new(max_chunk),
         }
@@ -748,12 +753,12 @@ impl<R: Read> FrameReader<R> {
     /// assert_eq!(place, data);
     /// ```
     pub fn read_head(&mut self) -> Result<Head, WireError> {
-        self.buf.resize(FRAME_PREFIX_LEN, 0);
-        read_exact(&mut self.inner, &mut self.buf)?;
-        let len = self.decoder.head_len(&self.buf)?;
-        self.buf.resize(len, 0);
-        read_exact(&mut self.inner, &mut self.buf[FRAME_PREFIX_LEN..])?;
-        self.decoder.decode_head(&self.buf)
+        self.head.resize(FRAME_PREFIX_LEN, 0);
+        read_exact(&mut self.inner, &mut self.head)?;
+        let len = self.decoder.head_len(&self.head)?;
+        self.head.resize(len, 0);
+        read_exact(&mut self.inner, &mut self.head[FRAME_PREFIX_LEN..])?;
+        self.decoder.decode_head(&self.head)
     }
 
     /// Reads the payload of the chunk whose head was just read into the reader's own buffer;

@@ -28,9 +28,11 @@ struct State {
     stopped: bool,
 }
 
-/// The queue held for a change; every waiting stream wakes when it drops.
+/// The queue held for a change; when it drops, the lock is let go and every waiting stream
+/// wakes (after the lock, so that none wakes only to wait for it).
 pub(super) struct Change<'a> {
-    state: MutexGuard<'a, State>,
+    /// `Some` until the change drops.
+    state: Option<MutexGuard<'a, State>>,
     changed: &'a Condvar,
 }
 
@@ -38,18 +40,19 @@ impl Deref for Change<'_> {
     type Target = WorkQueue;
 
     fn deref(&self) -> &WorkQueue {
-        &self.state.queue
+        &self.state.as_ref().expect("held until dropped").queue
     }
 }
 
 impl DerefMut for Change<'_> {
     fn deref_mut(&mut self) -> &mut WorkQueue {
-        &mut self.state.queue
+        &mut self.state.as_mut().expect("held until dropped").queue
     }
 }
 
 impl Drop for Change<'_> {
     fn drop(&mut self) {
+        drop(self.state.take());
         self.changed.notify_all();
     }
 }
@@ -74,7 +77,7 @@ impl HandOut {
     /// the change is done.
     pub(super) fn change(&self) -> Change<'_> {
         Change {
-            state: self.lock(),
+            state: Some(self.lock()),
             changed: &self.changed,
         }
     }
