@@ -671,7 +671,7 @@ pub fn handshake_as_server<R: Read, W: FrameWrite>(
         refusal.error
     };
     reader.set_message_limit(HANDSHAKE_MESSAGE_LIMIT);
-    let (challenged, challenge) = ServerHandshake::hello(reader.read_message(), channel, key_for)
+    let (challenged, challenge) = Challenged::from_hello(reader.read_message(), channel, key_for)
         .map_err(|r| refused(writer, r))?;
     crate::wire::write_message(writer, &challenge)?;
     let proven = challenged
@@ -683,13 +683,6 @@ pub fn handshake_as_server<R: Read, W: FrameWrite>(
     }
     Ok((proven.asked, proven.agreed))
 }
-
-/// The receiver's side of the key handshake as rules, with no connection: the client's
-/// `Hello` in and the `Challenge` out ([`ServerHandshake::hello`]), then its `Auth` in and
-/// what both agreed out ([`Challenged::auth`]). A driver reads and writes the messages
-/// ([`handshake_as_server`] blocking); each refusal says what to tell the client.
-#[derive(Debug)]
-pub(crate) struct ServerHandshake;
 
 /// A handshake refused: why, and the reason to tell the client first in `Refused`, if any
 /// (none for a peer that is not an xfer client, or that refused first).
@@ -720,7 +713,11 @@ impl<E: Into<AuthError>> From<E> for Refusal {
     }
 }
 
-/// A handshake whose `Challenge` went out, waiting for the client's proof.
+/// The receiver's side of the key handshake as rules, with no connection: the client's
+/// `Hello` in and the `Challenge` out ([`Challenged::from_hello`]), then its `Auth` in and
+/// what both agreed out ([`Challenged::auth`]). A driver reads and writes the messages
+/// ([`handshake_as_server`] blocking); each refusal says what to tell the client. In between,
+/// a `Challenged` is the handshake whose `Challenge` went out, waiting for the proof.
 pub(crate) struct Challenged {
     asked: Asked,
     key: SessionKey,
@@ -740,11 +737,11 @@ pub(crate) struct Proven {
     pub(crate) frame_keys: Option<(FrameKey, FrameKey)>,
 }
 
-impl ServerHandshake {
+impl Challenged {
     /// Takes what the client sent first (`read`, as read from the connection): a `Hello`
     /// whose key `key_for` names for its role (or refuses), answered by the `Challenge` to
     /// send.
-    pub(crate) fn hello(
+    pub(crate) fn from_hello(
         read: Result<Message, WireError>,
         channel: &ChannelBinding,
         key_for: impl FnOnce(&Asked) -> Result<SessionKey, String>,
@@ -814,9 +811,7 @@ impl ServerHandshake {
         };
         Ok((challenged, challenge))
     }
-}
 
-impl Challenged {
     /// Takes the client's answer to the `Challenge` (`read`, as read from the connection):
     /// its proof of the key, which must match.
     pub(crate) fn auth(self, read: Result<Message, WireError>) -> Result<Proven, Refusal> {
@@ -1155,7 +1150,7 @@ mod tests {
         ));
     }
 
-    /// A client's `Hello` for the rules of [`ServerHandshake`], with the exchange that made
+    /// A client's `Hello` for the rules of [`Challenged`], with the exchange that made
     /// its share.
     fn hello(key: &SessionKey, version: u16) -> (Message, Exchange) {
         let exchange = Exchange::start().unwrap();
@@ -1184,7 +1179,7 @@ mod tests {
                 unreachable!()
             };
             let (challenged, challenge) =
-                ServerHandshake::hello(Ok(hello), &channel, |_| Ok(key.clone())).unwrap();
+                Challenged::from_hello(Ok(hello), &channel, |_| Ok(key.clone())).unwrap();
             let Message::Challenge {
                 nonce,
                 share: server_share,
@@ -1235,7 +1230,7 @@ mod tests {
         let key = SessionKey::from_text(KEY).unwrap();
         let channel = ChannelBinding::PLAIN;
         let refuse = |read, key_for: Result<SessionKey, String>| {
-            let refusal = ServerHandshake::hello(read, &channel, |_| key_for)
+            let refusal = Challenged::from_hello(read, &channel, |_| key_for)
                 .err()
                 .unwrap();
             refusal.told

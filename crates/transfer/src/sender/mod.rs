@@ -1491,7 +1491,8 @@ impl Canceller {
 /// controller of the caller's own) is caught and given to `fail` as
 /// [`SendError::Internal`] naming the thread and the panic's message, so that the transfer
 /// ends with that error instead of leaving the other threads waiting for work that will never
-/// be done (or panicking in turn on its poisoned locks). `None` after a panic.
+/// be done. (Another thread may then panic on a lock the first poisoned; it is caught the same
+/// way, and the first error stands.) `None` after a panic.
 fn guarded<T>(thread: &str, body: impl FnOnce() -> T, fail: impl FnOnce(SendError)) -> Option<T> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
         Ok(done) => Some(done),
