@@ -483,13 +483,14 @@ pub struct FrameDecoder {
     chunk_tag: Option<blake3::Hasher>,
 }
 
-/// What a frame's prefix says: its kind and the length of what follows the prefix.
-fn frame_prefix(prefix: &[u8; FRAME_PREFIX_LEN]) -> Result<(u8, usize), WireError> {
-    let len = u32::from_le_bytes(prefix[..4].try_into().expect("4 bytes")) as usize;
-    let body_len = len
-        .checked_sub(1)
-        .ok_or_else(|| WireError::Malformed("zero-length frame".into()))?;
-    Ok((prefix[4], body_len))
+/// What a frame's prefix says, checked against the decoder's limits.
+struct Layout {
+    kind: u8,
+    /// The bytes that follow the prefix.
+    body_len: usize,
+    /// The bytes of the head, prefix included: a message frame whole, a chunk frame up to its
+    /// payload.
+    head_len: usize,
 }
 
 impl FrameDecoder {
@@ -546,12 +547,20 @@ impl FrameDecoder {
     /// If a chunk's payload is still due ([`FrameDecoder::payload_arrived`]).
     pub fn head_len(&self, start: &[u8]) -> Result<usize, WireError> {
         assert_eq!(self.payload_due, 0, "a chunk's payload was not read");
-        let Some(prefix) = start.first_chunk::<FRAME_PREFIX_LEN>() else {
-            return Ok(FRAME_PREFIX_LEN);
-        };
-        let (kind, body_len) = frame_prefix(prefix)?;
+        match start.first_chunk::<FRAME_PREFIX_LEN>() {
+            Some(prefix) => Ok(self.layout(prefix)?.head_len),
+            None => Ok(FRAME_PREFIX_LEN),
+        }
+    }
+
+    /// What `prefix` says of its frame; a malformed frame or an oversized message is refused.
+    fn layout(&self, prefix: &[u8; FRAME_PREFIX_LEN]) -> Result<Layout, WireError> {
+        let len = u32::from_le_bytes(prefix[..4].try_into().expect("4 bytes")) as usize;
+        let body_len = len
+            .checked_sub(1)
+            .ok_or_else(|| WireError::Malformed("zero-length frame".into()))?;
         let tag_len = self.tag_len();
-        let head = match kind {
+        let head = match prefix[4] {
             KIND_MESSAGE => {
                 let message_len = body_len.checked_sub(CHECK_LEN + tag_len).ok_or_else(|| {
                     WireError::Malformed(format!("message frame of {body_len} bytes has no check"))
@@ -574,7 +583,11 @@ impl FrameDecoder {
             }
             other => return Err(WireError::Malformed(format!("unknown frame kind {other}"))),
         };
-        Ok(FRAME_PREFIX_LEN + head)
+        Ok(Layout {
+            kind: prefix[4],
+            body_len,
+            head_len: FRAME_PREFIX_LEN + head,
+        })
     }
 
     /// Decodes a frame's head from `head`, the [`FrameDecoder::head_len`] bytes it takes: a
@@ -584,12 +597,16 @@ impl FrameDecoder {
     ///
     /// If `head` is not as long as [`FrameDecoder::head_len`] says.
     pub fn decode_head(&mut self, head: &[u8]) -> Result<Head, WireError> {
-        let need = self.head_len(head)?;
-        assert_eq!(head.len(), need, "a frame's head is head_len bytes");
+        assert_eq!(self.payload_due, 0, "a chunk's payload was not read");
         let (prefix, body) = head
             .split_first_chunk::<FRAME_PREFIX_LEN>()
             .expect("a head is longer than its prefix");
-        let (kind, body_len) = frame_prefix(prefix)?;
+        let Layout {
+            kind,
+            body_len,
+            head_len,
+        } = self.layout(prefix)?;
+        assert_eq!(head.len(), head_len, "a frame's head is head_len bytes");
         let tag_len = self.tag_len();
         if kind == KIND_MESSAGE {
             let (checked, tag) = body.split_at(body_len - tag_len);
