@@ -439,6 +439,17 @@ impl<R> TlsReader<R> {
     pub fn source_mut(&mut self) -> &mut R {
         &mut self.ciphertext.source
     }
+
+    /// The connection's TLS state, for a reader that goes on without blocking, and the
+    /// ciphertext read that it has not taken yet; fails while the writing half lives.
+    pub(crate) fn into_connection(self) -> io::Result<(Connection, Vec<u8>)> {
+        let conn = Arc::into_inner(self.shared)
+            .ok_or_else(|| io::Error::other("TLS: the connection's writer is still in use"))?;
+        let conn = conn
+            .into_inner()
+            .map_err(|_| io::Error::other("TLS lock poisoned"))?;
+        Ok((conn, self.ciphertext.pending))
+    }
 }
 
 impl<R: Read> Read for TlsReader<R> {

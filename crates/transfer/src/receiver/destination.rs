@@ -206,6 +206,14 @@ impl Destination {
         }
     }
 
+    /// The sink, when chunks are verified and discarded: they need no memory of their own.
+    pub(super) fn sink(&self) -> Option<&DiscardSink> {
+        match self {
+            Destination::Discard(sink) => Some(sink),
+            Destination::Files(_) => None,
+        }
+    }
+
     /// Whether chunks are written with direct I/O (and are best received into aligned memory).
     pub(super) fn writes_direct(&self) -> bool {
         matches!(self, Destination::Files(t) if t.writes_direct())
@@ -242,7 +250,8 @@ impl DiscardSink {
         Ok((first, vec![FileStatus::Missing; batch.files.len()]))
     }
 
-    fn write(&self, file: u32, offset: u64, len: u64) -> Result<(), DestinationError> {
+    /// Counts the `len` bytes at `offset` of `file` as received (they verified).
+    pub(super) fn write(&self, file: u32, offset: u64, len: u64) -> Result<(), DestinationError> {
         let Some(state) = self.received.get(file)? else {
             // Sealed already: a late copy.
             return Ok(());

@@ -16,6 +16,7 @@ mod reader;
 mod refusal_log;
 mod settings;
 mod shutdown;
+mod stream_task;
 mod tenant;
 
 use std::collections::HashMap;
@@ -45,6 +46,7 @@ use refusal_log::RefusalLog;
 pub use settings::ReceiverSettings;
 pub use shutdown::Stopper;
 use shutdown::{Stage, StopState, STOPPING};
+use stream_task::{OpenStream, StreamTask};
 use tenant::Served;
 pub use tenant::Tenant;
 
@@ -192,6 +194,8 @@ struct Shared {
     sessions_ended: AtomicU64,
     stop: StopState,
     events: Publisher,
+    /// The runtime that serves plain TCP data streams ([`stream_task`]).
+    streams: tokio::runtime::Handle,
 }
 
 /// Holds one unit of a counter for as long as it lives.
@@ -257,6 +261,20 @@ pub struct Receiver {
     listener: TcpListener,
     transport: Transport,
     shared: Arc<Shared>,
+    /// Held for its drop, which stops the data streams' runtime.
+    _streams: StreamRuntime,
+}
+
+/// The runtime of the receiver's data streams, shut down without waiting when the receiver is
+/// dropped (which an embedder may do on an async thread, where waiting is not allowed).
+struct StreamRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for StreamRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 impl Receiver {
@@ -285,6 +303,9 @@ impl Receiver {
             ReceiverError::Settings(format!("cannot start a thread for refusals: {e}"))
         })?;
         let tls = ServerIdentity::generate().map_err(ReceiverError::Tls)?;
+        let streams = stream_task::runtime().map_err(|e| {
+            ReceiverError::Settings(format!("cannot start the runtime of data streams: {e}"))
+        })?;
         let (listener, transport, fallback) =
             transport::listen(options.transport, addr).map_err(|error| ReceiverError::Bind {
                 addr: addr.to_string(),
@@ -320,7 +341,9 @@ impl Receiver {
                 sessions_ended: AtomicU64::new(0),
                 stop: StopState::default(),
                 events: Publisher::default(),
+                streams: streams.handle().clone(),
             }),
+            _streams: StreamRuntime(Some(streams)),
         })
     }
 
@@ -713,7 +736,7 @@ fn serve_link(link: Link, peer: SocketAddr, mut admitted: Admitted) {
         admitted.failed(e);
     }
     drop(admitted);
-    let failed = match proven {
+    match proven {
         Ok((
             auth::Asked {
                 role: Role::Control,
@@ -732,28 +755,14 @@ fn serve_link(link: Link, peer: SocketAddr, mut admitted: Admitted) {
             };
             run_control(shared, &mut reader, &mut writer, control);
             shared.sessions_ended.fetch_add(1, Ordering::AcqRel);
-            false
         }
         Ok((_, _)) => match joined.and_then(|id| find_session(shared, &id)) {
-            Some(session) => run_data(
-                shared,
-                &session,
-                &mut reader,
-                &mut writer,
-                &connection,
-                peer,
-            ),
-            None => {
-                refuse(shared, &mut writer, peer, "the session has ended".into());
-                false
-            }
+            Some(session) => return run_data(shared, session, reader, writer, connection, peer),
+            None => refuse(shared, &mut writer, peer, "the session has ended".into()),
         },
-        Err(e) => {
-            refused(shared, peer, e.to_string());
-            false
-        }
-    };
-    close_after_reply(&connection, writer.get_mut(), failed);
+        Err(e) => refused(shared, peer, e.to_string()),
+    }
+    close_after_reply(&connection, writer.get_mut());
 }
 
 /// The running session with this id.
@@ -1064,27 +1073,28 @@ fn offer_quic(shared: &Shared, session: &Session) -> Result<[u8; 32], String> {
         .map_err(|e| format!("cannot serve QUIC: {e}"))
 }
 
-/// Serves a data stream until it ends; whether it failed the session (an error reply was
-/// sent and the peer may still be sending).
+/// Serves a data stream until it ends and closes it: a TCP stream as a task of the receiver's
+/// runtime ([`stream_task`]), a QUIC stream on this thread.
 fn run_data(
     shared: &Shared,
-    session: &Session,
-    reader: &mut ConnFrames,
-    writer: &mut FrameWriter<LinkWriter>,
-    connection: &Connection,
+    session: Arc<Session>,
+    mut reader: ConnFrames,
+    mut writer: FrameWriter<LinkWriter>,
+    connection: Connection,
     peer: SocketAddr,
-) -> bool {
+) {
     let limits = session.limits;
     if session.streams.fetch_add(1, Ordering::AcqRel) >= limits.max_streams {
         session.streams.fetch_sub(1, Ordering::AcqRel);
         refuse(
             shared,
-            writer,
+            &mut writer,
             peer,
             format!("a session may open at most {} streams", limits.max_streams),
         );
-        return false;
+        return close_after_reply(&connection, writer.get_mut());
     }
+    let open = OpenStream::new(session.clone());
     let registered = match (
         connection.try_clone(),
         session
@@ -1100,30 +1110,49 @@ fn run_data(
         _ => false,
     };
     if !registered {
-        session.streams.fetch_sub(1, Ordering::AcqRel);
-        refuse(shared, writer, peer, "the session has ended".into());
-        return false;
+        drop(open);
+        refuse(shared, &mut writer, peer, "the session has ended".into());
+        return close_after_reply(&connection, writer.get_mut());
     }
-    let _open = telemetry::Open::receiver_stream();
     let welcomed = wire::write_message(
-        writer,
+        &mut writer,
         &Message::Welcome {
             session: session.id,
             limits,
         },
-    )
-    .map_err(|e| End::Closed(e.to_string()))
-    .and_then(|()| {
-        let conn = reader.get_mut().get_mut().source_mut();
-        conn.watch_session(session.activity.clone(), shared.options.idle_timeout)
-            .and_then(|()| conn.start_batching())
-            .map_err(|e| End::Closed(e.to_string()))
-    });
-    let end = match welcomed {
-        Ok(()) => receive_chunks(session, reader, writer),
-        Err(end) => end,
-    };
-    session.streams.fetch_sub(1, Ordering::AcqRel);
+    );
+    if let Err(e) = welcomed {
+        drop(open);
+        stream_ended(&session, peer, End::Closed(e.to_string()));
+        return close_after_reply(&connection, writer.get_mut());
+    }
+    match connection {
+        Connection::Tcp(socket) => {
+            let idle = shared.options.idle_timeout;
+            match StreamTask::take_over(session.clone(), peer, socket, reader, writer, idle, open) {
+                Ok(task) => task.start(&shared.streams),
+                Err(e) => {
+                    stream_ended(&session, peer, End::Closed(e.to_string()));
+                }
+            }
+        }
+        connection => {
+            let conn = reader.get_mut().get_mut().source_mut();
+            let end =
+                match conn.watch_session(session.activity.clone(), shared.options.idle_timeout) {
+                    Ok(()) => receive_chunks(&session, &mut reader, &mut writer),
+                    Err(e) => End::Closed(e.to_string()),
+                };
+            drop(open);
+            stream_ended(&session, peer, end);
+            close_after_reply(&connection, writer.get_mut());
+        }
+    }
+}
+
+/// Logs how a data stream of `session` from `peer` ended; whether it failed the session (an
+/// error reply was sent and the peer may still be sending).
+fn stream_ended(session: &Session, peer: SocketAddr, end: End) -> bool {
     match end {
         End::Finished => false,
         End::Closed(e) => {
@@ -1140,38 +1169,25 @@ fn run_data(
     }
 }
 
-/// Closes a connection once the peer has had the chance to read the last reply. After an error
-/// reply (`failed`) a TCP peer may still be sending: its data is read and discarded for a
-/// bounded time, so its blocked write completes and it reads the error instead of hanging (or
-/// losing the error to a reset). A QUIC connection's stream is finished and the peer, which
-/// closes the connection once it has read the last reply, is given as long to do so (closing
-/// first would discard what it has not received).
-fn close_after_reply(connection: &Connection, writer: &mut LinkWriter, failed: bool) {
-    match (connection, writer) {
-        (Connection::Quic(quic), LinkWriter::Quic(stream)) => {
-            stream.finish();
-            quic.wait_closed(LINGER);
-        }
-        (Connection::Tcp(socket), _) if failed => drain_before_close(socket),
-        _ => {}
-    }
-    connection.shutdown();
+/// Counts `len` bytes of `session` verified and written.
+fn count_stored(session: &Session, len: usize) {
+    telemetry::receiver_wrote(len as u64);
+    session
+        .bytes_received
+        .fetch_add(len as u64, Ordering::Relaxed);
 }
 
-/// Half-closes, then reads and discards what the peer is still sending, for at most [`LINGER`].
-fn drain_before_close(mut socket: &TcpStream) {
-    let _ = socket.shutdown(std::net::Shutdown::Write);
-    if socket.set_read_timeout(Some(LINGER)).is_err() {
-        return;
+/// Closes a connection once the peer has had the chance to read the last reply: a QUIC
+/// connection's stream is finished and the peer, which closes the connection once it has read
+/// the last reply, is given [`LINGER`] to do so (closing first would discard what it has not
+/// received). A TCP data stream that may still be sending after an error reply is closed by
+/// its task ([`stream_task`]).
+fn close_after_reply(connection: &Connection, writer: &mut LinkWriter) {
+    if let (Connection::Quic(quic), LinkWriter::Quic(stream)) = (connection, writer) {
+        stream.finish();
+        quic.wait_closed(LINGER);
     }
-    let deadline = Instant::now() + LINGER;
-    let mut sink = vec![0u8; 256 << 10];
-    while Instant::now() < deadline {
-        match std::io::Read::read(&mut socket, &mut sink) {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
-    }
+    connection.shutdown();
 }
 
 /// Verifies, writes and acknowledges chunks until the stream ends, as the data stream's rules
@@ -1202,10 +1218,7 @@ fn receive_chunks(
             Next::Receive(header, len) => {
                 let stored = receive_chunk(session, reader, &mut aligned, &header, len);
                 if let Ok(true) = stored {
-                    telemetry::receiver_wrote(len as u64);
-                    session
-                        .bytes_received
-                        .fetch_add(len as u64, Ordering::Relaxed);
+                    count_stored(session, len);
                 }
                 data::on_stored(&header, len, stored)
             }
@@ -1219,11 +1232,7 @@ fn receive_chunks(
             }
             Step::End(end, answer) => {
                 if let End::Failed(reason) = &end {
-                    session
-                        .failure
-                        .lock()
-                        .expect("failure lock")
-                        .get_or_insert_with(|| reason.clone());
+                    session.fail(reason);
                 }
                 let answered = match answer {
                     Some(answer) => wire::write_message(&mut writer, &answer),

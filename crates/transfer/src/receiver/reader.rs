@@ -1,5 +1,5 @@
-//! How the receiver reads a connection: batched reads on data streams, and an idle clock shared by
-//! every connection of a session, so a peer that holds a session open without sending anything is
+//! How the receiver reads a connection on a thread of its own: with a deadline for the key
+//! handshake, then with an idle clock shared by every connection of a session, so a peer that holds a session open without sending anything is
 //! cut off while a session whose control connection is quiet because its streams are busy is not.
 
 use std::io::{ErrorKind, Read};
@@ -10,14 +10,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The most a data stream's read waits to accumulate before returning (`SO_RCVLOWAT`).
-const RECV_LOWAT_MAX: usize = 512 << 10;
-/// The longest a batched read waits for its batch before it takes what has arrived. The kernel
-/// wakes a sleeping reader only at the low-water mark; when the window closes below the mark,
-/// nothing more arrives, and this bound turns what would be a deadlock into a short pause.
-const RECV_BATCH_WAIT: Duration = Duration::from_millis(5);
-/// How often a quiet control connection looks at its session's idle clock.
-const CONTROL_POLL: Duration = Duration::from_millis(500);
+/// How often a quiet connection looks at its session's idle clock.
+pub(super) const CONTROL_POLL: Duration = Duration::from_millis(500);
 
 /// When any connection of a session last received a byte, and whether the receiver itself is
 /// busy for the session (sealing or finishing), which does not count as idle.
@@ -37,14 +31,14 @@ impl Activity {
         })
     }
 
-    fn touch(&self) {
+    pub(super) fn touch(&self) {
         let now = self.epoch.elapsed().as_millis() as u64;
         // Only ever moves forward; a relaxed max keeps concurrent streams from racing it back.
         self.last_ms.fetch_max(now, Ordering::Relaxed);
     }
 
     /// How long nothing has been received, or `None` while the receiver is busy for the session.
-    fn idle_for(&self) -> Option<Duration> {
+    pub(super) fn idle_for(&self) -> Option<Duration> {
         if self.busy.load(Ordering::Acquire) > 0 {
             return None;
         }
@@ -97,13 +91,9 @@ impl Source {
 }
 
 /// A connection's reader. Reads fail with `TimedOut` once the watched [`Activity`] has been idle
-/// for the limit. On a TCP data stream, each read waits until `min(requested, RECV_LOWAT_MAX)`
-/// bytes have arrived (or `RECV_BATCH_WAIT` has passed) instead of waking for every packet
-/// (a QUIC stream's reads return what its connection has assembled).
+/// for the limit.
 pub(super) struct ConnReader {
     source: Source,
-    lowat: usize,
-    batching: bool,
     activity: Arc<Activity>,
     idle_limit: Duration,
     /// Until the session is watched: when the handshake must be done, however steadily the
@@ -118,8 +108,6 @@ impl ConnReader {
         source.set_read_timeout(limit)?;
         Ok(ConnReader {
             source,
-            lowat: 1,
-            batching: false,
             activity: Activity::new(),
             idle_limit: limit,
             deadline: Some(Instant::now() + limit),
@@ -158,39 +146,18 @@ impl ConnReader {
         }
         self.source.set_read_timeout(left)
     }
+}
 
-    /// Switches a TCP data stream to batched reads (after its handshake).
-    pub(super) fn start_batching(&mut self) -> std::io::Result<()> {
-        if let Source::Tcp(socket) = &self.source {
-            socket.set_read_timeout(Some(RECV_BATCH_WAIT))?;
-            self.batching = true;
-        }
-        Ok(())
-    }
-
-    fn set_lowat(&mut self, want: usize) {
-        let Source::Tcp(socket) = &self.source else {
-            return;
-        };
-        if want == self.lowat {
-            return;
-        }
-        let rc = crate::sys::sockopt::set(
-            socket,
-            libc::SOL_SOCKET,
-            libc::SO_RCVLOWAT,
-            want as libc::c_int,
-        );
-        // Best effort: if the kernel refuses, reads simply wake more often.
-        self.lowat = if rc.is_ok() { want } else { 1 };
-    }
+/// The error of a read that found the session idle for `limit`.
+pub(super) fn idle(limit: Duration) -> std::io::Error {
+    std::io::Error::new(
+        ErrorKind::TimedOut,
+        format!("session idle: nothing received for {limit:.0?}"),
+    )
 }
 
 impl Read for ConnReader {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if self.batching {
-            self.set_lowat(buf.len().clamp(1, RECV_LOWAT_MAX));
-        }
         loop {
             self.within_deadline()?;
             match self.source.read(buf) {
@@ -205,10 +172,7 @@ impl Read for ConnReader {
                             .idle_for()
                             .is_some_and(|idle| idle >= self.idle_limit)
                     {
-                        return Err(std::io::Error::new(
-                            ErrorKind::TimedOut,
-                            format!("session idle: nothing received for {:.0?}", self.idle_limit),
-                        ));
+                        return Err(idle(self.idle_limit));
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}

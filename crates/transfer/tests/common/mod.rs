@@ -1,8 +1,11 @@
 //! What the tests of jobs and receivers share: a receiver on loopback, recognisable file
-//! contents, paced jobs, and a job run to its end.
+//! contents, paced jobs, a job run to its end, and a peer that speaks the protocol frame by
+//! frame ([`raw_peer`]).
 
 // Each test file uses some of these.
 #![allow(dead_code)]
+
+pub mod raw_peer;
 
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
