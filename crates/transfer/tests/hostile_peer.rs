@@ -761,10 +761,11 @@ fn announced_files_are_bounded_across_sessions() {
     };
     let (first, _, plan) = open_session_into(&addr, b"one", batch("f"));
     assert!(matches!(plan, Message::Plan { .. }), "{plan:?}");
+    // Timed from before the first session is let go, however late its thread starts.
+    let started = Instant::now();
     let second = std::thread::spawn({
         let addr = addr.clone();
         move || {
-            let started = Instant::now();
             let (_control, _, plan) = open_session_into(&addr, b"two", batch("g"));
             (plan, started.elapsed())
         }
@@ -931,5 +932,56 @@ fn a_chunk_is_acknowledged_while_the_next_one_is_still_arriving() {
             offset: small.len() as u64,
             len: large.len() as u32
         }
+    );
+}
+
+/// The receiver is heard from on a session's control connection every heartbeat, also while it
+/// waits for the sender, and its replies arrive whole between the beats.
+#[test]
+fn a_quiet_session_hears_the_receiver_every_heartbeat() {
+    let root = tempfile::tempdir().unwrap();
+    let addr = start(root.path());
+    let ((mut reader, mut writer), _, plan) =
+        open_session(&addr, manifest(vec![entry(b"f", 1)], vec![]));
+    assert_eq!(plan, first_plan(vec![FileStatus::Missing]));
+    let started = Instant::now();
+    reader
+        .get_mut()
+        .get_mut()
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut beats = 0;
+    while started.elapsed() < Duration::from_millis(3500) {
+        assert_eq!(reader.read_message().unwrap(), Message::Working);
+        beats += 1;
+    }
+    assert!(
+        (3..=5).contains(&beats),
+        "{beats} beats in {:?}",
+        started.elapsed()
+    );
+    write_message(
+        &mut writer,
+        &Message::Seal {
+            file: 0,
+            blake3: None,
+        },
+    )
+    .unwrap();
+    let reply = loop {
+        match reader.read_message().unwrap() {
+            Message::Working => {}
+            reply => break reply,
+        }
+    };
+    assert!(
+        matches!(
+            reply,
+            Message::Finalized {
+                file: 0,
+                error: Some(_)
+            }
+        ),
+        "{reply:?}"
     );
 }

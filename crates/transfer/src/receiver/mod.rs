@@ -5,18 +5,21 @@
 mod admission;
 mod announced;
 pub(crate) mod control;
+mod control_task;
 mod data;
 mod destination;
 mod events;
 mod file_tree;
-mod heartbeat;
 mod lingering;
 mod options;
 mod reader;
 mod refusal_log;
 mod settings;
 mod shutdown;
+#[cfg(feature = "fuzzing")]
+pub(crate) use control_task::control_for_fuzzing;
 mod stream_task;
+mod task_io;
 mod tenant;
 
 use std::collections::HashMap;
@@ -29,10 +32,10 @@ use std::time::{Duration, Instant};
 
 use admission::{Admission, Place};
 use announced::Budget;
-use control::{ControlSession, SessionFiles};
+use control_task::SessionPlaces;
 use data::{ChunkError, End, Next, Step};
 pub use destination::check_root_writable;
-use destination::{ActivePaths, Destination, DestinationError, Placement};
+use destination::{ActivePaths, Destination};
 use events::Publisher;
 pub use events::{ReceiverEvent, ReceiverEvents, SessionOutcome, SessionReport};
 use lingering::{Lingering, LINGER};
@@ -46,23 +49,20 @@ use refusal_log::RefusalLog;
 pub use settings::ReceiverSettings;
 pub use shutdown::Stopper;
 use shutdown::{Stage, StopState, STOPPING};
-use stream_task::{OpenStream, StreamTask};
+use stream_task::OpenStream;
 use tenant::Served;
 pub use tenant::Tenant;
 
 use crate::auth::{self, random_bytes, ChannelBinding, SessionKey};
 use crate::direct_io::AlignedBuffer;
 use crate::link::{self, Connection, LinkReader, LinkWriter};
-use crate::manifest::ManifestBatch;
 use crate::quic::{QuicServer, QuicStream};
 use crate::seal::{ChunkCheck, FrameWrite, FrameWriter};
 use crate::session_id::SessionId;
 use crate::telemetry;
 use crate::tls::ServerIdentity;
 use crate::transport::{self, Transport};
-use crate::wire::{
-    self, ChunkHeader, FileStatus, FrameReader, Limit, Message, Role, SessionLimits, WireError,
-};
+use crate::wire::{self, ChunkHeader, FrameReader, Limit, Message, Role, SessionLimits, WireError};
 
 /// Size of the buffer in front of each connection's socket.
 const READ_BUFFER: usize = 64 << 10;
@@ -137,8 +137,7 @@ struct Session {
     /// Whether the receiver itself ended it (stopping, or [`Stopper::end_session`]).
     ended_by_receiver: std::sync::atomic::AtomicBool,
     /// Handles of the data connections, shut down when the control connection ends so that no
-    /// stream thread outlives its session (a vanished sender sends no FIN). `None` once it
-    /// ended.
+    /// stream outlives its session (a vanished sender sends no FIN). `None` once it ended.
     connections: Mutex<Option<Vec<Connection>>>,
     /// Its control connection, closed when a stopping receiver ends the session.
     control: Option<Connection>,
@@ -194,23 +193,9 @@ struct Shared {
     sessions_ended: AtomicU64,
     stop: StopState,
     events: Publisher,
-    /// The runtime that serves plain TCP data streams ([`stream_task`]).
+    /// The runtime that serves TCP connections once their handshakes are done
+    /// ([`task_io`]).
     streams: tokio::runtime::Handle,
-}
-
-/// Holds one unit of a counter for as long as it lives.
-struct Slot<'a>(&'a AtomicUsize);
-
-impl<'a> Slot<'a> {
-    /// Takes a unit of `counter` if it is below `max`. The slot is made only once the unit is
-    /// taken: a slot made and dropped for a refusal would give back a unit it never took.
-    fn take(counter: &'a AtomicUsize, max: usize) -> Option<Slot<'a>> {
-        if take_unit(counter, max) {
-            Some(Slot(counter))
-        } else {
-            None
-        }
-    }
 }
 
 /// Adds one to `counter` if it is below `max`; whether it did.
@@ -220,12 +205,6 @@ fn take_unit(counter: &AtomicUsize, max: usize) -> bool {
             (n < max).then_some(n + 1)
         })
         .is_ok()
-}
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
 }
 
 /// A bound receiver, ready to serve sessions.
@@ -261,11 +240,11 @@ pub struct Receiver {
     listener: TcpListener,
     transport: Transport,
     shared: Arc<Shared>,
-    /// Held for its drop, which stops the data streams' runtime.
+    /// Held for its drop, which stops the connections' runtime.
     _streams: StreamRuntime,
 }
 
-/// The runtime of the receiver's data streams, shut down without waiting when the receiver is
+/// The runtime of the receiver's connections, shut down without waiting when the receiver is
 /// dropped (which an embedder may do on an async thread, where waiting is not allowed).
 struct StreamRuntime(Option<tokio::runtime::Runtime>);
 
@@ -303,8 +282,8 @@ impl Receiver {
             ReceiverError::Settings(format!("cannot start a thread for refusals: {e}"))
         })?;
         let tls = ServerIdentity::generate().map_err(ReceiverError::Tls)?;
-        let streams = stream_task::runtime().map_err(|e| {
-            ReceiverError::Settings(format!("cannot start the runtime of data streams: {e}"))
+        let streams = task_io::runtime().map_err(|e| {
+            ReceiverError::Settings(format!("cannot start the runtime of connections: {e}"))
         })?;
         let (listener, transport, fallback) =
             transport::listen(options.transport, addr).map_err(|error| ReceiverError::Bind {
@@ -453,9 +432,10 @@ impl Receiver {
         self.shared.events.subscribe()
     }
 
-    /// Serves connections, each on its own thread. Returns after `max_sessions_served` control
-    /// sessions have ended (successfully or not), or once a stop ([`Receiver::stopper`]) has
-    /// no session left; else never.
+    /// Serves connections: each one's key handshake on a thread of its own, then, over TCP,
+    /// the connection as a task of the receiver's runtime (a QUIC data stream stays on its
+    /// thread). Returns after `max_sessions_served` control sessions have ended (successfully
+    /// or not), or once a stop ([`Receiver::stopper`]) has no session left; else never.
     ///
     /// ```
     /// use transfer::auth::{KeySetting, SessionKey};
@@ -683,8 +663,8 @@ fn serve_link(link: Link, peer: SocketAddr, mut admitted: Admitted) {
         encrypted,
         connection,
     } = link;
-    let shared = admitted.shared.clone();
-    let shared = &*shared;
+    let shared_arc = admitted.shared.clone();
+    let shared = &*shared_arc;
     let over_quic = matches!(connection, Connection::Quic(_));
     let (mut joined, mut tenant) = (None, 0);
     let key_for = |asked: &auth::Asked| match &asked.role {
@@ -747,14 +727,12 @@ fn serve_link(link: Link, peer: SocketAddr, mut admitted: Admitted) {
         )) => {
             let control = ControlPeer {
                 peer,
-                served: &shared.served[tenant],
-                agreed: &agreed,
+                tenant,
+                agreed,
                 encrypted,
                 sealed,
-                connection: connection.try_clone().ok(),
             };
-            run_control(shared, &mut reader, &mut writer, control);
-            shared.sessions_ended.fetch_add(1, Ordering::AcqRel);
+            return run_control(&shared_arc, reader, writer, connection, control);
         }
         Ok((_, _)) => match joined.and_then(|id| find_session(shared, &id)) {
             Some(session) => return run_data(shared, session, reader, writer, connection, peer),
@@ -806,171 +784,86 @@ fn refused(shared: &Shared, peer: SocketAddr, reason: String) {
 type ConnFrames = FrameReader<BufReader<LinkReader<ConnReader>>>;
 
 /// Who is on an authenticated control connection.
-struct ControlPeer<'a> {
+struct ControlPeer {
     peer: SocketAddr,
-    /// The key it proved: the receiver's own or a tenant's.
-    served: &'a Served,
+    /// Which key it proved ([`Shared::served`]): the receiver's own or a tenant's.
+    tenant: usize,
     /// What its key handshake agreed, which its session's key is derived from.
-    agreed: &'a auth::Agreed,
+    agreed: auth::Agreed,
     /// Whether it is TLS.
     encrypted: bool,
     /// Whether its frames are sealed ([`crate::seal`]).
     sealed: bool,
-    /// Another handle to the connection, to close it from elsewhere.
-    connection: Option<Connection>,
 }
 
+/// A control connection past its key handshake: refused when the receiver is stopping or its
+/// sessions (or its key's) are full, else welcomed and handed to its task
+/// ([`control_task`]), which serves the session to its end.
 fn run_control(
-    shared: &Shared,
-    reader: &mut ConnFrames,
-    writer: &mut FrameWriter<LinkWriter>,
+    shared: &Arc<Shared>,
+    reader: ConnFrames,
+    mut writer: FrameWriter<LinkWriter>,
+    connection: Connection,
     control: ControlPeer,
 ) {
-    let options = &shared.options;
     let peer = control.peer;
-    if shared.stop.is_stopping() {
-        return refuse_over(shared, writer, peer, Limit::ShuttingDown);
-    }
-    let Some(_slot) = Slot::take(&shared.sessions_open, options.max_sessions) else {
-        let max = options.max_sessions as u64;
-        return refuse_over(shared, writer, peer, Limit::Sessions { max });
+    let welcomed = if shared.stop.is_stopping() {
+        Err(Limit::ShuttingDown)
+    } else {
+        SessionPlaces::take(shared, control.tenant)
     };
-    let served = control.served;
-    let Some(_tenant_slot) = Slot::take(&served.sessions_open, served.max_sessions) else {
-        let max = served.max_sessions as u64;
-        return refuse_over(shared, writer, peer, Limit::TenantSessions { max });
+    let places = match welcomed {
+        Ok(places) => places,
+        Err(limit) => {
+            refuse_over(shared, &mut writer, peer, limit);
+            close_after_reply(&connection, writer.get_mut());
+            shared.sessions_ended.fetch_add(1, Ordering::AcqRel);
+            return;
+        }
     };
     let id = random_bytes::<16>();
-    let name = SessionId(id).short();
-    let limits = served.limits;
-    if let Err(e) = wire::write_message(
-        writer,
-        &Message::Welcome {
-            session: id,
-            limits,
-        },
-    ) {
-        return tracing::warn!("session {name} from {peer}: {e}");
-    }
-    heartbeat::with_heartbeat(writer, |writer| {
-        serve_session(shared, reader, writer, control, id)
-    })
-}
-
-/// A control connection from `Welcome` on: where the files go, then the manifest's batches
-/// (each answered by its plan) and the files' seals until the session finishes or fails.
-fn serve_session(
-    shared: &Shared,
-    reader: &mut ConnFrames,
-    writer: &mut impl FrameWrite,
-    control: ControlPeer,
-    id: [u8; 16],
-) {
-    let options = &shared.options;
-    let peer = control.peer;
-    let name = SessionId(id).short();
-    reader.set_message_limit(options.max_manifest);
-    let (dest, sink) = match reader.read_message() {
-        Ok(Message::Start { dest, sink }) => (dest, sink),
-        Ok(other) => {
-            return refuse(
-                shared,
-                writer,
+    let limits = shared.served[control.tenant].limits;
+    let welcome = Message::Welcome {
+        session: id,
+        limits,
+    };
+    // Control connections are TCP: the handshake refuses one over QUIC.
+    let handed = match (wire::write_message(&mut writer, &welcome), connection) {
+        (Ok(()), Connection::Tcp(socket)) => {
+            let clone = socket.try_clone().ok().map(Connection::Tcp);
+            task_io::hand_over(socket, reader, writer, shared.options.max_manifest)
+                .map(|handed| (handed, clone))
+                .map_err(WireError::Io)
+        }
+        (Ok(()), connection) => {
+            connection.shutdown();
+            Err(WireError::Malformed(
+                "a control connection over QUIC".into(),
+            ))
+        }
+        (Err(e), connection) => {
+            connection.shutdown();
+            Err(e)
+        }
+    };
+    match handed {
+        Ok((handed, connection)) => {
+            let welcomed = control_task::Welcomed {
                 peer,
-                format!("expected Start, got {}", auth::name(&other)),
-            )
+                id,
+                agreed: control.agreed,
+                encrypted: control.encrypted,
+                sealed: control.sealed,
+                connection,
+                places,
+            };
+            control_task::start(welcomed, handed);
         }
-        Err(e) => return tracing::warn!("session {name} from {peer}: {e}"),
-    };
-    let started = Instant::now();
-    let dest_shown = String::from_utf8_lossy(&dest).into_owned();
-    let served = control.served;
-    let placement = Placement {
-        root: &served.root,
-        dest: &dest,
-        owner: id,
-        active: &served.active,
-        max_unsealed: options.max_unsealed,
-        budget: &shared.unsealed,
-        direct_io: options.direct_io,
-    };
-    let dest = match Destination::open(placement, sink) {
-        Ok(dest) => dest,
-        Err(e) => return refuse(shared, writer, peer, e.to_string()),
-    };
-    let tenant = served.name.clone();
-    tracing::info!(session = %name, tenant, %peer, dest = %dest_shown, "session started");
-    shared.events.publish(ReceiverEvent::SessionStarted {
-        session: SessionId(id),
-        tenant: tenant.clone(),
-        peer,
-        dest: dest_shown.clone(),
-    });
-    let open = telemetry::Open::receiver_session();
-    let session = Arc::new(Session {
-        id,
-        key: served.key.for_session(control.agreed, &id),
-        limits: served.limits,
-        name,
-        encrypted: control.encrypted,
-        sealed: control.sealed,
-        dest,
-        activity: Activity::new(),
-        streams: AtomicU32::new(0),
-        bytes_received: AtomicU64::new(0),
-        failure: Mutex::new(None),
-        ended_by_receiver: Default::default(),
-        connections: Mutex::new(Some(Vec::new())),
-        control: control.connection,
-    });
-    shared
-        .sessions
-        .lock()
-        .expect("sessions lock")
-        .insert(id, session.clone());
-    // From now on the sender's address has places of its own for its streams' handshakes.
-    let _known = shared.admission.session_from(peer.ip());
-    let mut control = ControlSession::default();
-    let outcome = serve_control_messages(shared, &session, reader, writer, &mut control);
-    let announced = control.announced();
-    shared.sessions.lock().expect("sessions lock").remove(&id);
-    if let Some(quic) = &shared.quic {
-        quic.remove_session(&id);
-    }
-    let connections = session.connections.lock().expect("connections lock").take();
-    for connection in connections.into_iter().flatten() {
-        connection.shutdown();
-    }
-    let report = SessionReport {
-        session: SessionId(id),
-        tenant,
-        peer,
-        dest: dest_shown,
-        files_announced: announced.files,
-        bytes_announced: announced.bytes,
-        files_placed: announced.placed,
-        bytes_received: session.bytes_received.load(Ordering::Acquire),
-        seconds: started.elapsed().as_secs_f64(),
-        outcome: session.outcome(outcome),
-    };
-    drop(open);
-    telemetry::receiver_session_ended(&report.outcome);
-    let (name, files, bytes, seconds) = (
-        &session.name,
-        report.files_announced,
-        report.bytes_received,
-        report.seconds,
-    );
-    match &report.outcome {
-        SessionOutcome::Completed => {
-            tracing::info!(session = %name, %peer, files, bytes, seconds, "session complete")
+        Err(e) => {
+            tracing::warn!("session {} from {peer}: {e}", SessionId(id).short());
+            shared.sessions_ended.fetch_add(1, Ordering::AcqRel);
         }
-        error => tracing::warn!(
-            session = %name, %peer, files_announced = files, bytes, seconds, %error,
-            "session ended early"
-        ),
     }
-    shared.events.publish(ReceiverEvent::SessionEnded(report));
 }
 
 impl Session {
@@ -985,76 +878,6 @@ impl Session {
             (Ok(()), _) => SessionOutcome::Completed,
             (Err(SessionOutcome::Disconnected(_)), Some(reason)) => SessionOutcome::Failed(reason),
             (Err(outcome), _) => outcome,
-        }
-    }
-}
-
-/// A session's files and QUIC endpoint as its control messages act on them
-/// ([`control::ControlSession`]): each long step (a batch's plan, a large file's BLAKE3) under
-/// the session's busy mark, so that the heartbeat tells the sender it is working.
-struct LiveFiles<'a> {
-    shared: &'a Shared,
-    session: &'a Session,
-}
-
-impl SessionFiles for LiveFiles<'_> {
-    fn add_batch(
-        &mut self,
-        batch: &ManifestBatch,
-    ) -> Result<(u32, Vec<FileStatus>), DestinationError> {
-        let _busy = self.session.activity.busy();
-        self.session.dest.add_batch(batch)
-    }
-
-    fn seal(&mut self, file: u32, blake3: Option<[u8; 32]>) -> Result<(), DestinationError> {
-        let _busy = self.session.activity.busy();
-        self.session.dest.seal(file, blake3)
-    }
-
-    fn finish(&mut self) -> Result<(), DestinationError> {
-        let _busy = self.session.activity.busy();
-        self.session.dest.finish()
-    }
-
-    fn offer_quic(&mut self) -> Result<[u8; 32], String> {
-        offer_quic(self.shared, self.session)
-    }
-}
-
-/// Reads the control connection's messages and writes their replies as `control` says, until
-/// the session is over.
-fn serve_control_messages(
-    shared: &Shared,
-    session: &Session,
-    reader: &mut ConnFrames,
-    writer: &mut impl FrameWrite,
-    control: &mut ControlSession,
-) -> Result<(), SessionOutcome> {
-    let lost = |e: &dyn std::fmt::Display| SessionOutcome::Disconnected(e.to_string());
-    reader
-        .get_mut()
-        .get_mut()
-        .source_mut()
-        .watch_session(session.activity.clone(), shared.options.idle_timeout)
-        .map_err(|e| lost(&e))?;
-    let mut files = LiveFiles { shared, session };
-    loop {
-        let step = match reader.read_message() {
-            Ok(message) => control.handle(message, &mut files),
-            Err(e @ WireError::Io(_)) => return Err(lost(&e)),
-            Err(e) => control.damaged(&e),
-        };
-        if let Some(reply) = &step.reply {
-            if let Err(e) = wire::write_message(writer, reply) {
-                return match (step.end, e) {
-                    (Some(Err(failed)), _) => Err(failed),
-                    (_, e @ WireError::Io(_)) => Err(lost(&e)),
-                    (_, e) => Err(SessionOutcome::Failed(e.to_string())),
-                };
-            }
-        }
-        if let Some(end) = step.end {
-            return end;
         }
     }
 }
@@ -1128,12 +951,13 @@ fn run_data(
     }
     match connection {
         Connection::Tcp(socket) => {
-            let idle = shared.options.idle_timeout;
-            match StreamTask::take_over(session.clone(), peer, socket, reader, writer, idle, open) {
-                Ok(task) => task.start(&shared.streams),
-                Err(e) => {
-                    stream_ended(&session, peer, End::Closed(e.to_string()));
+            let limit = stream_task::MAX_STREAM_MESSAGE;
+            match task_io::hand_over(socket, reader, writer, limit) {
+                Ok(handed) => {
+                    let idle = shared.options.idle_timeout;
+                    stream_task::start(&shared.streams, session, peer, handed, idle, open)
                 }
+                Err(e) => _ = stream_ended(&session, peer, End::Closed(e.to_string())),
             }
         }
         connection => {
@@ -1294,68 +1118,4 @@ fn receive_chunk(
         .write(header.file, header.offset, data, header.checksum)
         .map_err(ChunkError::Destination)?;
     Ok(true)
-}
-
-/// A session's control messages as the receiver handles them, with no connection: the
-/// destination `dest` checked and made under `root`, then each message handed to the session's
-/// rules ([`ControlSession`]) with that destination's files (QUIC is not served), until the
-/// session ends. Returns the replies, how it ended (`None`: it had not), and what the manifest
-/// announced.
-#[cfg(feature = "fuzzing")]
-pub(crate) fn control_for_fuzzing(
-    root: &Path,
-    dest: &[u8],
-    messages: Vec<Message>,
-) -> crate::fuzzing::ControlRun {
-    /// The destination alone, without heartbeat or QUIC.
-    struct Unattended(Destination);
-
-    impl SessionFiles for Unattended {
-        fn add_batch(
-            &mut self,
-            batch: &ManifestBatch,
-        ) -> Result<(u32, Vec<FileStatus>), DestinationError> {
-            self.0.add_batch(batch)
-        }
-        fn seal(&mut self, file: u32, blake3: Option<[u8; 32]>) -> Result<(), DestinationError> {
-            self.0.seal(file, blake3)
-        }
-        fn finish(&mut self) -> Result<(), DestinationError> {
-            self.0.finish()
-        }
-        fn offer_quic(&mut self) -> Result<[u8; 32], String> {
-            Err("QUIC is not served here".into())
-        }
-    }
-
-    let mut run = crate::fuzzing::ControlRun::default();
-    let active = Arc::default();
-    let placement = Placement {
-        root,
-        dest,
-        owner: [0; 16],
-        active: &active,
-        max_unsealed: 1 << 10,
-        budget: &Budget::new(1 << 10),
-        direct_io: false,
-    };
-    let mut files = match Destination::open(placement, crate::manifest::SinkKind::Files) {
-        Ok(destination) => Unattended(destination),
-        Err(e) => {
-            run.end = Some(Err(e.to_string()));
-            return run;
-        }
-    };
-    let mut control = ControlSession::default();
-    for message in messages {
-        let step = control.handle(message, &mut files);
-        run.replies.extend(step.reply);
-        if let Some(end) = step.end {
-            run.end = Some(end.map_err(|e| e.to_string()));
-            break;
-        }
-    }
-    let announced = control.announced();
-    (run.files_announced, run.files_placed) = (announced.files, announced.placed);
-    run
 }

@@ -1,0 +1,660 @@
+//! A connection's bytes as a task of the receiver's runtime reads and writes them, once its
+//! thread has done the key handshake and handed it over ([`hand_over`]): frames decoded from
+//! what arrives ([`FrameDecoder`]), chunks' payloads straight into where they belong or hashed
+//! as they pass through the worker's own memory, and replies held back until the task would
+//! wait for the peer. Over TLS the task drives the connection's rustls state itself
+//! (ciphertext in, plaintext out; replies into records).
+//!
+//! Reads wait for a batch of bytes (`SO_RCVLOWAT` up to [`RECV_LOWAT_MAX`], or
+//! [`RECV_BATCH_WAIT`] with fewer), and an idle clock ([`Activity`], the session's once there
+//! is one) ends a connection that nothing arrives on.
+
+use std::hash::Hasher as _;
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use socket2::SockRef;
+use tokio::io::Interest;
+use tokio::net::TcpStream as AsyncTcp;
+use tokio::time::{timeout, timeout_at, Instant};
+
+use super::data::ChunkError;
+use super::reader::{self, Activity, CONTROL_POLL};
+use super::{ConnFrames, LINGER};
+use crate::link::{LinkReader, LinkWriter};
+use crate::seal::{ChunkSeal, FrameWriter, TAG_LEN};
+use crate::wire::{FrameDecoder, Head, Message, WireError};
+
+/// The most a read waits to accumulate before it wakes (`SO_RCVLOWAT`).
+const RECV_LOWAT_MAX: usize = 512 << 10;
+/// The longest a read waits for its batch before it takes what has arrived. The kernel wakes a
+/// reader only at the low-water mark; when the window closes below the mark, nothing more
+/// arrives, and this bound turns what would be a deadlock into a short pause.
+const RECV_BATCH_WAIT: Duration = Duration::from_millis(5);
+/// Bytes read ahead of the frame being decoded: heads, and what arrived with them. A longer
+/// message (a control connection's manifest batch) grows the inbox to hold it.
+const INBOX: usize = 64 << 10;
+/// The least room a read is given before what the inbox holds moves to its front.
+const MIN_ROOM: usize = 8 << 10;
+/// The most bytes that pass a worker at once on their way to a sink ([`Into::Passing`]): the
+/// larger the read, the fewer the window updates the kernel sends and handles for it.
+const SCRATCH_LEN: usize = 1 << 20;
+
+/// The most threads that run work which may block for the runtime's tasks at once: control
+/// messages' handling (a large file's BLAKE3, the final flush) and writes from memory.
+const BLOCKING_THREADS: usize = 16;
+
+/// The runtime that serves the receiver's TCP connections once their handshakes are done: a
+/// worker per core, and at most [`BLOCKING_THREADS`] more for work that may block.
+pub(super) fn runtime() -> io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .thread_name("xfer-streams")
+        .max_blocking_threads(BLOCKING_THREADS)
+        .enable_io()
+        .enable_time()
+        .build()
+}
+
+/// What a connection's thread hands over once its handshake is done.
+pub(super) struct Handed {
+    socket: TcpStream,
+    /// Plaintext the thread had read past the handshake.
+    read_ahead: Vec<u8>,
+    decoder: FrameDecoder,
+    /// Frames written from now on, sealed as the thread's were; empty.
+    replies: FrameWriter<Vec<u8>>,
+    tls: Option<Tls>,
+}
+
+/// Takes a connection over from its thread: its socket, what its reader read past the
+/// handshake, its frames' seal and, over TLS, the connection's TLS state; messages longer than
+/// `message_limit` are refused from now on. On failure the socket is shut down.
+pub(super) fn hand_over(
+    socket: TcpStream,
+    reader: ConnFrames,
+    writer: FrameWriter<LinkWriter>,
+    message_limit: usize,
+) -> io::Result<Handed> {
+    // The writing half goes first: over TLS it shares the connection with the reader.
+    let replies = writer.redirect(Vec::new());
+    let (buffered, mut decoder) = reader.into_parts();
+    let read_ahead = buffered.buffer().to_vec();
+    let tls = match buffered.into_inner() {
+        LinkReader::Plain(_) => None,
+        LinkReader::Tls(reader) => match reader.into_connection() {
+            Ok((conn, ciphertext)) => Some(Tls {
+                conn,
+                ciphertext: Inbox::holding(&ciphertext),
+                records: Vec::new(),
+            }),
+            Err(e) => {
+                let _ = socket.shutdown(Shutdown::Both);
+                return Err(e);
+            }
+        },
+    };
+    decoder.set_message_limit(message_limit);
+    Ok(Handed {
+        socket,
+        read_ahead,
+        decoder,
+        replies,
+        tls,
+    })
+}
+
+/// A TLS connection's state as its task drives it: rustls's, the ciphertext read and not yet
+/// taken, and the records made and not yet sent.
+struct Tls {
+    conn: rustls::Connection,
+    ciphertext: Inbox,
+    records: Vec<u8>,
+}
+
+/// A connection as its task reads and writes it: frames from the bytes of its link, and the
+/// replies held back.
+pub(super) struct TaskConn {
+    link: Link,
+    inbox: Inbox,
+    decoder: FrameDecoder,
+    /// Frames waiting to be sent ([`TaskConn::flush`]).
+    pub(super) replies: FrameWriter<Vec<u8>>,
+}
+
+/// The bytes of a connection's socket, in plaintext, read against an idle clock.
+struct Link {
+    socket: AsyncTcp,
+    tls: Option<Tls>,
+    /// The low-water mark set on the socket.
+    lowat: usize,
+    activity: Arc<Activity>,
+    idle_limit: Duration,
+}
+
+impl TaskConn {
+    /// The connection `handed` over, in the runtime (a task calls this), read against
+    /// `activity`'s idle clock with `idle_limit`. On failure the socket is shut down.
+    pub(super) fn open(
+        handed: Handed,
+        activity: Arc<Activity>,
+        idle_limit: Duration,
+    ) -> io::Result<TaskConn> {
+        let Handed {
+            socket,
+            read_ahead,
+            decoder,
+            replies,
+            tls,
+        } = handed;
+        if let Err(e) = socket.set_nonblocking(true) {
+            let _ = socket.shutdown(Shutdown::Both);
+            return Err(e);
+        }
+        Ok(TaskConn {
+            link: Link {
+                socket: AsyncTcp::from_std(socket)?,
+                tls,
+                lowat: 1,
+                activity,
+                idle_limit,
+            },
+            inbox: Inbox::holding(&read_ahead),
+            decoder,
+            replies,
+        })
+    }
+
+    /// Reads against `activity`'s idle clock with `idle_limit` from now on (a session's, once
+    /// it exists).
+    pub(super) fn watch(&mut self, activity: Arc<Activity>, idle_limit: Duration) {
+        self.link.activity = activity;
+        self.link.idle_limit = idle_limit;
+    }
+
+    /// The next frame, which must be a message.
+    pub(super) async fn next_message(&mut self) -> Result<Message, WireError> {
+        match self.next_head().await? {
+            Head::Message(message) => Ok(message),
+            Head::Chunk(..) => Err(WireError::Malformed(
+                "data chunk where a control message was expected".into(),
+            )),
+        }
+    }
+
+    /// The next frame's head, once all of it arrived; the replies held back go out before the
+    /// task waits for it.
+    pub(super) async fn next_head(&mut self) -> Result<Head, WireError> {
+        // Before the task may wait for the peer, which may be waiting for these replies.
+        if !self.inbox.holds_a_frame() {
+            self.flush().await?;
+        }
+        loop {
+            let conn = &mut *self;
+            let need = conn.decoder.head_len(conn.inbox.filled())?;
+            if conn.inbox.filled().len() >= need {
+                let head = conn.decoder.decode_head(&conn.inbox.filled()[..need]);
+                conn.inbox.consume(need);
+                return head;
+            }
+            self.fill(need, 0).await?;
+        }
+    }
+
+    /// Sends the replies held back (over TLS, as records). Cut short, it leaves exactly what
+    /// is still to be sent ([`send`]).
+    pub(super) async fn flush(&mut self) -> io::Result<()> {
+        let out = self.replies.get_mut();
+        let link = &mut self.link;
+        match &mut link.tls {
+            None => send(&link.socket, out, link.idle_limit).await,
+            Some(tls) => {
+                let mut rest = &out[..];
+                while !rest.is_empty() || tls.conn.wants_write() {
+                    let n = tls.conn.writer().write(rest)?;
+                    rest = &rest[n..];
+                    while tls.conn.wants_write() {
+                        tls.conn.write_tls(&mut tls.records)?;
+                    }
+                }
+                // Encrypted once: from here on only the records are still to be sent.
+                out.clear();
+                send(&link.socket, &mut tls.records, link.idle_limit).await
+            }
+        }
+    }
+
+    /// Reads until the inbox holds at least `need` bytes, waking for a batch of at least
+    /// `batch` bytes (more than the inbox holds: the bytes wait in the socket); the end of the
+    /// connection before them is an error.
+    async fn fill(&mut self, need: usize, batch: usize) -> io::Result<()> {
+        while self.inbox.filled().len() < need {
+            let want = batch.max(need - self.inbox.filled().len());
+            let n = self
+                .link
+                .read(&mut Into::Buf(self.inbox.room(need)), want)
+                .await?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    ErrorKind::UnexpectedEof,
+                    "the peer closed the connection",
+                ));
+            }
+            self.inbox.filled_by(n);
+        }
+        Ok(())
+    }
+
+    /// Receives the payload of the chunk whose head was decoded into `dest` (what the inbox
+    /// holds is copied, the rest read straight into `dest`), then its tag.
+    pub(super) async fn payload_into(
+        &mut self,
+        dest: &mut [u8],
+    ) -> Result<Option<ChunkSeal>, ChunkError> {
+        self.decoder.payload_arrived(dest.len());
+        let held = self.inbox.filled();
+        let mut filled = held.len().min(dest.len());
+        dest[..filled].copy_from_slice(&held[..filled]);
+        self.inbox.consume(filled);
+        while filled < dest.len() {
+            let rest = &mut dest[filled..];
+            let want = rest.len();
+            let n = (self.link.read(&mut Into::Buf(rest), want).await)
+                .map_err(|e| ChunkError::Wire(e.into()))?;
+            if n == 0 {
+                return Err(ChunkError::Wire(closed()));
+            }
+            filled += n;
+        }
+        self.chunk_tag().await
+    }
+
+    /// Receives the payload of the chunk whose head was decoded through the inbox, hashing it
+    /// as it passes: its checksum, its BLAKE3 hash when the stream is sealed (the zero hash
+    /// when not), and its tag.
+    pub(super) async fn payload_hashed(
+        &mut self,
+        len: usize,
+    ) -> Result<(u64, blake3::Hash, Option<ChunkSeal>), ChunkError> {
+        self.decoder.payload_arrived(len);
+        let mut checksum = twox_hash::XxHash3_64::new();
+        let mut content = (self.decoder.chunk_tag_len() > 0).then(blake3::Hasher::new);
+        let mut hash = |bytes: &[u8]| {
+            checksum.write(bytes);
+            if let Some(content) = &mut content {
+                content.update(bytes);
+            }
+        };
+        let held = self.inbox.filled();
+        let mut left = len - held.len().min(len);
+        hash(&held[..len - left]);
+        self.inbox.consume(len - left);
+        while left > 0 {
+            let batch = left + self.decoder.chunk_tag_len();
+            let n = (self
+                .link
+                .read(&mut Into::Passing(left, &mut hash), batch)
+                .await)
+                .map_err(|e| ChunkError::Wire(e.into()))?;
+            if n == 0 {
+                return Err(ChunkError::Wire(closed()));
+            }
+            left -= n;
+        }
+        let content = content.map_or(blake3::Hash::from_bytes([0; 32]), |c| c.finalize());
+        let seal = self.chunk_tag().await?;
+        Ok((checksum.finish(), content, seal))
+    }
+
+    /// After a chunk's payload: on a sealed connection, its tag, for the chunk's reader to check
+    /// once it has hashed the payload.
+    async fn chunk_tag(&mut self) -> Result<Option<ChunkSeal>, ChunkError> {
+        let len = self.decoder.chunk_tag_len();
+        self.fill(len, 0)
+            .await
+            .map_err(|e| ChunkError::Wire(e.into()))?;
+        let mut tag = [0u8; TAG_LEN];
+        tag[..len].copy_from_slice(&self.inbox.filled()[..len]);
+        self.inbox.consume(len);
+        Ok(self.decoder.chunk_end(&tag[..len]))
+    }
+
+    /// Closes the connection once the peer has had the chance to read the last reply: after an
+    /// error reply (`failed`) it may still be sending, so what it sends is read and discarded
+    /// for at most [`LINGER`], and it reads the error instead of losing it to a reset.
+    pub(super) async fn close(&mut self, failed: bool) {
+        let socket = SockRef::from(&self.link.socket);
+        if failed && socket.shutdown(Shutdown::Write).is_ok() {
+            let deadline = Instant::now() + LINGER;
+            let mut sink = [0u8; 16 << 10];
+            while let Ok(Ok(())) = timeout_at(deadline, self.link.socket.readable()).await {
+                match self.link.socket.try_read(&mut sink) {
+                    Ok(0) => break,
+                    Err(e) if e.kind() != ErrorKind::WouldBlock => break,
+                    Ok(_) | Err(_) => {}
+                }
+            }
+        }
+        let _ = socket.shutdown(Shutdown::Both);
+    }
+}
+
+/// Sends `out` and empties it, waiting while the peer's window is full (at most `idle_limit`:
+/// a peer that stops reading its answers does not hold the stream for ever).
+///
+/// What went out is taken off `out` as it goes, so that a send cut short (its future dropped
+/// for a heartbeat) leaves exactly what is still to be sent.
+async fn send(socket: &AsyncTcp, out: &mut Vec<u8>, idle_limit: Duration) -> io::Result<()> {
+    while !out.is_empty() {
+        timeout(idle_limit, socket.writable()).await.map_err(|_| {
+            io::Error::new(
+                ErrorKind::TimedOut,
+                format!("the peer read none of its answers for {idle_limit:.0?}"),
+            )
+        })??;
+        match socket.try_write(out) {
+            Ok(n) => _ = out.drain(..n),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The error of a connection that ended inside a frame.
+fn closed() -> WireError {
+    WireError::Io(io::Error::new(
+        ErrorKind::UnexpectedEof,
+        "the peer closed the connection",
+    ))
+}
+
+/// Where a read puts its bytes: a buffer of the caller's, or, for bytes that are only looked at
+/// as they pass (at most the number given), the worker thread's scratch memory: a stream that
+/// hashes a chunk holds no memory of its own for it.
+enum Into<'a> {
+    Buf(&'a mut [u8]),
+    Passing(usize, &'a mut (dyn FnMut(&[u8]) + Send)),
+}
+
+thread_local! {
+    /// Each worker's memory for bytes that pass ([`Into::Passing`]).
+    static SCRATCH: std::cell::RefCell<Box<[u8]>> =
+        std::cell::RefCell::new(vec![0u8; SCRATCH_LEN].into_boxed_slice());
+}
+
+impl Into<'_> {
+    /// Has `read` put bytes where they go; how many.
+    fn take(&mut self, read: impl FnOnce(&mut [u8]) -> io::Result<usize>) -> io::Result<usize> {
+        match self {
+            Into::Buf(buf) => read(buf),
+            Into::Passing(most, consume) => SCRATCH.with_borrow_mut(|scratch| {
+                let n = read(&mut scratch[..SCRATCH_LEN.min(*most)])?;
+                consume(&scratch[..n]);
+                Ok(n)
+            }),
+        }
+    }
+}
+
+impl Link {
+    /// Reads plaintext into `into` once `want` bytes arrived or [`RECV_BATCH_WAIT`] passed with
+    /// fewer ([`read_socket`]); 0 at the end of the connection.
+    async fn read(&mut self, into: &mut Into<'_>, want: usize) -> io::Result<usize> {
+        let Link {
+            socket,
+            tls,
+            lowat,
+            activity,
+            idle_limit,
+        } = self;
+        let Some(tls) = tls else {
+            return read_socket(socket, lowat, activity, *idle_limit, into, want).await;
+        };
+        loop {
+            match into.take(|buf| tls.conn.reader().read(buf)) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+            if !tls.ciphertext.filled().is_empty() {
+                let taken = tls.conn.read_tls(&mut tls.ciphertext.filled())?;
+                tls.ciphertext.consume(taken);
+                tls.conn
+                    .process_new_packets()
+                    .map_err(crate::tls::tls_error)?;
+                if taken == 0 {
+                    return Err(io::Error::other("TLS: rustls takes no more ciphertext"));
+                }
+                continue;
+            }
+            let room = &mut Into::Buf(tls.ciphertext.room(0));
+            let n = read_socket(socket, lowat, activity, *idle_limit, room, want).await?;
+            if n == 0 {
+                // The peer closed without close_notify: an end of stream like TCP's; the
+                // protocol's own messages say whether it came at a clean point.
+                return Ok(0);
+            }
+            tls.ciphertext.filled_by(n);
+        }
+    }
+}
+
+/// Reads from `socket` into `into`, waking once `want` bytes (at most [`RECV_LOWAT_MAX`])
+/// arrived or [`RECV_BATCH_WAIT`] passed with fewer; fails once the session was idle for
+/// `idle_limit`. 0 at the end of the connection.
+async fn read_socket(
+    socket: &AsyncTcp,
+    lowat: &mut usize,
+    activity: &Activity,
+    idle_limit: Duration,
+    into: &mut Into<'_>,
+    want: usize,
+) -> io::Result<usize> {
+    *lowat = set_lowat(socket, *lowat, want.clamp(1, RECV_LOWAT_MAX));
+    // Read past tokio's readiness, which a wait that ended early has not seen.
+    let read_now = |buf: &mut [u8]| (&*SockRef::from(socket)).read(buf);
+    loop {
+        // Waiting for a batch, a short wait takes what arrived; waiting for the first byte, the
+        // wait is long enough to cost nothing and short enough to look at the idle clock.
+        let wait = if *lowat > 1 {
+            RECV_BATCH_WAIT
+        } else {
+            CONTROL_POLL
+        };
+        let read = match timeout(wait, socket.readable()).await {
+            Ok(ready) => {
+                ready?;
+                match socket.try_io(Interest::READABLE, || into.take(read_now)) {
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => continue,
+                    read => read,
+                }
+            }
+            // Fewer bytes than the mark arrived, or none: read what there is.
+            Err(_elapsed) => into.take(read_now),
+        };
+        match read {
+            Ok(n) => {
+                activity.touch();
+                return Ok(n);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                // Nothing at all arrived: wait for the first byte, not for a batch.
+                *lowat = set_lowat(socket, *lowat, 1);
+                if activity.idle_for().is_some_and(|idle| idle >= idle_limit) {
+                    return Err(reader::idle(idle_limit));
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Asks the kernel to wake a reader of `socket` only once `want` bytes have arrived
+/// (`SO_RCVLOWAT`), unless `was` is what it asks already; the mark now set.
+fn set_lowat(socket: &impl std::os::fd::AsRawFd, was: usize, want: usize) -> usize {
+    if want == was {
+        return was;
+    }
+    let rc = crate::sys::sockopt::set(
+        socket,
+        libc::SOL_SOCKET,
+        libc::SO_RCVLOWAT,
+        want as libc::c_int,
+    );
+    // Best effort: if the kernel refuses, reads simply wake more often.
+    if rc.is_ok() {
+        want
+    } else {
+        1
+    }
+}
+
+/// Bytes read from the connection and not yet decoded.
+struct Inbox {
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+impl Inbox {
+    /// An inbox that holds `read_ahead` already.
+    fn holding(read_ahead: &[u8]) -> Inbox {
+        let mut buf = vec![0u8; INBOX.max(read_ahead.len())].into_boxed_slice();
+        buf[..read_ahead.len()].copy_from_slice(read_ahead);
+        Inbox {
+            buf,
+            start: 0,
+            end: read_ahead.len(),
+        }
+    }
+
+    fn filled(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    /// Whether the whole next frame is held, so that handling it will not wait for the peer.
+    fn holds_a_frame(&self) -> bool {
+        let held = self.filled();
+        held.first_chunk::<4>()
+            .is_some_and(|len| (held.len() - 4) as u64 >= u64::from(u32::from_le_bytes(*len)))
+    }
+
+    fn consume(&mut self, n: usize) {
+        assert!(n <= self.end - self.start, "consumed more than held");
+        self.start += n;
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+            if self.buf.len() > INBOX {
+                // What a long message grew it to is not kept.
+                self.buf = vec![0u8; INBOX].into_boxed_slice();
+            }
+        }
+    }
+
+    /// Room to read into after what is held, for a frame that needs `need` bytes held in all
+    /// (0 when any room will do): what is held moves to the front when the room after it is
+    /// short, and the inbox grows when it is short itself.
+    fn room(&mut self, need: usize) -> &mut [u8] {
+        if self.start > 0 && self.buf.len() - self.end < need.max(MIN_ROOM) {
+            self.buf.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, self.end - self.start);
+        }
+        if self.buf.len() < need {
+            let mut grown = vec![0u8; need].into_boxed_slice();
+            grown[..self.end].copy_from_slice(&self.buf[..self.end]);
+            self.buf = grown;
+        }
+        &mut self.buf[self.end..]
+    }
+
+    fn filled_by(&mut self, n: usize) {
+        self.end += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_inbox_gives_its_bytes_in_order_and_makes_room_at_the_front() {
+        let mut inbox = Inbox::holding(b"abc");
+        assert_eq!(inbox.filled(), b"abc");
+        inbox.consume(2);
+        assert_eq!(
+            inbox.room(0).len(),
+            INBOX - 3,
+            "what is held stays where it is while there is room after it"
+        );
+        let fill = INBOX - 3 - 100;
+        for (i, byte) in inbox.room(0)[..fill].iter_mut().enumerate() {
+            *byte = i as u8;
+        }
+        inbox.filled_by(fill);
+        inbox.consume(fill + 1 - 10);
+        let held = inbox.filled().to_vec();
+        assert_eq!(held.len(), 10);
+        assert_eq!(inbox.room(0).len(), INBOX - 10, "moved to the front");
+        assert_eq!(inbox.filled(), held);
+        inbox.consume(10);
+        assert_eq!(inbox.room(0).len(), INBOX);
+    }
+
+    #[test]
+    fn an_inbox_grows_for_a_long_frame_and_shrinks_once_it_is_read() {
+        let mut inbox = Inbox::holding(&[1; 100]);
+        inbox.consume(50);
+        let need = INBOX * 3;
+        assert_eq!(
+            inbox.room(need).len(),
+            need - 50,
+            "grown, what is held at the front"
+        );
+        assert_eq!(inbox.filled(), [1; 50]);
+        inbox.room(need).fill(2);
+        inbox.filled_by(need - 50);
+        assert_eq!(inbox.filled().len(), need);
+        assert_eq!(inbox.filled()[49..51], [1, 2]);
+        inbox.consume(need);
+        assert_eq!(inbox.room(0).len(), INBOX, "back to its size");
+    }
+
+    /// A send cut short, as a heartbeat cuts a wait for the next message short, leaves exactly
+    /// what is still to go: sent again, every byte arrives once and in order.
+    #[test]
+    fn a_send_cut_short_leaves_exactly_what_is_still_to_go() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (ours, _) = listener.accept().unwrap();
+            ours.set_nonblocking(true).unwrap();
+            let socket = AsyncTcp::from_std(ours).unwrap();
+            // More than the sockets' buffers hold while the peer reads nothing.
+            let data: Vec<u8> = (0..32u32 << 20).map(|i| (i % 251) as u8).collect();
+            let mut out = data.clone();
+            let limit = Duration::from_secs(10);
+            let cut = timeout(Duration::from_millis(200), send(&socket, &mut out, limit)).await;
+            assert!(cut.is_err(), "the send waited for room");
+            assert!(
+                !out.is_empty() && out.len() < data.len(),
+                "{} left",
+                out.len()
+            );
+            let reader = std::thread::spawn(move || {
+                let mut got = Vec::new();
+                peer.read_to_end(&mut got).unwrap();
+                got
+            });
+            send(&socket, &mut out, limit).await.unwrap();
+            drop(socket);
+            assert!(reader.join().unwrap() == data, "every byte once, in order");
+        });
+    }
+}
