@@ -27,7 +27,7 @@ fn threads_named(prefix: &str) -> usize {
 
 /// With 4 sessions of 32 data streams each open and every stream carrying a chunk, the receiver
 /// runs no connection thread once the handshakes are done: the control connections and the
-/// streams run on its runtime (`xfer-streams`, a worker per core and a bounded number that
+/// streams run on its runtime (`xfer-recv`, a worker per core and a bounded number that
 /// blocking work may take), every one of them still answers, and the files arrive whole.
 #[test]
 fn a_receivers_threads_do_not_grow_with_its_data_streams() {
@@ -53,7 +53,7 @@ fn a_receivers_threads_do_not_grow_with_its_data_streams() {
     while threads_named("xfer-conn") > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let (connections, workers) = (threads_named("xfer-conn"), threads_named("xfer-streams"));
+    let (connections, workers) = (threads_named("xfer-conn"), threads_named("xfer-recv"));
     println!(
         "{} streams open: {connections} connection threads, {workers} runtime threads",
         SESSIONS * STREAMS

@@ -21,7 +21,7 @@ use super::control::{ControlSession, SessionFiles, Step};
 use super::destination::{Destination, DestinationError, Placement};
 use super::reader::Activity;
 use super::task_io::{Handed, TaskConn};
-use super::{offer_quic, refused, ReceiverEvent, Session, SessionOutcome, SessionReport, Shared};
+use super::{offer_quic, ReceiverEvent, Session, SessionOutcome, SessionReport, Shared};
 use crate::auth;
 use crate::link::Connection;
 use crate::manifest::ManifestBatch;
@@ -101,7 +101,8 @@ pub(super) fn start(welcomed: Welcomed, handed: Handed) {
     });
 }
 
-/// The connection's heartbeat: `Working` every [`HEARTBEAT`] from `Welcome` on.
+/// The connection's heartbeat: `Working` every [`HEARTBEAT`] from `Welcome` on, which tells
+/// the sender that the receiver is still there, and busy for the session when it is.
 fn heartbeat() -> Interval {
     let mut beat = interval(HEARTBEAT);
     beat.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -109,19 +110,12 @@ fn heartbeat() -> Interval {
     beat
 }
 
-/// Sends `Working`: the receiver is still there, and busy for the session.
-async fn beat(conn: &mut TaskConn) -> Result<(), WireError> {
-    wire::write_message(&mut conn.replies, &Message::Working)?;
-    conn.flush().await?;
-    Ok(())
-}
-
 /// The next message, sending the heartbeat while it is awaited.
 async fn next_message(conn: &mut TaskConn, beats: &mut Interval) -> Result<Message, WireError> {
     loop {
         tokio::select! {
             message = conn.next_message() => return message,
-            _ = beats.tick() => beat(conn).await?,
+            _ = beats.tick() => reply(conn, &Message::Working).await?,
         }
     }
 }
@@ -131,6 +125,12 @@ async fn reply(conn: &mut TaskConn, message: &Message) -> Result<(), WireError> 
     wire::write_message(&mut conn.replies, message)?;
     conn.flush().await?;
     Ok(())
+}
+
+/// Tells `peer` why its session is refused, and logs, counts and publishes it.
+async fn refuse(shared: &Shared, conn: &mut TaskConn, peer: SocketAddr, reason: String) {
+    super::refuse(shared, &mut conn.replies, peer, reason);
+    let _ = conn.flush().await;
 }
 
 /// A control connection from `Welcome` on: where the files go, then the manifest's batches
@@ -152,14 +152,7 @@ async fn serve(shared: &Arc<Shared>, conn: &mut TaskConn, welcomed: Welcomed) {
         Ok(Message::Start { dest, sink }) => (dest, sink),
         Ok(other) => {
             let reason = format!("expected Start, got {}", auth::name(&other));
-            let _ = reply(
-                conn,
-                &Message::Refused {
-                    reason: reason.clone(),
-                },
-            )
-            .await;
-            return refused(shared, peer, reason);
+            return refuse(shared, conn, peer, reason).await;
         }
         Err(e) => return tracing::warn!("session {name} from {peer}: {e}"),
     };
@@ -177,17 +170,7 @@ async fn serve(shared: &Arc<Shared>, conn: &mut TaskConn, welcomed: Welcomed) {
     };
     let dest = match tokio::task::block_in_place(|| Destination::open(placement, sink)) {
         Ok(dest) => dest,
-        Err(e) => {
-            let reason = e.to_string();
-            let _ = reply(
-                conn,
-                &Message::Refused {
-                    reason: reason.clone(),
-                },
-            )
-            .await;
-            return refused(shared, peer, reason);
-        }
+        Err(e) => return refuse(shared, conn, peer, e.to_string()).await,
     };
     let tenant = served.name.clone();
     tracing::info!(session = %name, tenant, %peer, dest = %dest_shown, "session started");
@@ -301,7 +284,7 @@ async fn serve_messages(
 }
 
 /// Hands `message` to the session's rules on a blocking thread, sending the heartbeat while
-/// they work; what they say to do, or how the session ended meanwhile.
+/// they work; what they say to do, or how the session failed if they could not finish.
 async fn handle(
     shared: &Arc<Shared>,
     session: &Arc<Session>,
@@ -319,13 +302,14 @@ async fn handle(
         let step = rules.handle(message, &mut files);
         (rules, step)
     });
+    let mut beating = true;
     let handled = loop {
         tokio::select! {
             handled = &mut handling => break handled,
-            _ = beats.tick() => {
-                if let Err(e) = beat(conn).await {
-                    return Err(SessionOutcome::Disconnected(e.to_string()));
-                }
+            // A beat that cannot be sent stops the heartbeat; the rules still finish their
+            // step (the session's account keeps it), and the reply finds the connection gone.
+            _ = beats.tick(), if beating => {
+                beating = reply(conn, &Message::Working).await.is_ok();
             }
         }
     };

@@ -1,6 +1,7 @@
 //! How the receiver reads a connection on a thread of its own: with a deadline for the key
-//! handshake, then with an idle clock shared by every connection of a session, so a peer that holds a session open without sending anything is
-//! cut off while a session whose control connection is quiet because its streams are busy is not.
+//! handshake, then with an idle clock shared by every connection of a session, so that a peer
+//! that holds a session open without sending anything is cut off while a session whose control
+//! connection is quiet because its streams are busy is not.
 
 use std::io::{ErrorKind, Read};
 use std::net::TcpStream;

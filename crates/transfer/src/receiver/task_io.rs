@@ -50,7 +50,7 @@ const BLOCKING_THREADS: usize = 16;
 /// worker per core, and at most [`BLOCKING_THREADS`] more for work that may block.
 pub(super) fn runtime() -> io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
-        .thread_name("xfer-streams")
+        .thread_name("xfer-recv")
         .max_blocking_threads(BLOCKING_THREADS)
         .enable_io()
         .enable_time()
@@ -191,11 +191,10 @@ impl TaskConn {
             self.flush().await?;
         }
         loop {
-            let conn = &mut *self;
-            let need = conn.decoder.head_len(conn.inbox.filled())?;
-            if conn.inbox.filled().len() >= need {
-                let head = conn.decoder.decode_head(&conn.inbox.filled()[..need]);
-                conn.inbox.consume(need);
+            let need = self.decoder.head_len(self.inbox.filled())?;
+            if self.inbox.filled().len() >= need {
+                let head = self.decoder.decode_head(&self.inbox.filled()[..need]);
+                self.inbox.consume(need);
                 return head;
             }
             self.fill(need, 0).await?;
