@@ -23,9 +23,19 @@ def test_mptcp_beats_the_faster_path_and_everything_is_removed(tmp_path, capsys)
     assert xfer.exists(), "build xfer first (scripts/test runs cargo test --release before pytest)"
     out = tmp_path / "rows.json"
     args = ["--reps", "1", "--size", "24MiB", "--rate-a", "50", "--rate-b", "100"]
-    assert transports.main([*args, "--streams", "2", "--json", str(out)]) == 0
+    # The same build as the other one: the other build's QUIC runs and is reported apart.
+    other = ["--other", str(xfer)]
+    assert transports.main([*args, *other, "--streams", "2", "--json", str(out)]) == 0
     rows = {r["case"]: r for r in json.loads(out.read_text())}
-    assert set(rows) == {"tcp via B", "tcp via A", "mptcp", "quic via B", "iperf3 via B"}
+    assert set(rows) == {
+        "tcp via B",
+        "tcp via A",
+        "mptcp",
+        "quic via B",
+        "quic via B (other build)",
+        "iperf3 via B",
+    }
+    assert 0.02 < rows["quic via B (other build)"]["gbps"] < 0.1, rows
     # Path B's htb rate bounds TCP, QUIC and iperf3 over it; MPTCP uses both paths.
     assert rows["tcp via B"]["gbps"] < 0.1
     assert 0.05 < rows["iperf3 via B"]["gbps"] < 0.1, rows

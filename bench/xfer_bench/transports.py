@@ -8,9 +8,11 @@ announcing its path-B address, so that every connection gets a subflow on each p
 connection per stream, single-path) runs over path B, with the congestion controller of
 `--quic-congestion`. Each cell is `xfer send --mem SIZE --streams N --transport T --json`;
 the reference is `iperf3 -P N -n SIZE` over path B, whose CPU per Gbit each xfer case is also
-given over (issue 42's target for TCP: at most 1.2 on both sides). Runs are interleaved and
-repeated, and the median is reported. CPU is user + system seconds of the sender and of the
-receiver during the run, from the supervisor that runs each of them.
+given over (issue 42's target for TCP: at most 1.2 on both sides). With `--other XFER`,
+QUIC over path B also runs with another build of xfer (both of its ends), interleaved with the
+rest: QUIC's throughput and CPU against TCP's, before and after a change, in one run. Runs are
+interleaved and repeated, and the median is reported. CPU is user + system seconds of the
+sender and of the receiver during the run, from the supervisor that runs each of them.
 """
 
 from __future__ import annotations
@@ -74,20 +76,25 @@ def two_paths(rate_a: float, rate_b: float, prefix: str = "xm") -> Iterator[dict
 
 @dataclass(frozen=True)
 class Case:
-    """One way to send: a transport, over the path its receiver address is on."""
+    """One way to send: a transport, over the path its receiver address is on, by this build
+    of xfer or the other one (`--other`)."""
 
     transport: str
     path: str
+    other_build: bool = False
 
     @property
     def name(self) -> str:
         # MPTCP uses both paths whichever it starts on.
-        return self.transport if self.transport == "mptcp" else f"{self.transport} via {self.path}"
+        name = self.transport if self.transport == "mptcp" else f"{self.transport} via {self.path}"
+        return f"{name} (other build)" if self.other_build else name
 
 
 #: The reference: iperf3 over TCP on path B.
 IPERF3 = Case("iperf3", "B")
 CASES = (Case("tcp", "B"), Case("tcp", "A"), Case("mptcp", "A"), Case("quic", "B"), IPERF3)
+#: What the other build runs when there is one.
+OTHER_CASES = (Case("quic", "B", other_build=True),)
 
 
 @dataclass
@@ -127,7 +134,7 @@ def run_iperf3(topo: Topology, streams: int, size: int, tmp: Path) -> Run:
 
 def run_once(
     paths: dict[str, Topology],
-    xfer: Path,
+    builds: dict[bool, Path],
     case: Case,
     streams: int,
     size: int,
@@ -135,10 +142,11 @@ def run_once(
     quic_congestion: str = "cubic",
 ) -> Run:
     """One `xfer send --mem` of `case` with a receiver of its own (so that its CPU time is the
-    run's)."""
+    run's), both ends of `case`'s build (`builds`, by whether it is the other one)."""
     topo = paths[case.path]
     if case == IPERF3:
         return run_iperf3(topo, streams, size, tmp)
+    xfer = builds[case.other_build]
     logs = {side: tmp / f"{side}.log" for side in ("sender", "receiver")}
     options = ["--transport", case.transport]
     # Listening on every address lets MPTCP subflows join on the announced path-B address.
@@ -175,14 +183,18 @@ def measure(
     size: int,
     tmp: Path,
     quic_congestion: str = "cubic",
+    other: Path | None = None,
 ) -> list[Row]:
-    """Every case at every stream count, runs interleaved, `reps` each."""
+    """Every case at every stream count (with `other`, its cases too), runs interleaved,
+    `reps` each."""
     runs: dict[tuple[Case, int], list[Run]] = {}
     (tmp / "root").mkdir(exist_ok=True)
+    builds = {False: xfer, True: other or xfer}
+    cases = CASES + (OTHER_CASES if other else ())
     for _ in range(reps):
         for n in streams:
-            for case in CASES:
-                run = run_once(paths, xfer, case, n, size, tmp, quic_congestion)
+            for case in cases:
+                run = run_once(paths, builds, case, n, size, tmp, quic_congestion)
                 runs.setdefault((case, n), []).append(run)
     rows = []
     gbit = size * 8 / 1e9
@@ -195,7 +207,7 @@ def measure(
     for n in streams:
         base = statistics.median(r.gbps for r in runs[(CASES[0], n)])
         reference = cpu_per_gbit(IPERF3, n)
-        for case in CASES:
+        for case in cases:
             gbps = statistics.median(r.gbps for r in runs[(case, n)])
             cpu = cpu_per_gbit(case, n)
             vs = [c / ref if ref else 0.0 for c, ref in zip(cpu, reference, strict=True)]
@@ -216,12 +228,12 @@ def measure(
 
 def format_table(rows: Sequence[Row]) -> str:
     """The rows as an aligned text table."""
-    head = f"{'case':<12} {'streams':>7} {'Gbit/s':>8} {'vs tcp B':>9} {'snd CPU s/Gbit':>15} "
+    head = f"{'case':<26} {'streams':>7} {'Gbit/s':>8} {'vs tcp B':>9} {'snd CPU s/Gbit':>15} "
     head += f"{'rcv CPU s/Gbit':>15} {'snd vs iperf3':>14} {'rcv vs iperf3':>14}"
     lines = [head]
     for r in rows:
         lines.append(
-            f"{r.case:<12} {r.streams:>7} {r.gbps:>8.3f} {r.vs_tcp_b:>9.2f} "
+            f"{r.case:<26} {r.streams:>7} {r.gbps:>8.3f} {r.vs_tcp_b:>9.2f} "
             f"{r.sender_cpu_per_gbit:>15.3f} {r.receiver_cpu_per_gbit:>15.3f} "
             f"{r.sender_cpu_vs_iperf3:>14.2f} {r.receiver_cpu_vs_iperf3:>14.2f}"
         )
@@ -242,9 +254,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=("cubic", "bbr", "new_reno"),
         help="QUIC's congestion controller (TCP and MPTCP use the kernel's, cubic by default)",
     )
+    p.add_argument("--other", type=Path, help="another build's xfer binary: QUIC runs with it too")
     add_common_options(p)
     args = p.parse_args(argv)
     check_runnable(p, args, "network namespaces")
+    if args.other and not args.other.exists():
+        p.error(f"{args.other} does not exist")
     if not 0 < args.rate_a < args.rate_b:
         p.error("path B must be the faster: 0 < --rate-a < --rate-b")
     tear_down_on_signals()
@@ -254,7 +269,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         with two_paths(args.rate_a, args.rate_b) as paths:
             size = parse_size(args.size)
             rows = measure(
-                paths, args.xfer, streams, args.reps, size, Path(tmp), args.quic_congestion
+                paths,
+                args.xfer,
+                streams,
+                args.reps,
+                size,
+                Path(tmp),
+                args.quic_congestion,
+                args.other,
             )
     print(f"\npaths: A {args.rate_a:g} Mbit/s, B {args.rate_b:g} Mbit/s (htb)")
     print(f"QUIC congestion control: {args.quic_congestion}")

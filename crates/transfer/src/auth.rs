@@ -536,91 +536,163 @@ pub fn handshake_as_client<R: Read, W: FrameWrite>(
     role: Role,
     sealed: bool,
 ) -> Result<Welcomed, AuthError> {
-    let client_nonce = random_bytes::<32>();
-    let exchange = Exchange::start()?;
-    let client_share = exchange.share();
-    crate::wire::write_message(
-        writer,
-        &Message::Hello {
-            magic: MAGIC,
-            version: PROTOCOL_VERSION,
-            role: role.clone(),
-            nonce: client_nonce,
-            key: key.id(),
-            share: client_share,
-            sealed,
-        },
-    )?;
-    let (server_nonce, server_share, server_proof) = match reader.read_message()? {
-        Message::Challenge {
-            nonce,
-            share,
-            proof,
-        } => (nonce, share, proof),
-        Message::Refused { reason } => return Err(AuthError::Refused(reason)),
-        Message::Limited { limit } => return Err(AuthError::Limited(limit)),
-        other => {
-            return Err(AuthError::Protocol(format!(
-                "expected Challenge, got {}",
-                name(&other)
-            )))
+    let refused = |writer: &mut W, refusal: Refusal| {
+        if let Some(reason) = refusal.told {
+            // Tell the receiver why, so its log says more than that the connection closed.
+            let _ = crate::wire::write_message(writer, &Message::Refused { reason });
         }
+        refusal.error
     };
-    let said = Said {
-        client_nonce,
-        server_nonce,
-        client_share,
-        server_share,
-        sealed,
-    };
-    if key.proof(b"server", channel, &said, &role) != blake3::Hash::from(server_proof) {
-        // Tell the receiver why, so its log says more than that the connection closed.
-        let _ = crate::wire::write_message(
-            writer,
-            &Message::Refused {
-                reason: KEY_MISMATCH.into(),
-            },
-        );
-        return Err(AuthError::Rejected(match role {
-            Role::Control => "the receiver does not hold this key (check the key)".into(),
-            Role::Data { .. } => "the receiver does not know this session's key".into(),
-        }));
-    }
-    let agreed = Agreed {
-        client_nonce,
-        server_nonce,
-        secret: exchange.finish(&server_share)?,
-    };
-    let proof = key.proof(b"client", channel, &said, &role);
-    crate::wire::write_message(
-        writer,
-        &Message::Auth {
-            proof: *proof.as_bytes(),
-        },
-    )?;
-    if sealed {
-        let (outgoing, incoming) = agreed.frame_keys(key);
+    let (greeting, hello) = Greeting::start(key, role, sealed)?;
+    crate::wire::write_message(writer, &hello)?;
+    let (mut proving, auth) = greeting
+        .challenge(reader.read_message(), channel)
+        .map_err(|r| refused(writer, r))?;
+    crate::wire::write_message(writer, &auth)?;
+    if let Some((outgoing, incoming)) = proving.frame_keys.take() {
         writer.seal_with(outgoing).map_err(WireError::Io)?;
         reader.open_sealed(incoming);
     }
-    match reader.read_message()? {
-        Message::Welcome { session, limits } => {
-            let session_key = match role {
-                Role::Control => key.for_session(&agreed, &session),
-                Role::Data { .. } => key.clone(),
-            };
-            Ok(Welcomed {
-                session,
-                limits,
-                session_key,
-            })
+    proving.welcome(reader.read_message())
+}
+
+/// The client's side of the key handshake as rules, with no connection: its `Hello` out
+/// ([`Greeting::start`]), the receiver's `Challenge` in and the client's `Auth` out
+/// ([`Greeting::challenge`]), then `Welcome` in ([`Proving::welcome`]). A driver reads and
+/// writes the messages ([`handshake_as_client`] blocking, a QUIC stream's task
+/// asynchronously); a refusal says what to tell the receiver. A `Greeting` is the handshake
+/// whose `Hello` went out, waiting for the challenge.
+pub(crate) struct Greeting {
+    key: SessionKey,
+    role: Role,
+    sealed: bool,
+    client_nonce: [u8; 32],
+    exchange: Exchange,
+}
+
+/// A client's handshake whose proof went out, waiting for `Welcome`; with sealed frames, the
+/// keys of the frames from now on (what the client sends, what it reads).
+pub(crate) struct Proving {
+    key: SessionKey,
+    role: Role,
+    agreed: Agreed,
+    /// The keys of the frames written and read once sealed.
+    pub(crate) frame_keys: Option<(FrameKey, FrameKey)>,
+}
+
+impl Greeting {
+    /// A handshake proving `key` for `role`, sealing its frames afterwards when `sealed`, and
+    /// the `Hello` that opens it.
+    pub(crate) fn start(
+        key: &SessionKey,
+        role: Role,
+        sealed: bool,
+    ) -> Result<(Greeting, Message), AuthError> {
+        let greeting = Greeting {
+            key: key.clone(),
+            role,
+            sealed,
+            client_nonce: random_bytes::<32>(),
+            exchange: Exchange::start()?,
+        };
+        let hello = Message::Hello {
+            magic: MAGIC,
+            version: PROTOCOL_VERSION,
+            role: greeting.role.clone(),
+            nonce: greeting.client_nonce,
+            key: greeting.key.id(),
+            share: greeting.exchange.share(),
+            sealed,
+        };
+        Ok((greeting, hello))
+    }
+
+    /// Takes the receiver's answer to `Hello` (`read`, as read from the connection, whose
+    /// `channel` binding the proofs cover): its `Challenge`, whose proof must match the key,
+    /// answered by the client's `Auth` to send.
+    pub(crate) fn challenge(
+        self,
+        read: Result<Message, WireError>,
+        channel: &ChannelBinding,
+    ) -> Result<(Proving, Message), Refusal> {
+        let (server_nonce, server_share, server_proof) = match read? {
+            Message::Challenge {
+                nonce,
+                share,
+                proof,
+            } => (nonce, share, proof),
+            Message::Refused { reason } => return Err(AuthError::Refused(reason).into()),
+            Message::Limited { limit } => return Err(AuthError::Limited(limit).into()),
+            other => {
+                let got = name(&other);
+                return Err(AuthError::Protocol(format!("expected Challenge, got {got}")).into());
+            }
+        };
+        let Greeting {
+            key,
+            role,
+            sealed,
+            client_nonce,
+            exchange,
+        } = self;
+        let said = Said {
+            client_nonce,
+            server_nonce,
+            client_share: exchange.share(),
+            server_share,
+            sealed,
+        };
+        if key.proof(b"server", channel, &said, &role) != blake3::Hash::from(server_proof) {
+            return Err(Refusal {
+                told: Some(KEY_MISMATCH.into()),
+                error: AuthError::Rejected(match role {
+                    Role::Control => "the receiver does not hold this key (check the key)".into(),
+                    Role::Data { .. } => "the receiver does not know this session's key".into(),
+                }),
+            });
         }
-        Message::Refused { reason } => Err(AuthError::Refused(reason)),
-        Message::Limited { limit } => Err(AuthError::Limited(limit)),
-        other => Err(AuthError::Protocol(format!(
-            "expected Welcome, got {}",
-            name(&other)
-        ))),
+        let agreed = Agreed {
+            client_nonce,
+            server_nonce,
+            secret: exchange.finish(&server_share)?,
+        };
+        let auth = Message::Auth {
+            proof: *key.proof(b"client", channel, &said, &role).as_bytes(),
+        };
+        let frame_keys = sealed.then(|| agreed.frame_keys(&key));
+        let proving = Proving {
+            key,
+            role,
+            agreed,
+            frame_keys,
+        };
+        Ok((proving, auth))
+    }
+}
+
+impl Proving {
+    /// Takes the receiver's answer to the proof (`read`, as read from the connection): its
+    /// `Welcome`, with the session and the key its data streams prove.
+    pub(crate) fn welcome(self, read: Result<Message, WireError>) -> Result<Welcomed, AuthError> {
+        match read? {
+            Message::Welcome { session, limits } => {
+                let session_key = match self.role {
+                    Role::Control => self.key.for_session(&self.agreed, &session),
+                    Role::Data { .. } => self.key,
+                };
+                Ok(Welcomed {
+                    session,
+                    limits,
+                    session_key,
+                })
+            }
+            Message::Refused { reason } => Err(AuthError::Refused(reason)),
+            Message::Limited { limit } => Err(AuthError::Limited(limit)),
+            other => Err(AuthError::Protocol(format!(
+                "expected Welcome, got {}",
+                name(&other)
+            ))),
+        }
     }
 }
 
@@ -1246,6 +1318,59 @@ mod tests {
         );
         assert_eq!(role.as_deref(), Some("no such role"));
         assert_eq!(refuse(Ok(Message::Done), Ok(key.clone())), None);
+    }
+
+    /// Both sides' rules against each other, with no connection: each message goes from one
+    /// to the other as read; they agree on the sealed frames' keys and the session key, and a
+    /// receiver with another key is refused with the reason told to it. What the receiver
+    /// sends instead of a challenge is the client's error, with nothing to tell.
+    #[test]
+    fn the_client_rules_prove_the_key_and_check_the_receivers_proof() {
+        let key = SessionKey::from_text(KEY).unwrap();
+        let other = SessionKey::from_text("another-receivers-key-0123456789").unwrap();
+        let channel = ChannelBinding([7; 32]);
+        for receivers in [&key, &other] {
+            let (greeting, hello) = Greeting::start(&key, Role::Control, true).unwrap();
+            let (challenged, challenge) =
+                Challenged::from_hello(Ok(hello), &channel, |_| Ok(receivers.clone())).unwrap();
+            let (mut proving, auth) = match greeting.challenge(Ok(challenge), &channel) {
+                Ok(answered) => answered,
+                Err(refusal) => {
+                    assert!(receivers == &other, "refused the right key");
+                    assert!(matches!(refusal.error, AuthError::Rejected(_)));
+                    assert_eq!(refusal.told.as_deref(), Some(KEY_MISMATCH));
+                    continue;
+                }
+            };
+            assert!(receivers == &key, "accepted a wrong key");
+            let proven = challenged.auth(Ok(auth)).unwrap();
+            let (ours_out, ours_in) = proving.frame_keys.take().unwrap();
+            let (theirs_in, theirs_out) = proven.frame_keys.unwrap();
+            let tag = |mut k: FrameKey| k.tag(&[b"frame"]);
+            assert_eq!(tag(ours_out), tag(theirs_in));
+            assert_eq!(tag(ours_in), tag(theirs_out));
+            let limits = SessionLimits {
+                max_streams: 2,
+                max_chunk: 1 << 20,
+            };
+            let welcomed = proving
+                .welcome(Ok(Message::Welcome {
+                    session: [4; 16],
+                    limits,
+                }))
+                .unwrap();
+            let derived = key.for_session(&proven.agreed, &[4; 16]);
+            assert!(
+                welcomed.session_key == derived,
+                "both derive one session key"
+            );
+        }
+        let (greeting, _) = Greeting::start(&key, Role::Control, false).unwrap();
+        let limit = Limit::Sessions { max: 1 };
+        let busy = greeting.challenge(Ok(Message::Limited { limit }), &channel);
+        let refusal = busy.err().unwrap();
+        assert!(matches!(refusal.error, AuthError::Limited(l) if l == limit));
+        assert_eq!(refusal.told, None);
     }
 
     #[test]

@@ -76,6 +76,7 @@ mod duration;
 pub mod external;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+mod idle;
 pub mod job;
 #[doc(hidden)]
 pub mod journal;
@@ -89,12 +90,14 @@ mod pair_tests;
 pub mod policy_source;
 pub mod quic;
 pub mod receiver;
+mod runtime;
 #[doc(hidden)]
 pub mod seal;
 pub mod sender;
 pub mod session_id;
 mod sync;
 mod sys;
+mod task_io;
 pub mod tcp_info;
 pub mod telemetry;
 #[doc(hidden)]

@@ -1,6 +1,6 @@
-//! A connection's two halves, plain TCP, TLS ([`crate::tls`]) or a QUIC stream
-//! ([`crate::quic`]): the reader and writer that the protocol code uses from its two threads,
-//! and the [`Connection`] kept for statistics, timeouts and shutdown.
+//! A TCP connection's two halves, plain or TLS ([`crate::tls`]): the reader and writer that
+//! the protocol code uses from its threads; and the `Connection` kept for statistics and
+//! shutdown, TCP's or a QUIC connection's ([`crate::quic`]).
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -8,23 +8,13 @@ use std::net::{Shutdown, TcpStream};
 use rustix::event::{PollFd, PollFlags, Timespec};
 
 use crate::auth::ChannelBinding;
-use crate::quic::{QuicConnection, QuicWriter};
+use crate::quic::QuicConnection;
 use crate::tls::{self, ServerIdentity, TlsReader, TlsWriter};
 
-/// What carries a connection: a TCP (or MPTCP) socket or a QUIC connection.
-///
-/// ```
-/// use std::net::{TcpListener, TcpStream};
-/// use transfer::link::Connection;
-///
-/// let listener = TcpListener::bind("127.0.0.1:0")?;
-/// let connection = Connection::Tcp(TcpStream::connect(listener.local_addr()?)?);
-/// let handle = connection.try_clone()?; // e.g. kept by a watchdog
-/// handle.shutdown();
-/// # Ok::<(), std::io::Error>(())
-/// ```
+/// What carries a connection: a TCP (or MPTCP) socket or a QUIC connection; a handle kept for
+/// statistics and shutdown (a watchdog's, a session's list of its streams).
 #[derive(Debug)]
-pub enum Connection {
+pub(crate) enum Connection {
     /// A TCP or MPTCP socket.
     Tcp(TcpStream),
     /// A QUIC connection.
@@ -33,17 +23,7 @@ pub enum Connection {
 
 impl Connection {
     /// Another handle to the same connection.
-    ///
-    /// ```
-    /// use std::net::{TcpListener, TcpStream};
-    /// use transfer::link::Connection;
-    ///
-    /// let listener = TcpListener::bind("127.0.0.1:0")?;
-    /// let connection = Connection::Tcp(TcpStream::connect(listener.local_addr()?)?);
-    /// assert!(matches!(connection.try_clone()?, Connection::Tcp(_)));
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn try_clone(&self) -> io::Result<Connection> {
+    pub(crate) fn try_clone(&self) -> io::Result<Connection> {
         Ok(match self {
             Connection::Tcp(s) => Connection::Tcp(s.try_clone()?),
             Connection::Quic(q) => Connection::Quic(q.clone()),
@@ -51,20 +31,7 @@ impl Connection {
     }
 
     /// Closes both directions at once: blocked reads and writes on either half fail.
-    ///
-    /// ```
-    /// use std::io::Read;
-    /// use std::net::{TcpListener, TcpStream};
-    /// use transfer::link::Connection;
-    ///
-    /// let listener = TcpListener::bind("127.0.0.1:0")?;
-    /// let mut socket = TcpStream::connect(listener.local_addr()?)?;
-    /// let _peer = listener.accept()?;
-    /// Connection::Tcp(socket.try_clone()?).shutdown();
-    /// assert_eq!(socket.read(&mut [0; 8])?, 0, "a read that would wait ends at once");
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         match self {
             Connection::Tcp(s) => {
                 let _ = s.shutdown(Shutdown::Both);
@@ -155,8 +122,6 @@ pub enum LinkWriter {
     Plain(TcpStream),
     /// Encrypted into TLS records.
     Tls(TlsWriter),
-    /// Onto a QUIC stream (encrypted by QUIC).
-    Quic(QuicWriter),
 }
 
 impl Write for LinkWriter {
@@ -164,7 +129,6 @@ impl Write for LinkWriter {
         match self {
             LinkWriter::Plain(s) => s.write(buf),
             LinkWriter::Tls(t) => t.write(buf),
-            LinkWriter::Quic(q) => q.write(buf),
         }
     }
 
@@ -172,7 +136,6 @@ impl Write for LinkWriter {
         match self {
             LinkWriter::Plain(s) => s.write_vectored(bufs),
             LinkWriter::Tls(t) => t.write_vectored(bufs),
-            LinkWriter::Quic(q) => q.write_vectored(bufs),
         }
     }
 
@@ -180,7 +143,6 @@ impl Write for LinkWriter {
         match self {
             LinkWriter::Plain(s) => s.flush(),
             LinkWriter::Tls(t) => t.flush(),
-            LinkWriter::Quic(q) => q.flush(),
         }
     }
 }
@@ -329,5 +291,27 @@ pub fn server<R: Read>(
             ChannelBinding::PLAIN,
         );
         Ok((halves, false))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream};
+
+    use super::Connection;
+
+    /// A handle kept elsewhere (a watchdog's) shuts the connection down for every half: a read
+    /// that would wait ends at once.
+    #[test]
+    fn a_cloned_handle_shuts_the_connection_down() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut socket = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let _peer = listener.accept().unwrap();
+        let connection = Connection::Tcp(socket.try_clone().unwrap());
+        let handle = connection.try_clone().unwrap();
+        assert!(matches!(handle, Connection::Tcp(_)));
+        handle.shutdown();
+        assert_eq!(socket.read(&mut [0; 8]).unwrap(), 0);
     }
 }

@@ -1,5 +1,6 @@
 //! How many threads a receiver runs for its data streams: none of their own. A test binary of
-//! its own, so that no other test's receiver runs in the process while its threads are counted.
+//! its own, so that no other test's receiver runs in the process while its threads are counted
+//! (`quic_threads.rs` counts them over QUIC).
 
 use std::time::{Duration, Instant};
 
@@ -7,23 +8,7 @@ use transfer::wire::{write_chunk, write_message, Message};
 
 mod common;
 use common::raw_peer::*;
-
-/// The names of this process's threads.
-fn thread_names() -> Vec<String> {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        .map(|name| name.trim_end().to_string())
-        .collect()
-}
-
-/// How many of this process's threads have a name that starts with `prefix`.
-fn threads_named(prefix: &str) -> usize {
-    thread_names()
-        .iter()
-        .filter(|name| name.starts_with(prefix))
-        .count()
-}
+use common::{thread_names, threads_named};
 
 /// With 4 sessions of 32 data streams each open and every stream carrying a chunk, the receiver
 /// runs no connection thread once the handshakes are done: the control connections and the

@@ -1,8 +1,7 @@
 //! `--transport quic`: trees arrive byte-identical while the stream (connection) count changes,
 //! an interrupted transfer resumes with a live optimiser reading QUIC's path statistics, and
-//! what cannot work is refused clearly. The certificate pinning is tested where it is made
-//! (`transfer::quic`) and against a receiver that announces a wrong certificate
-//! (`transfer/tests/quic.rs`).
+//! what cannot work is refused clearly. The certificate pinning is tested where it is made,
+//! also against a receiver that announces a wrong certificate (`transfer/src/quic/tests.rs`).
 
 use crate::common::*;
 

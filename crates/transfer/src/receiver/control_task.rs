@@ -2,7 +2,7 @@
 //! `Welcome` to its end, instead of a thread of its own and a heartbeat thread beside it.
 //!
 //! The connection's thread does the key handshake, takes the session's places and sends
-//! `Welcome`, then hands the connection over ([`super::task_io`]). The task reads where the
+//! `Welcome`, then hands the connection over ([`crate::task_io`]). The task reads where the
 //! files go (`Start`), opens the destination and registers the session, then hands each message
 //! to the session's rules ([`ControlSession`]) and writes their replies until the session ends.
 //! The rules may take long (a batch's plan, a large file's BLAKE3, the final flush to stable
@@ -19,13 +19,13 @@ use tokio::time::{interval, Interval, MissedTickBehavior};
 
 use super::control::{ControlSession, SessionFiles, Step};
 use super::destination::{Destination, DestinationError, Placement};
-use super::reader::Activity;
-use super::task_io::{Handed, TaskConn};
-use super::{offer_quic, ReceiverEvent, Session, SessionOutcome, SessionReport, Shared};
+use super::{offer_quic, ReceiverEvent, Session, SessionOutcome, SessionReport, Shared, LINGER};
 use crate::auth;
+use crate::idle::Activity;
 use crate::link::Connection;
 use crate::manifest::ManifestBatch;
 use crate::session_id::SessionId;
+use crate::task_io::{Handed, TaskConn};
 use crate::telemetry;
 use crate::wire::{self, FileStatus, Message, WireError, HEARTBEAT};
 
@@ -93,7 +93,7 @@ pub(super) fn start(welcomed: Welcomed, handed: Handed) {
         match TaskConn::open(handed, Activity::new(), limit) {
             Ok(mut conn) => {
                 serve(&shared, &mut conn, welcomed).await;
-                conn.close(false).await;
+                conn.close(false, LINGER).await;
             }
             Err(e) => tracing::warn!("control connection from {}: {e}", welcomed.peer),
         }

@@ -12,6 +12,7 @@ mod events;
 mod file_tree;
 mod lingering;
 mod options;
+mod quic_task;
 mod reader;
 mod refusal_log;
 mod settings;
@@ -19,11 +20,10 @@ mod shutdown;
 #[cfg(feature = "fuzzing")]
 pub(crate) use control_task::control_for_fuzzing;
 mod stream_task;
-mod task_io;
 mod tenant;
 
 use std::collections::HashMap;
-use std::io::{BufReader, BufWriter, Write};
+use std::io::BufReader;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use admission::{Admission, Place};
 use announced::Budget;
 use control_task::SessionPlaces;
-use data::{ChunkError, End, Next, Step};
+use data::End;
 pub use destination::check_root_writable;
 use destination::{ActivePaths, Destination};
 use events::Publisher;
@@ -44,7 +44,7 @@ pub use options::{
     DEFAULT_MAX_HANDSHAKES, DEFAULT_MAX_HANDSHAKES_PER_SOURCE, DEFAULT_MAX_SESSIONS,
     DEFAULT_MAX_STREAMS, DEFAULT_SESSION_MEMORY,
 };
-use reader::{Activity, ConnReader, Source};
+use reader::ConnReader;
 use refusal_log::RefusalLog;
 pub use settings::ReceiverSettings;
 pub use shutdown::Stopper;
@@ -54,20 +54,25 @@ use tenant::Served;
 pub use tenant::Tenant;
 
 use crate::auth::{self, random_bytes, ChannelBinding, SessionKey};
-use crate::direct_io::AlignedBuffer;
+use crate::idle::Activity;
 use crate::link::{self, Connection, LinkReader, LinkWriter};
-use crate::quic::{QuicServer, QuicStream};
-use crate::seal::{ChunkCheck, FrameWrite, FrameWriter};
+use crate::quic::QuicServer;
+use crate::runtime::OwnedRuntime;
+use crate::seal::{FrameWrite, FrameWriter};
 use crate::session_id::SessionId;
+use crate::task_io;
 use crate::telemetry;
 use crate::tls::ServerIdentity;
 use crate::transport::{self, Transport};
-use crate::wire::{self, ChunkHeader, FrameReader, Limit, Message, Role, SessionLimits, WireError};
+use crate::wire::{self, FrameReader, Limit, Message, Role, SessionLimits, WireError};
 
 /// Size of the buffer in front of each connection's socket.
 const READ_BUFFER: usize = 64 << 10;
 /// Replies a data stream holds back while it handles chunks that have already arrived.
 const REPLY_BUFFER: usize = 16 << 10;
+/// The most threads that run work which may block for the runtime's tasks at once: control
+/// messages' handling (a large file's BLAKE3, the final flush) and writes from memory.
+const BLOCKING_THREADS: usize = 16;
 
 /// Errors that stop a receiver from starting.
 ///
@@ -193,8 +198,8 @@ struct Shared {
     sessions_ended: AtomicU64,
     stop: StopState,
     events: Publisher,
-    /// The runtime that serves TCP connections once their handshakes are done
-    /// ([`task_io`]).
+    /// The runtime that serves every connection once its handshake is done, and QUIC
+    /// connections from their start ([`task_io`]).
     streams: tokio::runtime::Handle,
 }
 
@@ -240,20 +245,9 @@ pub struct Receiver {
     listener: TcpListener,
     transport: Transport,
     shared: Arc<Shared>,
-    /// Held for its drop, which stops the connections' runtime.
-    _streams: StreamRuntime,
-}
-
-/// The runtime of the receiver's connections, shut down without waiting when the receiver is
-/// dropped (which an embedder may do on an async thread, where waiting is not allowed).
-struct StreamRuntime(Option<tokio::runtime::Runtime>);
-
-impl Drop for StreamRuntime {
-    fn drop(&mut self) {
-        if let Some(runtime) = self.0.take() {
-            runtime.shutdown_background();
-        }
-    }
+    /// Held for its drop, which stops the connections' runtime: a worker per core and at
+    /// most [`BLOCKING_THREADS`] more.
+    _streams: OwnedRuntime,
 }
 
 impl Receiver {
@@ -282,7 +276,7 @@ impl Receiver {
             ReceiverError::Settings(format!("cannot start a thread for refusals: {e}"))
         })?;
         let tls = ServerIdentity::generate().map_err(ReceiverError::Tls)?;
-        let streams = task_io::runtime().map_err(|e| {
+        let streams = OwnedRuntime::start("xfer-recv", BLOCKING_THREADS).map_err(|e| {
             ReceiverError::Settings(format!("cannot start the runtime of connections: {e}"))
         })?;
         let (listener, transport, fallback) =
@@ -295,7 +289,8 @@ impl Receiver {
         }
         let quic = match transport {
             Transport::Quic => {
-                let udp = listener.local_addr().and_then(QuicServer::bind);
+                let udp = (listener.local_addr())
+                    .and_then(|addr| QuicServer::bind(addr, streams.handle()));
                 Some(udp.map_err(|error| ReceiverError::Bind {
                     addr: format!("{addr} (UDP, for QUIC)"),
                     error,
@@ -322,7 +317,7 @@ impl Receiver {
                 events: Publisher::default(),
                 streams: streams.handle().clone(),
             }),
-            _streams: StreamRuntime(Some(streams)),
+            _streams: streams,
         })
     }
 
@@ -458,17 +453,7 @@ impl Receiver {
     /// ```
     pub fn serve(&self, max_sessions_served: Option<u64>) -> std::io::Result<()> {
         self.listener.set_nonblocking(true)?;
-        let _accepting_quic = match &self.shared.quic {
-            Some(quic) => {
-                let shared = self.shared.clone();
-                Some(quic.accept_while(
-                    self.shared.options.handshake_timeout,
-                    move |peer| shared.admit(peer).ok(),
-                    serve_quic_connection,
-                )?)
-            }
-            None => None,
-        };
+        let _accepting_quic = quic_task::accept(&self.shared);
         loop {
             if max_sessions_served
                 .is_some_and(|n| self.shared.sessions_ended.load(Ordering::Acquire) >= n)
@@ -572,14 +557,14 @@ fn refuse_at_accept(shared: &Shared, stream: TcpStream, peer: SocketAddr, limit:
     shared.lingering.refuse(stream, &Message::Limited { limit });
 }
 
-/// A new connection, ready for its key handshake.
+/// A new TCP connection, ready for its key handshake.
 struct Link {
     reader: ConnFrames,
     writer: FrameWriter<LinkWriter>,
     channel: ChannelBinding,
-    /// TLS or QUIC.
+    /// TLS.
     encrypted: bool,
-    connection: Connection,
+    socket: TcpStream,
 }
 
 fn serve_tcp_connection(stream: TcpStream, peer: SocketAddr, mut admitted: Admitted) {
@@ -595,17 +580,14 @@ fn serve_tcp_connection(stream: TcpStream, peer: SocketAddr, mut admitted: Admit
             .with_interval(Duration::from_secs(10))
             .with_retries(6);
         socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
-        let source = ConnReader::new(
-            Source::Tcp(stream.try_clone()?),
-            shared.options.handshake_timeout,
-        )?;
+        let source = ConnReader::new(stream.try_clone()?, shared.options.handshake_timeout)?;
         let ((reader, writer, channel), encrypted) = link::server(&stream, source, &shared.tls)?;
         Ok(Link {
             reader: frames(shared, reader),
             writer: FrameWriter::new(writer),
             channel,
             encrypted,
-            connection: Connection::Tcp(stream.try_clone()?),
+            socket: stream.try_clone()?,
         })
     };
     match setup() {
@@ -617,35 +599,6 @@ fn serve_tcp_connection(stream: TcpStream, peer: SocketAddr, mut admitted: Admit
     }
 }
 
-fn serve_quic_connection(
-    stream: std::io::Result<QuicStream>,
-    peer: SocketAddr,
-    admitted: Admitted,
-) {
-    let shared = &admitted.shared;
-    let setup = || -> std::io::Result<Link> {
-        let mut stream = stream?;
-        stream
-            .writer
-            .set_write_timeout(Some(shared.options.idle_timeout));
-        let source = ConnReader::new(
-            Source::Quic(stream.reader),
-            shared.options.handshake_timeout,
-        )?;
-        Ok(Link {
-            reader: frames(shared, LinkReader::Plain(source)),
-            writer: FrameWriter::new(LinkWriter::Quic(stream.writer)),
-            channel: stream.binding,
-            encrypted: true,
-            connection: Connection::Quic(stream.connection),
-        })
-    };
-    match setup() {
-        Ok(link) => serve_link(link, peer, admitted),
-        Err(e) => refused(shared, peer, format!("QUIC: {e}")),
-    }
-}
-
 fn frames(shared: &Shared, reader: LinkReader<ConnReader>) -> ConnFrames {
     FrameReader::new(
         BufReader::with_capacity(READ_BUFFER, reader),
@@ -653,21 +606,23 @@ fn frames(shared: &Shared, reader: LinkReader<ConnReader>) -> ConnFrames {
     )
 }
 
-/// Authenticates a new connection and serves it as what it proves to be: a session's control
-/// connection (over TCP only) or one of its data streams.
-fn serve_link(link: Link, peer: SocketAddr, mut admitted: Admitted) {
-    let Link {
-        mut reader,
-        mut writer,
-        channel,
-        encrypted,
-        connection,
-    } = link;
-    let shared_arc = admitted.shared.clone();
-    let shared = &*shared_arc;
-    let over_quic = matches!(connection, Connection::Quic(_));
-    let (mut joined, mut tenant) = (None, 0);
-    let key_for = |asked: &auth::Asked| match &asked.role {
+/// What a connection proves in its key handshake: that it is a session's control connection,
+/// holding the receiver's own key or a tenant's ([`Shared::served`]), or a data stream of a
+/// running session.
+enum Proves {
+    Control { tenant: usize },
+    Data { session: [u8; 16] },
+}
+
+/// The key a client's `Hello` (`asked`) must prove on a connection carried over QUIC or not,
+/// encrypted or not, and what it will have proven; or why it is refused.
+fn key_for(
+    shared: &Shared,
+    asked: &auth::Asked,
+    over_quic: bool,
+    encrypted: bool,
+) -> Result<(SessionKey, Proves), String> {
+    match &asked.role {
         Role::Control if over_quic => {
             Err("control connections are TCP; QUIC carries data streams only".into())
         }
@@ -682,12 +637,15 @@ fn serve_link(link: Link, peer: SocketAddr, mut admitted: Admitted) {
         Role::Control => {
             // A key nobody here holds is answered with the receiver's own: the sender finds
             // the proof wrong and says so, and nobody learns which keys are served.
-            tenant = shared
+            let tenant = shared
                 .served
                 .iter()
                 .position(|s| s.id == asked.key)
                 .unwrap_or(0);
-            Ok(shared.served[tenant].key.clone())
+            Ok((
+                shared.served[tenant].key.clone(),
+                Proves::Control { tenant },
+            ))
         }
         Role::Data { session } => {
             let session = find_session(shared, session).ok_or("unknown or finished session")?;
@@ -707,40 +665,53 @@ fn serve_link(link: Link, peer: SocketAddr, mut admitted: Admitted) {
             }
             // Only the id is kept: a peer that stalls before its proof must not hold the
             // session (and the paths it claimed) after the session ends.
-            joined = Some(session.id);
-            Ok(session.key.clone())
+            let id = session.id;
+            Ok((session.key.clone(), Proves::Data { session: id }))
         }
-    };
-    let proven = auth::handshake_as_server(&mut reader, &mut writer, &channel, key_for);
+    }
+}
+
+/// Authenticates a new TCP connection and serves it as what it proves to be: a session's
+/// control connection or one of its data streams.
+fn serve_link(link: Link, peer: SocketAddr, mut admitted: Admitted) {
+    let Link {
+        mut reader,
+        mut writer,
+        channel,
+        encrypted,
+        socket,
+    } = link;
+    let shared_arc = admitted.shared.clone();
+    let shared = &*shared_arc;
+    let mut proves = None;
+    let proven = auth::handshake_as_server(&mut reader, &mut writer, &channel, |asked| {
+        let (key, what) = key_for(shared, asked, false, encrypted)?;
+        proves = Some(what);
+        Ok(key)
+    });
     if let Err(auth::AuthError::Wire(WireError::Io(e))) = &proven {
         admitted.failed(e);
     }
     drop(admitted);
-    match proven {
-        Ok((
-            auth::Asked {
-                role: Role::Control,
-                sealed,
-                ..
-            },
-            agreed,
-        )) => {
+    match (proven, proves) {
+        (Ok((asked, agreed)), Some(Proves::Control { tenant })) => {
             let control = ControlPeer {
                 peer,
                 tenant,
                 agreed,
                 encrypted,
-                sealed,
+                sealed: asked.sealed,
             };
-            return run_control(&shared_arc, reader, writer, connection, control);
+            return run_control(&shared_arc, reader, writer, socket, control);
         }
-        Ok((_, _)) => match joined.and_then(|id| find_session(shared, &id)) {
-            Some(session) => return run_data(shared, session, reader, writer, connection, peer),
+        (Ok(_), Some(Proves::Data { session })) => match find_session(shared, &session) {
+            Some(session) => return run_data(shared, session, reader, writer, socket, peer),
             None => refuse(shared, &mut writer, peer, "the session has ended".into()),
         },
-        Err(e) => refused(shared, peer, e.to_string()),
+        (Ok(_), None) => refused(shared, peer, "a handshake that proved nothing".into()),
+        (Err(e), _) => refused(shared, peer, e.to_string()),
     }
-    close_after_reply(&connection, writer.get_mut());
+    let _ = socket.shutdown(std::net::Shutdown::Both);
 }
 
 /// The running session with this id.
@@ -803,7 +774,7 @@ fn run_control(
     shared: &Arc<Shared>,
     reader: ConnFrames,
     mut writer: FrameWriter<LinkWriter>,
-    connection: Connection,
+    socket: TcpStream,
     control: ControlPeer,
 ) {
     let peer = control.peer;
@@ -816,7 +787,7 @@ fn run_control(
         Ok(places) => places,
         Err(limit) => {
             refuse_over(shared, &mut writer, peer, limit);
-            close_after_reply(&connection, writer.get_mut());
+            let _ = socket.shutdown(std::net::Shutdown::Both);
             shared.sessions_ended.fetch_add(1, Ordering::AcqRel);
             return;
         }
@@ -827,22 +798,15 @@ fn run_control(
         session: id,
         limits,
     };
-    // Control connections are TCP: the handshake refuses one over QUIC.
-    let handed = match (wire::write_message(&mut writer, &welcome), connection) {
-        (Ok(()), Connection::Tcp(socket)) => {
+    let handed = match wire::write_message(&mut writer, &welcome) {
+        Ok(()) => {
             let clone = socket.try_clone().ok().map(Connection::Tcp);
             task_io::hand_over(socket, reader, writer, shared.options.max_manifest)
                 .map(|handed| (handed, clone))
                 .map_err(WireError::Io)
         }
-        (Ok(()), connection) => {
-            connection.shutdown();
-            Err(WireError::Malformed(
-                "a control connection over QUIC".into(),
-            ))
-        }
-        (Err(e), connection) => {
-            connection.shutdown();
+        Err(e) => {
+            let _ = socket.shutdown(std::net::Shutdown::Both);
             Err(e)
         }
     };
@@ -896,82 +860,74 @@ fn offer_quic(shared: &Shared, session: &Session) -> Result<[u8; 32], String> {
         .map_err(|e| format!("cannot serve QUIC: {e}"))
 }
 
-/// Serves a data stream until it ends and closes it: a TCP stream as a task of the receiver's
-/// runtime ([`stream_task`]), a QUIC stream on this thread.
+/// Serves a TCP data stream of `session` that proved its key, once admitted
+/// ([`admit_stream`]), as a task of the receiver's runtime ([`stream_task`]).
 fn run_data(
     shared: &Shared,
     session: Arc<Session>,
-    mut reader: ConnFrames,
+    reader: ConnFrames,
     mut writer: FrameWriter<LinkWriter>,
-    connection: Connection,
+    socket: TcpStream,
     peer: SocketAddr,
 ) {
+    let handle = socket.try_clone().map(Connection::Tcp);
+    let Some(open) = admit_stream(shared, &session, &mut writer, peer, handle) else {
+        let _ = socket.shutdown(std::net::Shutdown::Both);
+        return;
+    };
+    let limit = stream_task::MAX_STREAM_MESSAGE;
+    match task_io::hand_over(socket, reader, writer, limit) {
+        Ok(handed) => {
+            let idle = shared.options.idle_timeout;
+            stream_task::start(&shared.streams, session, peer, handed, idle, open)
+        }
+        Err(e) => _ = stream_ended(&session, peer, End::Closed(e.to_string())),
+    }
+}
+
+/// Admits a data stream of `session` from `peer` that proved its key, on the connection
+/// `handle` is a handle of: counted among the session's streams, registered to be closed with
+/// the session, and `Welcome` written to `writer`. Refused (the reason written to `writer`)
+/// when the session has its most streams or has ended.
+fn admit_stream(
+    shared: &Shared,
+    session: &Arc<Session>,
+    writer: &mut impl FrameWrite,
+    peer: SocketAddr,
+    handle: std::io::Result<Connection>,
+) -> Option<OpenStream> {
     let limits = session.limits;
     if session.streams.fetch_add(1, Ordering::AcqRel) >= limits.max_streams {
         session.streams.fetch_sub(1, Ordering::AcqRel);
-        refuse(
-            shared,
-            &mut writer,
-            peer,
-            format!("a session may open at most {} streams", limits.max_streams),
-        );
-        return close_after_reply(&connection, writer.get_mut());
+        let reason = format!("a session may open at most {} streams", limits.max_streams);
+        refuse(shared, writer, peer, reason);
+        return None;
     }
     let open = OpenStream::new(session.clone());
-    let registered = match (
-        connection.try_clone(),
-        session
-            .connections
-            .lock()
-            .expect("connections lock")
-            .as_mut(),
-    ) {
-        (Ok(clone), Some(connections)) => {
-            connections.push(clone);
+    let mut connections = session.connections.lock().expect("connections lock");
+    let registered = match (handle, connections.as_mut()) {
+        (Ok(handle), Some(connections)) => {
+            connections.push(handle);
             true
         }
         _ => false,
     };
+    drop(connections);
     if !registered {
         drop(open);
-        refuse(shared, &mut writer, peer, "the session has ended".into());
-        return close_after_reply(&connection, writer.get_mut());
+        refuse(shared, writer, peer, "the session has ended".into());
+        return None;
     }
-    let welcomed = wire::write_message(
-        &mut writer,
-        &Message::Welcome {
-            session: session.id,
-            limits,
-        },
-    );
-    if let Err(e) = welcomed {
+    let welcome = Message::Welcome {
+        session: session.id,
+        limits,
+    };
+    if let Err(e) = wire::write_message(writer, &welcome) {
         drop(open);
-        stream_ended(&session, peer, End::Closed(e.to_string()));
-        return close_after_reply(&connection, writer.get_mut());
+        stream_ended(session, peer, End::Closed(e.to_string()));
+        return None;
     }
-    match connection {
-        Connection::Tcp(socket) => {
-            let limit = stream_task::MAX_STREAM_MESSAGE;
-            match task_io::hand_over(socket, reader, writer, limit) {
-                Ok(handed) => {
-                    let idle = shared.options.idle_timeout;
-                    stream_task::start(&shared.streams, session, peer, handed, idle, open)
-                }
-                Err(e) => _ = stream_ended(&session, peer, End::Closed(e.to_string())),
-            }
-        }
-        connection => {
-            let conn = reader.get_mut().get_mut().source_mut();
-            let end =
-                match conn.watch_session(session.activity.clone(), shared.options.idle_timeout) {
-                    Ok(()) => receive_chunks(&session, &mut reader, &mut writer),
-                    Err(e) => End::Closed(e.to_string()),
-                };
-            drop(open);
-            stream_ended(&session, peer, end);
-            close_after_reply(&connection, writer.get_mut());
-        }
-    }
+    Some(open)
 }
 
 /// Logs how a data stream of `session` from `peer` ended; whether it failed the session (an
@@ -999,123 +955,4 @@ fn count_stored(session: &Session, len: usize) {
     session
         .bytes_received
         .fetch_add(len as u64, Ordering::Relaxed);
-}
-
-/// Closes a connection once the peer has had the chance to read the last reply: a QUIC
-/// connection's stream is finished and the peer, which closes the connection once it has read
-/// the last reply, is given [`LINGER`] to do so (closing first would discard what it has not
-/// received). A TCP data stream that may still be sending after an error reply is closed by
-/// its task ([`stream_task`]).
-fn close_after_reply(connection: &Connection, writer: &mut LinkWriter) {
-    if let (Connection::Quic(quic), LinkWriter::Quic(stream)) = (connection, writer) {
-        stream.finish();
-        quic.wait_closed(LINGER);
-    }
-    connection.shutdown();
-}
-
-/// Verifies, writes and acknowledges chunks until the stream ends, as the data stream's rules
-/// say ([`data`]); how it ended.
-///
-/// Replies wait in a buffer while chunks that have arrived whole are handled, and go out before
-/// the stream waits for more: a run of small files costs one write, not one per file, and no
-/// reply waits for a chunk that is still arriving (the sender closes a stream whose answers
-/// stop coming).
-fn receive_chunks(
-    session: &Session,
-    reader: &mut ConnFrames,
-    writer: &mut FrameWriter<LinkWriter>,
-) -> End {
-    let mut writer = BufWriter::with_capacity(REPLY_BUFFER, writer);
-    let mut aligned = AlignedBuffer::default();
-    loop {
-        // Before a read that may wait for the peer, which may be waiting for these replies.
-        if !reader.next_frame_buffered() {
-            if let Err(e) = writer.flush() {
-                return End::Closed(e.to_string());
-            }
-        }
-        let head = reader.read_head();
-        // Read after the head arrived: the session may have failed while this stream waited.
-        let failure = session.failure.lock().expect("failure lock").clone();
-        let step = match data::on_head(head, failure) {
-            Next::Receive(header, len) => {
-                let stored = receive_chunk(session, reader, &mut aligned, &header, len);
-                if let Ok(true) = stored {
-                    count_stored(session, len);
-                }
-                data::on_stored(&header, len, stored)
-            }
-            Next::Then(step) => step,
-        };
-        match step {
-            Step::Answer(answer) => {
-                if let Err(e) = wire::write_message(&mut writer, &answer) {
-                    return End::Closed(e.to_string());
-                }
-            }
-            Step::End(end, answer) => {
-                if let End::Failed(reason) = &end {
-                    session.fail(reason);
-                }
-                let answered = match answer {
-                    Some(answer) => wire::write_message(&mut writer, &answer),
-                    None => Ok(()),
-                };
-                let flushed = answered.and_then(|()| writer.flush().map_err(WireError::Io));
-                return match (end, flushed) {
-                    (End::Finished, Err(e)) => End::Closed(e.to_string()),
-                    (end, _) => end,
-                };
-            }
-        }
-    }
-}
-
-/// Reads a chunk's payload (straight into its part file when it is long enough, else into the
-/// reader's buffer, or into `aligned` memory for direct I/O), checks it against its checksum
-/// and, when it matches, writes and journals it. Returns whether it matched.
-fn receive_chunk(
-    session: &Session,
-    reader: &mut ConnFrames,
-    aligned: &mut AlignedBuffer,
-    header: &ChunkHeader,
-    len: usize,
-) -> Result<bool, ChunkError> {
-    let mapped = session
-        .dest
-        .map_chunk(header.file, header.offset, len)
-        .map_err(ChunkError::Destination)?;
-    let check = |seal| ChunkCheck {
-        checksum: header.checksum,
-        seal,
-    };
-    if let Some(mut chunk) = mapped {
-        let seal = reader
-            .read_payload_into(chunk.bytes())
-            .map_err(ChunkError::Wire)?;
-        return chunk.commit(&check(seal)).map_err(ChunkError::Destination);
-    }
-    // Memory that cannot be had for direct I/O leaves the chunk to be written through the
-    // page cache.
-    let direct = if session.dest.writes_direct() {
-        aligned.get(len).ok()
-    } else {
-        None
-    };
-    let (data, seal) = match direct {
-        Some(buf) => {
-            let seal = reader.read_payload_into(buf).map_err(ChunkError::Wire)?;
-            (&*buf, seal)
-        }
-        None => reader.read_payload().map_err(ChunkError::Wire)?,
-    };
-    if !check(seal).matches(data) {
-        return Ok(false);
-    }
-    session
-        .dest
-        .write(header.file, header.offset, data, header.checksum)
-        .map_err(ChunkError::Destination)?;
-    Ok(true)
 }

@@ -1,15 +1,16 @@
-//! A TCP data stream served as a task of the receiver's runtime instead of a thread of its own,
-//! so that the receiver's threads do not grow with its streams: the runtime runs one worker per
-//! core. A chunk is copied from the socket into its window of the part file and recorded on the
-//! worker; a write from memory, which may wait for another stream's copy of the same bytes,
-//! moves its worker aside for a moment ([`tokio::task::block_in_place`]), within the runtime's
-//! bound of blocking threads ([`super::task_io::runtime`]).
+//! A data stream served as a task of the receiver's runtime instead of a thread of its own, so
+//! that the receiver's threads do not grow with its streams: the runtime runs one worker per
+//! core. A chunk is copied from the connection into its window of the part file and recorded
+//! on the worker; a write from memory, which may wait for another stream's copy of the same
+//! bytes, moves its worker aside for a moment ([`tokio::task::block_in_place`]), within the
+//! runtime's bound of blocking threads ([`super::BLOCKING_THREADS`]).
 //!
-//! The stream's connection thread does its key handshake and sends `Welcome`, then hands the
-//! connection over ([`super::task_io`]). The task follows the same rules as a stream's thread
+//! A TCP stream's connection thread does its key handshake and sends `Welcome`, then hands the
+//! connection over ([`crate::task_io`]); a QUIC stream is a task from its start
+//! ([`super::quic_task`]). Either way the task follows the data stream's rules
 //! ([`super::data`]): a chunk's payload goes straight into its file where it can (a sink's is
 //! hashed as it arrives and never held), and replies wait until the stream would wait for the
-//! peer. QUIC's data streams still run on threads of their own.
+//! peer.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -19,10 +20,10 @@ use std::time::Duration;
 use tokio::task::block_in_place;
 
 use super::data::{self, ChunkError, End, Next, Step};
-use super::task_io::{Handed, TaskConn};
-use super::{Session, REPLY_BUFFER};
+use super::{Session, LINGER, REPLY_BUFFER};
 use crate::direct_io::AlignedBuffer;
 use crate::seal::ChunkCheck;
+use crate::task_io::{Handed, TaskConn};
 use crate::telemetry;
 use crate::wire::{self, ChunkHeader, WireError};
 
@@ -51,9 +52,8 @@ impl Drop for OpenStream {
     }
 }
 
-/// Serves a data stream of `session` from `peer`, `handed` over by its thread after its
-/// `Welcome`, on `runtime` until it ends; the calling thread goes on at once. `open` counts the
-/// stream until the task ends, however it ends.
+/// Serves a TCP data stream of `session` from `peer`, `handed` over by its thread after its
+/// `Welcome`, on `runtime` until it ends ([`serve`]); the calling thread goes on at once.
 pub(super) fn start(
     runtime: &tokio::runtime::Handle,
     session: Arc<Session>,
@@ -63,25 +63,34 @@ pub(super) fn start(
     open: OpenStream,
 ) {
     runtime.spawn(async move {
-        let conn = match TaskConn::open(handed, session.activity.clone(), idle_limit) {
-            Ok(conn) => conn,
+        match TaskConn::open(handed, session.activity.clone(), idle_limit) {
+            Ok(conn) => serve(session, peer, conn, open).await,
             Err(e) => {
                 drop(open);
                 super::stream_ended(&session, peer, End::Closed(e.to_string()));
-                return;
             }
-        };
-        let mut stream = Receiving {
-            session: session.clone(),
-            conn,
-            memory: Vec::new(),
-            aligned: AlignedBuffer::default(),
-        };
-        let end = stream.receive_chunks().await;
-        drop(open);
-        let failed = super::stream_ended(&session, peer, end);
-        stream.conn.close(failed).await;
+        }
     });
+}
+
+/// Serves a data stream of `session` from `peer` on `conn`, past its `Welcome`, until it ends,
+/// and closes it. `open` counts the stream until then, however it ends.
+pub(super) async fn serve(
+    session: Arc<Session>,
+    peer: SocketAddr,
+    conn: TaskConn,
+    open: OpenStream,
+) {
+    let mut stream = Receiving {
+        session: session.clone(),
+        conn,
+        memory: Vec::new(),
+        aligned: AlignedBuffer::default(),
+    };
+    let end = stream.receive_chunks().await;
+    drop(open);
+    let failed = super::stream_ended(&session, peer, end);
+    stream.conn.close(failed, LINGER).await;
 }
 
 /// A stream being served, and the memory it receives chunks into when they go neither straight
@@ -158,7 +167,8 @@ impl Receiving {
             seal,
         };
         if let Some(sink) = dest.sink() {
-            let (checksum, content, seal) = self.conn.payload_hashed(len).await?;
+            let hashed = self.conn.payload_hashed(len).await;
+            let (checksum, content, seal) = hashed.map_err(ChunkError::Wire)?;
             if checksum != header.checksum || seal.is_some_and(|seal| !seal.matches(&content)) {
                 return Ok(false);
             }
@@ -171,7 +181,7 @@ impl Receiving {
         let mapped =
             (dest.map_chunk(header.file, header.offset, len)).map_err(ChunkError::Destination)?;
         if let Some(mut chunk) = mapped {
-            let seal = self.conn.payload_into(chunk.bytes()).await?;
+            let seal = (self.conn.payload_into(chunk.bytes()).await).map_err(ChunkError::Wire)?;
             return (chunk.commit(&check(seal))).map_err(ChunkError::Destination);
         }
         // Memory that cannot be had for direct I/O leaves the chunk to be written through the
@@ -188,7 +198,11 @@ impl Receiving {
                 &mut self.memory[..]
             }
         };
-        let seal = self.conn.payload_into(buf).await?;
+        let seal = self
+            .conn
+            .payload_into(buf)
+            .await
+            .map_err(ChunkError::Wire)?;
         if !check(seal).matches(buf) {
             return Ok(false);
         }

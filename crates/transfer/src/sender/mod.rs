@@ -24,6 +24,7 @@ mod manifest_stream;
 mod meter;
 mod optimize;
 mod options;
+mod quic_stream;
 mod source;
 mod stream;
 pub(crate) mod work_queue;
@@ -44,6 +45,7 @@ use crate::manifest::{ManifestBatch, ScanError, ScannedBatch, Scanner, SinkKind}
 use crate::mptcp_info::{self, Subflow};
 use crate::optimizer_choice::{OptimizerError, Tuning};
 use crate::quic::QuicClient;
+use crate::runtime::OwnedRuntime;
 use crate::seal::{FrameWrite, FrameWriter};
 use crate::session_id::SessionId;
 use crate::tcp_info::{self, TcpInfo};
@@ -591,7 +593,7 @@ struct Shared {
     /// The transport in use: the one asked for, or TCP where MPTCP could not be had.
     transport: Transport,
     /// Opens the data streams' connections when the transport is QUIC.
-    quic: Option<QuicClient>,
+    quic: Option<quic_stream::QuicStreams>,
     session: [u8; 16],
     /// What this session's data streams prove (derived in the control handshake).
     session_key: SessionKey,
@@ -942,6 +944,9 @@ pub struct Transfer {
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     optimized: AtomicBool,
     notices: Vec<String>,
+    /// Over QUIC, the runtime of the streams' connections and tasks, which stops with the
+    /// transfer.
+    _quic: Option<OwnedRuntime>,
 }
 
 impl Transfer {
@@ -1031,9 +1036,19 @@ impl Transfer {
         let notices = Vec::from_iter(fallback);
         wire::write_message(&mut writer, &Message::Start { dest, sink })
             .map_err(|e| config.lost(e))?;
-        let quic = match transport {
-            Transport::Quic => Some(ask_for_quic(&mut reader, &mut writer, &session, &config)?),
-            _ => None,
+        let (quic, quic_runtime) = match transport {
+            Transport::Quic => {
+                let client = ask_for_quic(&mut reader, &mut writer, &session, &config)?;
+                let runtime = OwnedRuntime::start("xfer-send-quic", 1)
+                    .map_err(|e| SendError::system("start the QUIC runtime", e))?;
+                let runtime_handle = runtime.handle().clone();
+                let streams = quic_stream::QuicStreams {
+                    client,
+                    runtime: runtime_handle,
+                };
+                (Some(streams), Some(runtime))
+            }
+            _ => (None, None),
         };
         let (control_tx, control_rx) = mpsc::channel();
         let (manager_tx, manager_rx) = mpsc::channel();
@@ -1117,6 +1132,7 @@ impl Transfer {
             threads: Mutex::new(threads),
             optimized: AtomicBool::new(false),
             notices,
+            _quic: quic_runtime,
         })
     }
 
@@ -1497,17 +1513,22 @@ fn guarded<T>(thread: &str, body: impl FnOnce() -> T, fail: impl FnOnce(SendErro
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
         Ok(done) => Some(done),
         Err(panic) => {
-            let message = panic
-                .downcast_ref::<&str>()
-                .map(|m| m.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".into());
+            let message = guarded_message(&*panic);
             fail(SendError::Internal(format!(
                 "the {thread} thread panicked: {message}"
             )));
             None
         }
     }
+}
+
+/// A panic's message, from what it was given.
+fn guarded_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|m| m.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// Attempts at the control connection when the receiver closes it before the key handshake is

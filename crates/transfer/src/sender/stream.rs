@@ -10,16 +10,15 @@ use std::time::{Duration, Instant};
 
 use super::answers::{Answer, Unanswered};
 use super::join::{self, Join, Pace};
+use super::quic_stream;
 use super::source::UnitBuffer;
 use super::{
     connect, guarded, sample_connection, ManagerEvent, SendError, SendOptions, Shared, Unit,
-    CONNECT_TIMEOUT, MAX_STREAM_FAILURES,
+    MAX_STREAM_FAILURES,
 };
 use crate::auth::{self, AuthError, ChannelBinding};
-use crate::cause::Cause;
 use crate::link::{self, Connection, LinkWriter};
 use crate::mptcp_info::Subflow;
-use crate::quic::{QuicClient, QuicError, QuicReader};
 use crate::seal::{FrameWrite, FrameWriter};
 use crate::sys::sockopt;
 use crate::tcp_info::TcpInfo;
@@ -111,7 +110,7 @@ impl StreamHandle {
     }
 
     /// Marks the stream for removal: it takes no new unit (a writer waiting for one wakes up).
-    fn retire(&self, shared: &Shared) {
+    pub(super) fn retire(&self, shared: &Shared) {
         shared
             .units
             .wake_after(|| self.retire.store(true, Ordering::Release));
@@ -387,15 +386,25 @@ fn pace_joining(
 }
 
 /// Runs one stream from connect to close.
-fn run_stream(shared: &Shared, handle: &StreamHandle) -> Result<(), StreamFailure> {
+fn run_stream(shared: &Arc<Shared>, handle: &Arc<StreamHandle>) -> Result<(), StreamFailure> {
     match &shared.quic {
         None => {
-            let (reader, writer, socket) = open_tcp(shared, handle)?;
-            carry(shared, handle, reader, writer, Connection::Tcp(socket))
+            let (reader, mut writer, socket) = open_tcp(shared, handle)?;
+            let connection = Connection::Tcp(socket);
+            carry(shared, handle, connection, |connection, in_flight| {
+                exchange(shared, handle, reader, &mut writer, connection, in_flight)
+            })
         }
-        Some(client) => {
-            let (reader, writer, connection) = open_quic(shared, client)?;
-            carry(shared, handle, reader, writer, connection)
+        Some(quic) => {
+            let (conn, connection) = quic_stream::open(shared, handle, quic)?;
+            carry(
+                shared,
+                handle,
+                Connection::Quic(connection.clone()),
+                |_, in_flight| {
+                    quic_stream::exchange(shared, handle, quic, conn, connection, in_flight)
+                },
+            )
         }
     }
 }
@@ -431,41 +440,6 @@ fn open_tcp(
     Ok((reader, writer, socket))
 }
 
-/// Opens a QUIC connection for a stream to the first of the receiver's addresses that answers,
-/// and proves the session on it.
-fn open_quic(
-    shared: &Shared,
-    client: &QuicClient,
-) -> Result<Opened<QuicReader, Connection>, StreamFailure> {
-    let mut last = None;
-    for &addr in &shared.addrs {
-        match client.connect(addr, CONNECT_TIMEOUT, || shared.is_over()) {
-            Ok(stream) => {
-                let mut writer = FrameWriter::new(LinkWriter::Quic(stream.writer));
-                let mut quic_reader = stream.reader;
-                quic_reader.set_read_timeout(Some(shared.config.options.stall_timeout));
-                let mut reader = FrameReader::new(BufReader::new(quic_reader), 0);
-                prove_session(shared, &mut reader, &mut writer, &stream.binding)?;
-                reader.get_mut().get_mut().set_read_timeout(None);
-                return Ok((reader, writer, Connection::Quic(stream.connection)));
-            }
-            Err(e @ QuicError::WrongCertificate) => {
-                let addr = shared.config.addr.clone();
-                let cause = Cause::new(e);
-                return Err(fatal(shared, SendError::Auth { addr, cause }));
-            }
-            // The transfer ended meanwhile (and said why).
-            Err(QuicError::Io(_)) if shared.is_over() => return Err(StreamFailure::Fatal),
-            Err(QuicError::Io(e)) => last = Some(e),
-        }
-    }
-    let reason = last.map(|e| e.to_string()).unwrap_or_default();
-    Err(StreamFailure::Broken(format!(
-        "cannot open a QUIC connection to {}: {reason}",
-        shared.config.addr
-    )))
-}
-
 /// The data stream's half of the key handshake: it proves it belongs to the session.
 fn prove_session<R: Read>(
     shared: &Shared,
@@ -483,7 +457,7 @@ fn prove_session<R: Read>(
 }
 
 /// What a data stream's failed setup means for the transfer.
-fn handshake_failure(shared: &Shared, e: AuthError) -> StreamFailure {
+pub(super) fn handshake_failure(shared: &Shared, e: AuthError) -> StreamFailure {
     match e {
         // Damaged or cut off on the way: another stream may do better.
         AuthError::Wire(w @ (WireError::Io(_) | WireError::Corrupted(_))) => {
@@ -516,14 +490,14 @@ fn broken(e: std::io::Error) -> StreamFailure {
     StreamFailure::Broken(e.to_string())
 }
 
-/// Carries units over an authenticated stream until it is retired, the transfer ends or the
-/// connection breaks; hands back what was not acknowledged.
-fn carry<R: Read + Send>(
+/// Carries units over an authenticated stream on `connection` until it is retired, the transfer
+/// ends or the connection breaks: `exchange` sends them and reads their answers; what was not
+/// acknowledged is handed back.
+fn carry(
     shared: &Shared,
     handle: &StreamHandle,
-    reader: FrameReader<BufReader<R>>,
-    mut writer: FrameWriter<LinkWriter>,
     connection: Connection,
+    exchange: impl FnOnce(&Connection, &Arc<Mutex<Unanswered>>) -> Result<(), StreamFailure>,
 ) -> Result<(), StreamFailure> {
     let _ = handle
         .connection
@@ -531,23 +505,8 @@ fn carry<R: Read + Send>(
     if shared.is_over() {
         handle.shutdown();
     }
-    let in_flight = Mutex::new(Unanswered::default());
-    let result = std::thread::scope(|scope| {
-        let acks = scope.spawn(|| {
-            let acked = read_acks(shared, handle, reader, &in_flight);
-            if acked.is_err() {
-                // A writer waiting for a unit would otherwise wait for this stream's own.
-                handle.retire(shared);
-            }
-            acked
-        });
-        let written = write_units(shared, handle, &mut writer, &in_flight);
-        if written.is_err() {
-            connection.shutdown();
-        }
-        let acked = acks.join().unwrap_or(Err(StreamFailure::Fatal));
-        written.and(acked)
-    });
+    let in_flight = Arc::new(Mutex::new(Unanswered::default()));
+    let result = exchange(&connection, &in_flight);
     let leftover = in_flight.lock().expect("in-flight lock").take();
     if !leftover.is_empty() {
         shared.units.hand_back(handle.id, leftover.into_iter());
@@ -568,6 +527,34 @@ fn carry<R: Read + Send>(
     // The receiver's last answer has arrived: nothing is left to deliver either way.
     connection.shutdown();
     result
+}
+
+/// A TCP stream's exchange: this thread writes the units, a scoped thread beside it reads
+/// their answers.
+fn exchange<R: Read + Send>(
+    shared: &Shared,
+    handle: &StreamHandle,
+    reader: FrameReader<BufReader<R>>,
+    writer: &mut FrameWriter<LinkWriter>,
+    connection: &Connection,
+    in_flight: &Mutex<Unanswered>,
+) -> Result<(), StreamFailure> {
+    std::thread::scope(|scope| {
+        let acks = scope.spawn(|| {
+            let acked = read_acks(shared, handle, reader, in_flight);
+            if acked.is_err() {
+                // A writer waiting for a unit would otherwise wait for this stream's own.
+                handle.retire(shared);
+            }
+            acked
+        });
+        let written = write_units(shared, handle, writer, in_flight);
+        if written.is_err() {
+            connection.shutdown();
+        }
+        let acked = acks.join().unwrap_or(Err(StreamFailure::Fatal));
+        written.and(acked)
+    })
 }
 
 /// Applies the configured send-queue limit and rate cap to a data stream's socket, or the cap
@@ -593,10 +580,10 @@ fn cap_pacing(socket: &TcpStream, rate: u64) -> std::io::Result<()> {
 }
 
 /// Sends units until the queue says stop, then `EndOfStream`.
-fn write_units(
+pub(super) fn write_units(
     shared: &Shared,
     handle: &StreamHandle,
-    writer: &mut FrameWriter<LinkWriter>,
+    writer: &mut impl FrameWrite,
     in_flight: &Mutex<Unanswered>,
 ) -> Result<(), StreamFailure> {
     let sealed = writer.seals();
@@ -651,47 +638,58 @@ fn write_units(
     wire::write_message(writer, &Message::EndOfStream).map_err(broken)
 }
 
-/// Reads the receiver's answers to the units in flight ([`Unanswered::answer`]) and acts on
-/// them until `EndOfStream`.
+/// Reads the receiver's answers to the units in flight and acts on them ([`on_answer`]) until
+/// `EndOfStream`.
 fn read_acks(
     shared: &Shared,
     handle: &StreamHandle,
     mut reader: FrameReader<BufReader<impl Read>>,
     in_flight: &Mutex<Unanswered>,
 ) -> Result<(), StreamFailure> {
-    loop {
-        let message = reader.read_message().map_err(|e| {
-            if shared.is_over() {
-                StreamFailure::Fatal
-            } else {
-                StreamFailure::Broken(e.to_string())
-            }
-        })?;
-        let answer = {
-            let mut unanswered = in_flight.lock().expect("in-flight lock");
-            let answer = unanswered.answer(message);
-            handle.set_ack_clock(shared, unanswered.waiting());
-            answer
-        };
-        match answer.map_err(|e| fatal(shared, e))? {
-            Answer::Acked(unit) => shared.unit_acked(unit),
-            Answer::Nacked(unit) => {
-                tracing::warn!(
-                    "chunk {} of {} failed its checksum at the receiver; sending it again",
-                    unit.offset,
-                    shared.file_shown(unit.file)
-                );
-                shared.units.hand_back(handle.id, std::iter::once(unit));
-                if shared.nacks.fetch_add(1, Ordering::Relaxed) >= MAX_NACKS {
-                    return Err(fatal(
-                        shared,
-                        shared.config.lost("too many chunks arrived corrupted"),
-                    ));
-                }
-            }
-            Answer::Ended => return Ok(()),
+    while !on_answer(shared, handle, reader.read_message(), in_flight)? {}
+    Ok(())
+}
+
+/// Acts on what the receiver answered (`read`, as read from the stream) to the units in
+/// flight ([`Unanswered::answer`]); whether it was the last answer, to `EndOfStream`.
+pub(super) fn on_answer(
+    shared: &Shared,
+    handle: &StreamHandle,
+    read: Result<Message, WireError>,
+    in_flight: &Mutex<Unanswered>,
+) -> Result<bool, StreamFailure> {
+    let message = read.map_err(|e| {
+        if shared.is_over() {
+            StreamFailure::Fatal
+        } else {
+            StreamFailure::Broken(e.to_string())
         }
+    })?;
+    let answer = {
+        let mut unanswered = in_flight.lock().expect("in-flight lock");
+        let answer = unanswered.answer(message);
+        handle.set_ack_clock(shared, unanswered.waiting());
+        answer
+    };
+    match answer.map_err(|e| fatal(shared, e))? {
+        Answer::Acked(unit) => shared.unit_acked(unit),
+        Answer::Nacked(unit) => {
+            tracing::warn!(
+                "chunk {} of {} failed its checksum at the receiver; sending it again",
+                unit.offset,
+                shared.file_shown(unit.file)
+            );
+            shared.units.hand_back(handle.id, std::iter::once(unit));
+            if shared.nacks.fetch_add(1, Ordering::Relaxed) >= MAX_NACKS {
+                return Err(fatal(
+                    shared,
+                    shared.config.lost("too many chunks arrived corrupted"),
+                ));
+            }
+        }
+        Answer::Ended => return Ok(true),
     }
+    Ok(false)
 }
 
 #[cfg(test)]

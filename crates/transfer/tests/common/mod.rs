@@ -158,3 +158,20 @@ pub fn run_past(mut job: SendJob, bytes: u64, then: impl FnOnce()) -> Result<Sum
         job.finish().await
     })
 }
+
+/// The names of this process's threads.
+pub fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim_end().to_string())
+        .collect()
+}
+
+/// How many of this process's threads have a name that starts with `prefix`.
+pub fn threads_named(prefix: &str) -> usize {
+    thread_names()
+        .iter()
+        .filter(|name| name.starts_with(prefix))
+        .count()
+}

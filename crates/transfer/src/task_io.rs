@@ -1,18 +1,23 @@
-//! A connection's bytes as a task of the receiver's runtime reads and writes them, once its
-//! thread has done the key handshake and handed it over ([`hand_over`]): frames decoded from
-//! what arrives ([`FrameDecoder`]), chunks' payloads straight into where they belong or hashed
-//! as they pass through the worker's own memory, and replies held back until the task would
-//! wait for the peer. Over TLS the task drives the connection's rustls state itself
-//! (ciphertext in, plaintext out; replies into records).
+//! A connection's bytes as a task reads and writes them: frames decoded from what arrives
+//! ([`FrameDecoder`]), chunks' payloads straight into where they belong or hashed as they pass
+//! through the worker's own memory, and replies held back until the task would wait for the
+//! peer. The receiver serves every connection this way once its handshake is done (a TCP
+//! connection's thread hands it over, [`hand_over`]; a QUIC connection is a task from its
+//! start), and the sender reads its QUIC streams' answers this way.
 //!
-//! Reads wait for a batch of bytes (`SO_RCVLOWAT` up to [`RECV_LOWAT_MAX`], or
-//! [`RECV_BATCH_WAIT`] with fewer), and an idle clock ([`Activity`], the session's once there
-//! is one) ends a connection that nothing arrives on.
+//! Under a connection is its link ([`Wire`]): a TCP socket, plain or TLS, whose rustls state
+//! the task drives itself (ciphertext in, plaintext out; replies into records), or a QUIC
+//! stream, which quinn drives on the same runtime. A TCP read waits for a batch of bytes
+//! (`SO_RCVLOWAT` up to [`RECV_LOWAT_MAX`], or [`RECV_BATCH_WAIT`] with fewer). Every read
+//! runs against an idle clock ([`Activity`], the session's once there is one), which ends a
+//! connection that nothing arrives on.
 
+use std::future::poll_fn;
 use std::hash::Hasher as _;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use socket2::SockRef;
@@ -20,12 +25,11 @@ use tokio::io::Interest;
 use tokio::net::TcpStream as AsyncTcp;
 use tokio::time::{timeout, timeout_at, Instant};
 
-use super::data::ChunkError;
-use super::reader::{self, Activity, CONTROL_POLL};
-use super::{ConnFrames, LINGER};
-use crate::link::{LinkReader, LinkWriter};
-use crate::seal::{ChunkSeal, FrameWriter, TAG_LEN};
-use crate::wire::{FrameDecoder, Head, Message, WireError};
+use crate::idle::{self, Activity, CONTROL_POLL};
+use crate::link::LinkReader;
+use crate::quic::{QuicConnection, QuicStream};
+use crate::seal::{ChunkSeal, FrameKey, FrameWriter};
+use crate::wire::{FrameDecoder, FrameReader, Head, Message, WireError};
 
 /// The most a read waits to accumulate before it wakes (`SO_RCVLOWAT`).
 const RECV_LOWAT_MAX: usize = 512 << 10;
@@ -42,39 +46,24 @@ const MIN_ROOM: usize = 8 << 10;
 /// larger the read, the fewer the window updates the kernel sends and handles for it.
 const SCRATCH_LEN: usize = 1 << 20;
 
-/// The most threads that run work which may block for the runtime's tasks at once: control
-/// messages' handling (a large file's BLAKE3, the final flush) and writes from memory.
-const BLOCKING_THREADS: usize = 16;
-
-/// The runtime that serves the receiver's TCP connections once their handshakes are done: a
-/// worker per core, and at most [`BLOCKING_THREADS`] more for work that may block.
-pub(super) fn runtime() -> io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .thread_name("xfer-recv")
-        .max_blocking_threads(BLOCKING_THREADS)
-        .enable_io()
-        .enable_time()
-        .build()
-}
-
-/// What a connection's thread hands over once its handshake is done.
-pub(super) struct Handed {
+/// What a TCP connection's thread hands over once its handshake is done.
+pub(crate) struct Handed {
     socket: TcpStream,
     /// Plaintext the thread had read past the handshake.
     read_ahead: Vec<u8>,
     decoder: FrameDecoder,
     /// Frames written from now on, sealed as the thread's were; empty.
     replies: FrameWriter<Vec<u8>>,
-    tls: Option<Tls>,
+    tls: Option<Box<Tls>>,
 }
 
-/// Takes a connection over from its thread: its socket, what its reader read past the
-/// handshake, its frames' seal and, over TLS, the connection's TLS state; messages longer than
-/// `message_limit` are refused from now on. On failure the socket is shut down.
-pub(super) fn hand_over(
+/// Takes a TCP connection over from its thread: its socket, what its reader read past the
+/// handshake, its frames' seal and, over TLS, the connection's TLS state; messages longer
+/// than `message_limit` are refused from now on. On failure the socket is shut down.
+pub(crate) fn hand_over<R: Read, W>(
     socket: TcpStream,
-    reader: ConnFrames,
-    writer: FrameWriter<LinkWriter>,
+    reader: FrameReader<io::BufReader<LinkReader<R>>>,
+    writer: FrameWriter<W>,
     message_limit: usize,
 ) -> io::Result<Handed> {
     // The writing half goes first: over TLS it shares the connection with the reader.
@@ -84,11 +73,11 @@ pub(super) fn hand_over(
     let tls = match buffered.into_inner() {
         LinkReader::Plain(_) => None,
         LinkReader::Tls(reader) => match reader.into_connection() {
-            Ok((conn, ciphertext)) => Some(Tls {
+            Ok((conn, ciphertext)) => Some(Box::new(Tls {
                 conn,
                 ciphertext: Inbox::holding(&ciphertext),
                 records: Vec::new(),
-            }),
+            })),
             Err(e) => {
                 let _ = socket.shutdown(Shutdown::Both);
                 return Err(e);
@@ -115,28 +104,43 @@ struct Tls {
 
 /// A connection as its task reads and writes it: frames from the bytes of its link, and the
 /// replies held back.
-pub(super) struct TaskConn {
+pub(crate) struct TaskConn {
     link: Link,
     inbox: Inbox,
     decoder: FrameDecoder,
     /// Frames waiting to be sent ([`TaskConn::flush`]).
-    pub(super) replies: FrameWriter<Vec<u8>>,
+    pub(crate) replies: FrameWriter<Vec<u8>>,
 }
 
-/// The bytes of a connection's socket, in plaintext, read against an idle clock.
+/// The plaintext bytes of a connection, read against an idle clock.
 struct Link {
-    socket: AsyncTcp,
-    tls: Option<Tls>,
-    /// The low-water mark set on the socket.
-    lowat: usize,
+    wire: Wire,
     activity: Arc<Activity>,
     idle_limit: Duration,
 }
 
+/// What carries a connection's bytes.
+enum Wire {
+    /// A TCP (or MPTCP) socket, plain or TLS, with the low-water mark set on it.
+    Tcp {
+        socket: AsyncTcp,
+        /// Boxed: rustls's state is large, and a QUIC link has none.
+        tls: Option<Box<Tls>>,
+        lowat: usize,
+    },
+    /// A QUIC connection's stream; its sending half is `None` once taken
+    /// ([`TaskConn::take_quic_send`]).
+    Quic {
+        connection: QuicConnection,
+        send: Option<quinn::SendStream>,
+        recv: quinn::RecvStream,
+    },
+}
+
 impl TaskConn {
-    /// The connection `handed` over, in the runtime (a task calls this), read against
+    /// The TCP connection `handed` over, in the runtime (a task calls this), read against
     /// `activity`'s idle clock with `idle_limit`. On failure the socket is shut down.
-    pub(super) fn open(
+    pub(crate) fn open(
         handed: Handed,
         activity: Arc<Activity>,
         idle_limit: Duration,
@@ -154,9 +158,11 @@ impl TaskConn {
         }
         Ok(TaskConn {
             link: Link {
-                socket: AsyncTcp::from_std(socket)?,
-                tls,
-                lowat: 1,
+                wire: Wire::Tcp {
+                    socket: AsyncTcp::from_std(socket)?,
+                    tls,
+                    lowat: 1,
+                },
                 activity,
                 idle_limit,
             },
@@ -166,15 +172,68 @@ impl TaskConn {
         })
     }
 
+    /// A QUIC connection's `stream` from its first byte, its chunks at most `max_chunk` long,
+    /// read against `activity`'s idle clock with `idle_limit`.
+    pub(crate) fn quic(
+        stream: QuicStream,
+        activity: Arc<Activity>,
+        idle_limit: Duration,
+        max_chunk: usize,
+    ) -> TaskConn {
+        let QuicStream {
+            connection,
+            send,
+            recv,
+            ..
+        } = stream;
+        TaskConn {
+            link: Link {
+                wire: Wire::Quic {
+                    connection,
+                    send: Some(send),
+                    recv,
+                },
+                activity,
+                idle_limit,
+            },
+            inbox: Inbox::holding(&[]),
+            decoder: FrameDecoder::new(max_chunk),
+            replies: FrameWriter::new(Vec::new()),
+        }
+    }
+
     /// Reads against `activity`'s idle clock with `idle_limit` from now on (a session's, once
     /// it exists).
-    pub(super) fn watch(&mut self, activity: Arc<Activity>, idle_limit: Duration) {
+    pub(crate) fn watch(&mut self, activity: Arc<Activity>, idle_limit: Duration) {
         self.link.activity = activity;
         self.link.idle_limit = idle_limit;
     }
 
+    /// Refuses messages longer than `limit` from now on.
+    pub(crate) fn set_message_limit(&mut self, limit: usize) {
+        self.decoder.set_message_limit(limit);
+    }
+
+    /// Seals the frames read (`incoming`) and written (`outgoing`) from now on
+    /// ([`crate::seal`]).
+    pub(crate) fn seal(&mut self, incoming: FrameKey, outgoing: FrameKey) -> io::Result<()> {
+        use crate::seal::FrameWrite as _;
+        self.replies.seal_with(outgoing)?;
+        self.decoder.open_sealed(incoming);
+        Ok(())
+    }
+
+    /// A QUIC connection's sending half, for a task that writes frames of its own while this
+    /// connection reads; replies can no longer be sent here. `None` over TCP, or once taken.
+    pub(crate) fn take_quic_send(&mut self) -> Option<quinn::SendStream> {
+        match &mut self.link.wire {
+            Wire::Quic { send, .. } => send.take(),
+            Wire::Tcp { .. } => None,
+        }
+    }
+
     /// The next frame, which must be a message.
-    pub(super) async fn next_message(&mut self) -> Result<Message, WireError> {
+    pub(crate) async fn next_message(&mut self) -> Result<Message, WireError> {
         match self.next_head().await? {
             Head::Message(message) => Ok(message),
             Head::Chunk(..) => Err(WireError::Malformed(
@@ -184,8 +243,8 @@ impl TaskConn {
     }
 
     /// The next frame's head, once all of it arrived; the replies held back go out before the
-    /// task waits for it.
-    pub(super) async fn next_head(&mut self) -> Result<Head, WireError> {
+    /// task waits for it. Cancel-safe: dropped while it waits, it loses no byte.
+    pub(crate) async fn next_head(&mut self) -> Result<Head, WireError> {
         // Before the task may wait for the peer, which may be waiting for these replies.
         if !self.inbox.holds_a_frame() {
             self.flush().await?;
@@ -203,12 +262,18 @@ impl TaskConn {
 
     /// Sends the replies held back (over TLS, as records). Cut short, it leaves exactly what
     /// is still to be sent ([`send`]).
-    pub(super) async fn flush(&mut self) -> io::Result<()> {
+    pub(crate) async fn flush(&mut self) -> io::Result<()> {
         let out = self.replies.get_mut();
-        let link = &mut self.link;
-        match &mut link.tls {
-            None => send(&link.socket, out, link.idle_limit).await,
-            Some(tls) => {
+        let idle_limit = self.link.idle_limit;
+        match &mut self.link.wire {
+            Wire::Tcp {
+                socket, tls: None, ..
+            } => send(socket, out, idle_limit).await,
+            Wire::Tcp {
+                socket,
+                tls: Some(tls),
+                ..
+            } => {
                 let mut rest = &out[..];
                 while !rest.is_empty() || tls.conn.wants_write() {
                     let n = tls.conn.writer().write(rest)?;
@@ -219,8 +284,9 @@ impl TaskConn {
                 }
                 // Encrypted once: from here on only the records are still to be sent.
                 out.clear();
-                send(&link.socket, &mut tls.records, link.idle_limit).await
+                send(socket, &mut tls.records, idle_limit).await
             }
+            Wire::Quic { send, .. } => send_quic(send.as_mut(), out, idle_limit).await,
         }
     }
 
@@ -235,10 +301,7 @@ impl TaskConn {
                 .read(&mut Into::Buf(self.inbox.room(need)), want)
                 .await?;
             if n == 0 {
-                return Err(io::Error::new(
-                    ErrorKind::UnexpectedEof,
-                    "the peer closed the connection",
-                ));
+                return Err(closed());
             }
             self.inbox.filled_by(n);
         }
@@ -247,10 +310,10 @@ impl TaskConn {
 
     /// Receives the payload of the chunk whose head was decoded into `dest` (what the inbox
     /// holds is copied, the rest read straight into `dest`), then its tag.
-    pub(super) async fn payload_into(
+    pub(crate) async fn payload_into(
         &mut self,
         dest: &mut [u8],
-    ) -> Result<Option<ChunkSeal>, ChunkError> {
+    ) -> Result<Option<ChunkSeal>, WireError> {
         self.decoder.payload_arrived(dest.len());
         let held = self.inbox.filled();
         let mut filled = held.len().min(dest.len());
@@ -259,10 +322,9 @@ impl TaskConn {
         while filled < dest.len() {
             let rest = &mut dest[filled..];
             let want = rest.len();
-            let n = (self.link.read(&mut Into::Buf(rest), want).await)
-                .map_err(|e| ChunkError::Wire(e.into()))?;
+            let n = self.link.read(&mut Into::Buf(rest), want).await?;
             if n == 0 {
-                return Err(ChunkError::Wire(closed()));
+                return Err(closed().into());
             }
             filled += n;
         }
@@ -272,10 +334,10 @@ impl TaskConn {
     /// Receives the payload of the chunk whose head was decoded through the inbox, hashing it
     /// as it passes: its checksum, its BLAKE3 hash when the stream is sealed (the zero hash
     /// when not), and its tag.
-    pub(super) async fn payload_hashed(
+    pub(crate) async fn payload_hashed(
         &mut self,
         len: usize,
-    ) -> Result<(u64, blake3::Hash, Option<ChunkSeal>), ChunkError> {
+    ) -> Result<(u64, blake3::Hash, Option<ChunkSeal>), WireError> {
         self.decoder.payload_arrived(len);
         let mut checksum = twox_hash::XxHash3_64::new();
         let mut content = (self.decoder.chunk_tag_len() > 0).then(blake3::Hasher::new);
@@ -291,13 +353,11 @@ impl TaskConn {
         self.inbox.consume(len - left);
         while left > 0 {
             let batch = left + self.decoder.chunk_tag_len();
-            let n = (self
-                .link
+            let n = (self.link)
                 .read(&mut Into::Passing(left, &mut hash), batch)
-                .await)
-                .map_err(|e| ChunkError::Wire(e.into()))?;
+                .await?;
             if n == 0 {
-                return Err(ChunkError::Wire(closed()));
+                return Err(closed().into());
             }
             left -= n;
         }
@@ -308,34 +368,54 @@ impl TaskConn {
 
     /// After a chunk's payload: on a sealed connection, its tag, for the chunk's reader to check
     /// once it has hashed the payload.
-    async fn chunk_tag(&mut self) -> Result<Option<ChunkSeal>, ChunkError> {
+    async fn chunk_tag(&mut self) -> Result<Option<ChunkSeal>, WireError> {
         let len = self.decoder.chunk_tag_len();
-        self.fill(len, 0)
-            .await
-            .map_err(|e| ChunkError::Wire(e.into()))?;
-        let mut tag = [0u8; TAG_LEN];
+        self.fill(len, 0).await?;
+        let mut tag = [0u8; crate::seal::TAG_LEN];
         tag[..len].copy_from_slice(&self.inbox.filled()[..len]);
         self.inbox.consume(len);
         Ok(self.decoder.chunk_end(&tag[..len]))
     }
 
-    /// Closes the connection once the peer has had the chance to read the last reply: after an
-    /// error reply (`failed`) it may still be sending, so what it sends is read and discarded
-    /// for at most [`LINGER`], and it reads the error instead of losing it to a reset.
-    pub(super) async fn close(&mut self, failed: bool) {
-        let socket = SockRef::from(&self.link.socket);
-        if failed && socket.shutdown(Shutdown::Write).is_ok() {
-            let deadline = Instant::now() + LINGER;
-            let mut sink = [0u8; 16 << 10];
-            while let Ok(Ok(())) = timeout_at(deadline, self.link.socket.readable()).await {
-                match self.link.socket.try_read(&mut sink) {
-                    Ok(0) => break,
-                    Err(e) if e.kind() != ErrorKind::WouldBlock => break,
-                    Ok(_) | Err(_) => {}
+    /// Sends the replies held back and closes the connection once the peer has had the chance
+    /// to read the last of them, waiting at most `linger` in all. After an error reply
+    /// (`failed`) the peer may still be sending: a TCP connection reads and discards what it
+    /// sends meanwhile, so that it reads the error instead of losing it to a reset; a QUIC
+    /// stream asks it to stop. A QUIC connection is closed once the peer closed it (it does
+    /// once it read the last reply), or `linger` passed.
+    pub(crate) async fn close(&mut self, failed: bool, linger: Duration) {
+        let deadline = Instant::now() + linger;
+        let _ = timeout_at(deadline, self.flush()).await;
+        match &mut self.link.wire {
+            Wire::Tcp { socket, .. } => {
+                let sock = SockRef::from(&*socket);
+                if failed && sock.shutdown(Shutdown::Write).is_ok() {
+                    let mut sink = [0u8; 16 << 10];
+                    while let Ok(Ok(())) = timeout_at(deadline, socket.readable()).await {
+                        match socket.try_read(&mut sink) {
+                            Ok(0) => break,
+                            Err(e) if e.kind() != ErrorKind::WouldBlock => break,
+                            Ok(_) | Err(_) => {}
+                        }
+                    }
                 }
+                let _ = sock.shutdown(Shutdown::Both);
+            }
+            Wire::Quic {
+                connection,
+                send,
+                recv,
+            } => {
+                if let Some(send) = send {
+                    let _ = send.finish();
+                }
+                if failed {
+                    let _ = recv.stop(0u32.into());
+                }
+                let _ = timeout_at(deadline, connection.closed()).await;
+                connection.close();
             }
         }
-        let _ = socket.shutdown(Shutdown::Both);
     }
 }
 
@@ -346,12 +426,9 @@ impl TaskConn {
 /// for a heartbeat) leaves exactly what is still to be sent.
 async fn send(socket: &AsyncTcp, out: &mut Vec<u8>, idle_limit: Duration) -> io::Result<()> {
     while !out.is_empty() {
-        timeout(idle_limit, socket.writable()).await.map_err(|_| {
-            io::Error::new(
-                ErrorKind::TimedOut,
-                format!("the peer read none of its answers for {idle_limit:.0?}"),
-            )
-        })??;
+        timeout(idle_limit, socket.writable())
+            .await
+            .map_err(|_| unread(idle_limit))??;
         match socket.try_write(out) {
             Ok(n) => _ = out.drain(..n),
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
@@ -361,12 +438,42 @@ async fn send(socket: &AsyncTcp, out: &mut Vec<u8>, idle_limit: Duration) -> io:
     Ok(())
 }
 
+/// [`send`] on a QUIC stream: quinn takes what its flow control admits, at once or not at all,
+/// so a send cut short leaves exactly what is still to go here too.
+async fn send_quic(
+    stream: Option<&mut quinn::SendStream>,
+    out: &mut Vec<u8>,
+    idle_limit: Duration,
+) -> io::Result<()> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    let stream = stream.ok_or_else(|| {
+        io::Error::new(
+            ErrorKind::Unsupported,
+            "this QUIC stream's sending half was taken",
+        )
+    })?;
+    while !out.is_empty() {
+        let n = timeout(idle_limit, stream.write(out))
+            .await
+            .map_err(|_| unread(idle_limit))??;
+        out.drain(..n);
+    }
+    Ok(())
+}
+
+/// The error of a send that waited `idle_limit` for the peer to make room.
+fn unread(idle_limit: Duration) -> io::Error {
+    io::Error::new(
+        ErrorKind::TimedOut,
+        format!("the peer read none of its answers for {idle_limit:.0?}"),
+    )
+}
+
 /// The error of a connection that ended inside a frame.
-fn closed() -> WireError {
-    WireError::Io(io::Error::new(
-        ErrorKind::UnexpectedEof,
-        "the peer closed the connection",
-    ))
+fn closed() -> io::Error {
+    io::Error::new(ErrorKind::UnexpectedEof, "the peer closed the connection")
 }
 
 /// Where a read puts its bytes: a buffer of the caller's, or, for bytes that are only looked at
@@ -398,16 +505,19 @@ impl Into<'_> {
 }
 
 impl Link {
-    /// Reads plaintext into `into` once `want` bytes arrived or [`RECV_BATCH_WAIT`] passed with
-    /// fewer ([`read_socket`]); 0 at the end of the connection.
+    /// Reads plaintext into `into`: over TCP once `want` bytes arrived or [`RECV_BATCH_WAIT`]
+    /// passed with fewer ([`read_socket`]), over QUIC whatever has arrived ([`read_quic`]); 0
+    /// at the end of the connection.
     async fn read(&mut self, into: &mut Into<'_>, want: usize) -> io::Result<usize> {
         let Link {
-            socket,
-            tls,
-            lowat,
+            wire,
             activity,
             idle_limit,
         } = self;
+        let (socket, tls, lowat) = match wire {
+            Wire::Quic { recv, .. } => return read_quic(recv, activity, *idle_limit, into).await,
+            Wire::Tcp { socket, tls, lowat } => (socket, tls, lowat),
+        };
         let Some(tls) = tls else {
             return read_socket(socket, lowat, activity, *idle_limit, into, want).await;
         };
@@ -436,6 +546,43 @@ impl Link {
                 return Ok(0);
             }
             tls.ciphertext.filled_by(n);
+        }
+    }
+}
+
+/// Reads from a QUIC stream into `into` what has arrived (in order, as many of quinn's
+/// segments as fit); fails once the session was idle for `idle_limit`. 0 at the end of the
+/// stream. Cancel-safe: quinn hands bytes over only in the poll that returns them.
+async fn read_quic(
+    recv: &mut quinn::RecvStream,
+    activity: &Activity,
+    idle_limit: Duration,
+    into: &mut Into<'_>,
+) -> io::Result<usize> {
+    loop {
+        // One poll reads and consumes, so that the worker's scratch memory is never held
+        // across a wait.
+        let read = poll_fn(|cx| {
+            let read = into.take(|buf| match recv.poll_read(cx, buf) {
+                Poll::Ready(read) => read.map_err(io::Error::from),
+                Poll::Pending => Err(ErrorKind::WouldBlock.into()),
+            });
+            match read {
+                Err(e) if e.kind() == ErrorKind::WouldBlock => Poll::Pending,
+                read => Poll::Ready(read),
+            }
+        });
+        match timeout(CONTROL_POLL, read).await {
+            Ok(read) => {
+                let n = read?;
+                activity.touch();
+                return Ok(n);
+            }
+            Err(_quiet) => {
+                if activity.idle_for().is_some_and(|idle| idle >= idle_limit) {
+                    return Err(idle::timed_out(idle_limit));
+                }
+            }
         }
     }
 }
@@ -482,7 +629,7 @@ async fn read_socket(
                 // Nothing at all arrived: wait for the first byte, not for a batch.
                 *lowat = set_lowat(socket, *lowat, 1);
                 if activity.idle_for().is_some_and(|idle| idle >= idle_limit) {
-                    return Err(reader::idle(idle_limit));
+                    return Err(idle::timed_out(idle_limit));
                 }
             }
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -619,6 +766,62 @@ mod tests {
         assert_eq!(inbox.filled()[49..51], [1, 2]);
         inbox.consume(need);
         assert_eq!(inbox.room(0).len(), INBOX, "back to its size");
+    }
+
+    /// A plain TCP connection as a task reads it, read against `activity` with `limit`, and
+    /// the peer's end.
+    fn task_conn(activity: &Arc<Activity>, limit: Duration) -> (TaskConn, TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (ours, _) = listener.accept().unwrap();
+        let reader = FrameReader::new(
+            io::BufReader::new(LinkReader::Plain(ours.try_clone().unwrap())),
+            0,
+        );
+        let writer = FrameWriter::new(Vec::<u8>::new());
+        let handed = hand_over(ours, reader, writer, 1 << 10).unwrap();
+        (
+            TaskConn::open(handed, activity.clone(), limit).unwrap(),
+            peer,
+        )
+    }
+
+    /// A quiet connection lives as long as another connection of its session receives bytes,
+    /// and while the receiver is busy for the session; then it times out.
+    #[test]
+    fn a_session_is_idle_only_when_none_of_its_connections_receives() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let activity = Activity::new();
+            let limit = Duration::from_millis(600);
+            let (mut quiet, _quiet_peer) = task_conn(&activity, limit);
+            let (mut busy, mut busy_peer) = task_conn(&activity, limit);
+            let started = std::time::Instant::now();
+            let feeding = async {
+                {
+                    let _guard = activity.busy();
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                for _ in 0..8 {
+                    crate::wire::write_message(&mut busy_peer, &Message::EndOfStream).unwrap();
+                    assert!(matches!(
+                        busy.next_message().await,
+                        Ok(Message::EndOfStream)
+                    ));
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                }
+            };
+            let (err, ()) = tokio::join!(quiet.next_message(), feeding);
+            let err = err.unwrap_err();
+            assert!(err.to_string().contains("session idle"), "{err}");
+            // The busy spell and 8 feeds of 150 ms kept it alive; it died about `limit` after
+            // the last one.
+            let took = started.elapsed();
+            assert!(took >= Duration::from_millis(1500), "{took:?}");
+        });
     }
 
     /// A send cut short, as a heartbeat cuts a wait for the next message short, leaves exactly
