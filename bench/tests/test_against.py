@@ -29,3 +29,8 @@ def test_two_builds_run_alternately_and_every_transfer_is_counted(tmp_path):
     for r in rows:
         assert len(r.other_gbps) == len(r.this_gbps) == 2
         assert all(g > 0 for g in r.other_gbps + r.this_gbps), r
+    # Over QUIC, both ends of both builds.
+    quic = work / "quic"
+    quic.mkdir()
+    rows = against.measure(other, this, [2], 1, 16 << 20, 64 << 20, quic, transport="quic")
+    assert all(g > 0 for r in rows for g in r.other_gbps + r.this_gbps), rows

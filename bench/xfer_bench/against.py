@@ -4,9 +4,11 @@ loopback, in one run: the no-regression check of a change to the data path.
 Each build runs its own receiver (a sender and a receiver from the same build), writing into a
 tmpfs. For each stream count, file to file (one file, `--file-size`) and memory to memory
 (`--mem-size`) run with `--streams N`, the two builds alternating and taking turns at going
-first, so that both meet the machine in the same states. The table gives the medians and the
-ratio of this build over the other; the individual runs are printed too, because on a shared
-machine file-to-file runs can swing severalfold for both builds alike.
+first, so that both meet the machine in the same states. `--transport` chooses what carries
+the streams (both ends of both builds), so QUIC's throughput too can be set against the other
+build's. The table gives the medians and the ratio of this build over the other; the
+individual runs are printed too, because on a shared machine file-to-file runs can swing
+severalfold for both builds alike.
 """
 
 from __future__ import annotations
@@ -71,9 +73,9 @@ def format_table(rows: Sequence[Row]) -> str:
 
 def measure(
     other: Path, this: Path, streams: Sequence[int], reps: int, file_size: int, mem_size: int,
-    work: Path,
+    work: Path, transport: str = "tcp",
 ) -> list[Row]:  # fmt: skip
-    """Alternating runs of both builds for each stream count and kind."""
+    """Alternating runs of both builds for each stream count and kind, over `transport`."""
     source = work / "src" / "payload.bin"
     source.parent.mkdir()
     write_payload(source, file_size)
@@ -82,10 +84,11 @@ def measure(
     for root in roots.values():
         root.mkdir()
     rows = []
+    options = ["--transport", transport]
     with (
         topology("loopback") as topo,
-        xfer_receiver(other, topo, roots[other]) as rx_other,
-        xfer_receiver(this, topo, roots[this]) as rx_this,
+        xfer_receiver(other, topo, roots[other], options=options) as rx_other,
+        xfer_receiver(this, topo, roots[this], options=options) as rx_this,
     ):
         rxs = {other: rx_other, this: rx_this}
         keys = {b: write_key_file(rxs[b], work / f"key-{i}") for i, b in enumerate(builds)}
@@ -95,8 +98,8 @@ def measure(
                 for b in builds if rep % 2 == 0 else builds[::-1]:
                     rx = rxs[b]
                     what = {
-                        "file": [str(source), rx.addr],
-                        "mem": ["--mem", str(mem_size), rx.addr],
+                        "file": [str(source), *options, rx.addr],
+                        "mem": ["--mem", str(mem_size), *options, rx.addr],
                     }
                     for kind in KINDS:
                         runs[(b, kind)].append(run_xfer(topo, b, rx, n, what[kind], keys[b]))
@@ -117,6 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5, help="runs of each build per case")
     p.add_argument("--file-size", default="2GiB", help="the file of the file-to-file runs")
     p.add_argument("--mem-size", default="4GiB", help="the memory-to-memory runs' size")
+    p.add_argument(
+        "--transport", default="tcp", choices=("tcp", "mptcp", "quic"), help="what carries streams"
+    )
     p.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = p.parse_args(argv)
     if os.geteuid() != 0:
@@ -131,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Both builds' copies of the file at once, and the source.
         with tmpfs(work, f"{3 * file_size + (256 << 20)}"):
             rows = measure(args.other, args.xfer, streams, args.reps, file_size, mem_size,
-                           Path(work))  # fmt: skip
+                           Path(work), args.transport)  # fmt: skip
     command = shlex.join(["xfer-bench-against", *(argv if argv is not None else sys.argv[1:])])
     print_report(command, format_table(rows), rows, args.json)
     return 0

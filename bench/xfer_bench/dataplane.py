@@ -240,13 +240,18 @@ def run_xfer(
     topo: Topology, xfer: Path, rx: XferReceiver, streams: int, what: list[str], key_file: Path
 ) -> float:
     """One `xfer send WHAT --streams N --json` run with the key in `key_file`; returns mean
-    Gbit/s."""
+    Gbit/s. A `--transport` in `what` must be the one the summary reports."""
     cmd = [str(xfer), "send", *what[:-1], what[-1], "--key-file", str(key_file)]
     cmd += ["--streams", str(streams), "--json"]
     out = subprocess.run(topo.sender_cmd(cmd), capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"xfer send failed: {out.stderr.strip()}")
-    return xfer_summary_gbps(out.stdout)
+    summary = xfer_summary(out.stdout)
+    if "--transport" in what:
+        asked = what[what.index("--transport") + 1]
+        if summary["transport"] != asked:
+            raise RuntimeError(f"asked for {asked}, the transfer ran over {summary['transport']}")
+    return float(summary["gbit_per_s"])
 
 
 def unending_size(rate_mbit: float, seconds: float) -> int:

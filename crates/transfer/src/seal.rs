@@ -218,14 +218,6 @@ impl<W> FrameWriter<W> {
     pub fn get_mut(&mut self) -> &mut W {
         &mut self.inner
     }
-
-    /// Frames go to `inner` from now on, sealed as they were (the tags' numbering goes on).
-    pub(crate) fn redirect<V>(self, inner: V) -> FrameWriter<V> {
-        FrameWriter {
-            inner,
-            key: self.key,
-        }
-    }
 }
 
 impl<W: Write> Write for FrameWriter<W> {

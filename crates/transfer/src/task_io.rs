@@ -1,13 +1,12 @@
 //! A connection's bytes as a task reads and writes them: frames decoded from what arrives
 //! ([`FrameDecoder`]), chunks' payloads straight into where they belong or hashed as they pass
 //! through the worker's own memory, and replies held back until the task would wait for the
-//! peer. The receiver serves every connection this way once its handshake is done (a TCP
-//! connection's thread hands it over, [`hand_over`]; a QUIC connection is a task from its
-//! start), and the sender reads its QUIC streams' answers this way.
+//! peer. The receiver serves every connection this way from its first byte, key handshake
+//! included, and the sender reads its QUIC streams' answers this way.
 //!
 //! Under a connection is its link ([`Wire`]): a TCP socket, plain or TLS, whose rustls state
-//! the task drives itself (ciphertext in, plaintext out; replies into records), or a QUIC
-//! stream, which quinn drives on the same runtime. A TCP read waits for a batch of bytes
+//! the task drives itself (the TLS handshake, then ciphertext in, plaintext out; replies into
+//! records), or a QUIC stream, which quinn drives on the same runtime. A TCP read waits for a batch of bytes
 //! (`SO_RCVLOWAT` up to [`RECV_LOWAT_MAX`], or [`RECV_BATCH_WAIT`] with fewer). Every read
 //! runs against an idle clock ([`Activity`], the session's once there is one), which ends a
 //! connection that nothing arrives on.
@@ -25,11 +24,12 @@ use tokio::io::Interest;
 use tokio::net::TcpStream as AsyncTcp;
 use tokio::time::{timeout, timeout_at, Instant};
 
+use crate::auth::ChannelBinding;
 use crate::idle::{self, Activity, CONTROL_POLL};
-use crate::link::LinkReader;
 use crate::quic::{QuicConnection, QuicStream};
 use crate::seal::{ChunkSeal, FrameKey, FrameWriter};
-use crate::wire::{FrameDecoder, FrameReader, Head, Message, WireError};
+use crate::tls::{self, EXPORTER_LABEL};
+use crate::wire::{FrameDecoder, Head, Message, WireError};
 
 /// The most a read waits to accumulate before it wakes (`SO_RCVLOWAT`).
 const RECV_LOWAT_MAX: usize = 512 << 10;
@@ -45,54 +45,6 @@ const MIN_ROOM: usize = 8 << 10;
 /// The most bytes that pass a worker at once on their way to a sink ([`Into::Passing`]): the
 /// larger the read, the fewer the window updates the kernel sends and handles for it.
 const SCRATCH_LEN: usize = 1 << 20;
-
-/// What a TCP connection's thread hands over once its handshake is done.
-pub(crate) struct Handed {
-    socket: TcpStream,
-    /// Plaintext the thread had read past the handshake.
-    read_ahead: Vec<u8>,
-    decoder: FrameDecoder,
-    /// Frames written from now on, sealed as the thread's were; empty.
-    replies: FrameWriter<Vec<u8>>,
-    tls: Option<Box<Tls>>,
-}
-
-/// Takes a TCP connection over from its thread: its socket, what its reader read past the
-/// handshake, its frames' seal and, over TLS, the connection's TLS state; messages longer
-/// than `message_limit` are refused from now on. On failure the socket is shut down.
-pub(crate) fn hand_over<R: Read, W>(
-    socket: TcpStream,
-    reader: FrameReader<io::BufReader<LinkReader<R>>>,
-    writer: FrameWriter<W>,
-    message_limit: usize,
-) -> io::Result<Handed> {
-    // The writing half goes first: over TLS it shares the connection with the reader.
-    let replies = writer.redirect(Vec::new());
-    let (buffered, mut decoder) = reader.into_parts();
-    let read_ahead = buffered.buffer().to_vec();
-    let tls = match buffered.into_inner() {
-        LinkReader::Plain(_) => None,
-        LinkReader::Tls(reader) => match reader.into_connection() {
-            Ok((conn, ciphertext)) => Some(Box::new(Tls {
-                conn,
-                ciphertext: Inbox::holding(&ciphertext),
-                records: Vec::new(),
-            })),
-            Err(e) => {
-                let _ = socket.shutdown(Shutdown::Both);
-                return Err(e);
-            }
-        },
-    };
-    decoder.set_message_limit(message_limit);
-    Ok(Handed {
-        socket,
-        read_ahead,
-        decoder,
-        replies,
-        tls,
-    })
-}
 
 /// A TLS connection's state as its task drives it: rustls's, the ciphertext read and not yet
 /// taken, and the records made and not yet sent.
@@ -138,37 +90,29 @@ enum Wire {
 }
 
 impl TaskConn {
-    /// The TCP connection `handed` over, in the runtime (a task calls this), read against
-    /// `activity`'s idle clock with `idle_limit`. On failure the socket is shut down.
-    pub(crate) fn open(
-        handed: Handed,
+    /// A TCP connection from its first byte, plain until [`TaskConn::accept_tls`], its chunks
+    /// at most `max_chunk` long, read against `activity`'s idle clock with `idle_limit`; in the
+    /// runtime (a task calls this).
+    pub(crate) fn tcp(
+        socket: TcpStream,
         activity: Arc<Activity>,
         idle_limit: Duration,
+        max_chunk: usize,
     ) -> io::Result<TaskConn> {
-        let Handed {
-            socket,
-            read_ahead,
-            decoder,
-            replies,
-            tls,
-        } = handed;
-        if let Err(e) = socket.set_nonblocking(true) {
-            let _ = socket.shutdown(Shutdown::Both);
-            return Err(e);
-        }
+        socket.set_nonblocking(true)?;
         Ok(TaskConn {
             link: Link {
                 wire: Wire::Tcp {
                     socket: AsyncTcp::from_std(socket)?,
-                    tls,
+                    tls: None,
                     lowat: 1,
                 },
                 activity,
                 idle_limit,
             },
-            inbox: Inbox::holding(&read_ahead),
-            decoder,
-            replies,
+            inbox: Inbox::holding(&[]),
+            decoder: FrameDecoder::new(max_chunk),
+            replies: FrameWriter::new(Vec::new()),
         })
     }
 
@@ -230,6 +174,80 @@ impl TaskConn {
             Wire::Quic { send, .. } => send.take(),
             Wire::Tcp { .. } => None,
         }
+    }
+
+    /// Whether a TCP peer opens with a TLS handshake ([`tls::opens_tls`]): waits for its first
+    /// two bytes, or for one that cannot start one; the caller bounds the wait.
+    pub(crate) async fn starts_tls(&self) -> io::Result<bool> {
+        let Wire::Tcp { socket, .. } = &self.link.wire else {
+            return Ok(false);
+        };
+        let mut first = [0u8; 2];
+        loop {
+            let n = socket.peek(&mut first).await?;
+            if let Some(opens) = tls::opens_tls(&first[..n])? {
+                return Ok(opens);
+            }
+            // One byte that may start a record: its second comes soon from any TLS client.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Runs the TLS handshake of `conn` (the receiver's side) over this TCP connection, whose
+    /// bytes are TLS from then on; the connection's exporter value, which its key handshake
+    /// binds. The caller bounds the wait.
+    pub(crate) async fn accept_tls(
+        &mut self,
+        conn: rustls::Connection,
+    ) -> io::Result<ChannelBinding> {
+        let Link {
+            wire,
+            activity,
+            idle_limit,
+        } = &mut self.link;
+        let Wire::Tcp { socket, tls, lowat } = wire else {
+            return Err(io::Error::new(ErrorKind::Unsupported, "TLS over QUIC"));
+        };
+        let mut state = Box::new(Tls {
+            conn,
+            ciphertext: Inbox::holding(&[]),
+            records: Vec::new(),
+        });
+        loop {
+            while state.conn.wants_write() {
+                state.conn.write_tls(&mut state.records)?;
+            }
+            send(socket, &mut state.records, *idle_limit).await?;
+            if !state.conn.is_handshaking() {
+                break;
+            }
+            if state.ciphertext.filled().is_empty() {
+                let room = &mut Into::Buf(state.ciphertext.room(0));
+                let n = read_socket(socket, lowat, activity, *idle_limit, room, 1).await?;
+                if n == 0 {
+                    return Err(io::Error::new(
+                        ErrorKind::UnexpectedEof,
+                        "the peer closed the connection during the TLS handshake",
+                    ));
+                }
+                state.ciphertext.filled_by(n);
+            }
+            let taken = state.conn.read_tls(&mut state.ciphertext.filled())?;
+            state.ciphertext.consume(taken);
+            if let Err(e) = state.conn.process_new_packets() {
+                // Tell the peer why, as rustls's alert says, before giving up.
+                while state.conn.wants_write() && state.conn.write_tls(&mut state.records).is_ok() {
+                }
+                let _ = send(socket, &mut state.records, *idle_limit).await;
+                return Err(tls::tls_error(e));
+            }
+        }
+        let mut binding = [0u8; 32];
+        (state.conn)
+            .export_keying_material(&mut binding, EXPORTER_LABEL, None)
+            .map_err(tls::tls_error)?;
+        *tls = Some(state);
+        Ok(ChannelBinding(binding))
     }
 
     /// The next frame, which must be a message.
@@ -530,9 +548,7 @@ impl Link {
             if !tls.ciphertext.filled().is_empty() {
                 let taken = tls.conn.read_tls(&mut tls.ciphertext.filled())?;
                 tls.ciphertext.consume(taken);
-                tls.conn
-                    .process_new_packets()
-                    .map_err(crate::tls::tls_error)?;
+                tls.conn.process_new_packets().map_err(tls::tls_error)?;
                 if taken == 0 {
                     return Err(io::Error::other("TLS: rustls takes no more ciphertext"));
                 }
@@ -774,14 +790,8 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (ours, _) = listener.accept().unwrap();
-        let reader = FrameReader::new(
-            io::BufReader::new(LinkReader::Plain(ours.try_clone().unwrap())),
-            0,
-        );
-        let writer = FrameWriter::new(Vec::<u8>::new());
-        let handed = hand_over(ours, reader, writer, 1 << 10).unwrap();
         (
-            TaskConn::open(handed, activity.clone(), limit).unwrap(),
+            TaskConn::tcp(ours, activity.clone(), limit, 0).unwrap(),
             peer,
         )
     }

@@ -85,6 +85,12 @@ impl ServerIdentity {
             config: Arc::new(config),
         })
     }
+
+    /// The server's side of a new TLS connection with this identity, before its handshake.
+    pub(crate) fn server_connection(&self) -> io::Result<Connection> {
+        let conn = ServerConnection::new(self.config.clone()).map_err(tls_error)?;
+        Ok(conn.into())
+    }
 }
 
 /// A fresh self-signed certificate for the DNS name `name`, and its private key.
@@ -224,11 +230,8 @@ pub fn peer_starts_tls(socket: &TcpStream) -> io::Result<bool> {
     let mut first = [0u8; 2];
     loop {
         let n = socket.peek(&mut first)?;
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        if n == first.len() || first[0] != TLS_RECORD_START[0] {
-            return Ok(first == TLS_RECORD_START);
+        if let Some(tls) = opens_tls(&first[..n])? {
+            return Ok(tls);
         }
         if std::time::Instant::now() >= deadline {
             return Err(io::Error::new(
@@ -237,6 +240,17 @@ pub fn peer_starts_tls(socket: &TcpStream) -> io::Result<bool> {
             ));
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Whether a connection whose first bytes are `first` (as peeked, at most two) opens with a
+/// TLS handshake; `None` while one byte could still be the start of one. No bytes at all is
+/// the end of the connection.
+pub(crate) fn opens_tls(first: &[u8]) -> io::Result<Option<bool>> {
+    match first {
+        [] => Err(io::ErrorKind::UnexpectedEof.into()),
+        [byte] if *byte == TLS_RECORD_START[0] => Ok(None),
+        first => Ok(Some(first == TLS_RECORD_START)),
     }
 }
 
@@ -297,8 +311,7 @@ pub fn accept<R: Read>(
     socket: &TcpStream,
     ciphertext: R,
 ) -> io::Result<(TlsReader<R>, TlsWriter, ChannelBinding)> {
-    let conn = ServerConnection::new(identity.config.clone()).map_err(tls_error)?;
-    finish_handshake(conn.into(), socket, ciphertext, false)
+    finish_handshake(identity.server_connection()?, socket, ciphertext, false)
 }
 
 /// Runs the handshake of `conn` to its end. A `client` whose receiver answers in plain frames
@@ -438,17 +451,6 @@ impl<R> TlsReader<R> {
     /// ```
     pub fn source_mut(&mut self) -> &mut R {
         &mut self.ciphertext.source
-    }
-
-    /// The connection's TLS state, for a reader that goes on without blocking, and the
-    /// ciphertext read that it has not taken yet; fails while the writing half lives.
-    pub(crate) fn into_connection(self) -> io::Result<(Connection, Vec<u8>)> {
-        let conn = Arc::into_inner(self.shared)
-            .ok_or_else(|| io::Error::other("TLS: the connection's writer is still in use"))?;
-        let conn = conn
-            .into_inner()
-            .map_err(|_| io::Error::other("TLS lock poisoned"))?;
-        Ok((conn, self.ciphertext.pending))
     }
 }
 

@@ -727,17 +727,6 @@ impl<R: Read> FrameReader<R> {
         &mut self.inner
     }
 
-    /// Gives back the wrapped reader and the decoder's state (its limits and, on a sealed
-    /// connection, its key), for a reader that goes on without blocking. Only between frames.
-    pub(crate) fn into_parts(self) -> (R, FrameDecoder) {
-        assert_eq!(
-            self.decoder.payload_due(),
-            0,
-            "a chunk's payload was not read"
-        );
-        (self.inner, self.decoder)
-    }
-
     /// Reads the next frame. A clean end of stream before a frame starts is `UnexpectedEof`.
     ///
     /// ```

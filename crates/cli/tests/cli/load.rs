@@ -8,6 +8,10 @@
 //!
 //! The suite runs the short version; `scripts/load-test` runs a longer one, with
 //! `XFER_LOAD_SESSIONS`, `XFER_LOAD_CONCURRENCY` and `XFER_LOAD_SEED`.
+//!
+//! Beside it, many sessions all at once, memory to memory: `XFER_CONCURRENT_SESSIONS` (100 in
+//! the suite; `scripts/bench-sessions` runs 1,000) of 4 streams each, the receiver's threads
+//! held to its budget however many run, and its memory bounded.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -315,4 +319,112 @@ fn a_receiver_daemon_serves_many_sessions_at_once_each_intact_and_apart() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "{}", receiver.stderr.lock().unwrap());
+}
+
+/// The threads `xfer recv` runs besides its runtime's: the main thread (the accept loop), the
+/// one that waits for signals and the one that closes refused connections.
+const RECEIVER_FIXED_THREADS: u64 = 3;
+/// The most threads the receiver's runtime takes for blocking work (`xfer-recv`, beside a
+/// worker per core).
+const RECEIVER_BLOCKING_THREADS: u64 = 16;
+
+/// `XFER_CONCURRENT_SESSIONS` sessions (default 100) of 4 streams each run all at once against
+/// one `xfer recv`, memory to memory, each paced so that it lasts longer than all of them take
+/// to start. Every session completes, the most that ran at once is all of them, the receiver's
+/// threads never exceed its budget (a worker per core, at most 16 for blocking work, and its 3
+/// fixed threads: none per session, connection or handshake), and its peak RSS stays under
+/// 1 GiB.
+#[test]
+fn a_receiver_serves_many_sessions_at_once_within_its_thread_budget() {
+    const STREAMS: usize = 4;
+    let sessions = setting("XFER_CONCURRENT_SESSIONS", 100) as usize;
+    // Each stream at 2 Mbit/s: a session of 4 MiB lasts about 4 s, plus 1 s per 100 sessions
+    // for all of them to start.
+    let seconds = 4 + sessions as u64 / 100;
+    let size = seconds * STREAMS as u64 * 250_000;
+    let root = tempfile::tempdir().unwrap();
+    let places = (sessions * (STREAMS + 1)).to_string();
+    let mut receiver = Receiver::start_with(
+        root.path(),
+        &[
+            "--max-sessions",
+            &sessions.to_string(),
+            // Every sender is on 127.0.0.1, where a real receiver sees many addresses.
+            "--max-handshakes",
+            &places,
+            "--max-handshakes-per-source",
+            &places,
+        ],
+    );
+    let stop_sampling = Arc::new(AtomicBool::new(false));
+    let threads = most_threads(receiver.child.id(), stop_sampling.clone());
+    let running = Arc::new(Running::default());
+    let started = Instant::now();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let outcomes: Vec<Result<(), String>> = runtime.block_on(async {
+        let tasks: Vec<_> = (0..sessions)
+            .map(|_| {
+                let mut settings = SenderSettings::new(
+                    receiver.addr.clone(),
+                    KeySetting::Text(receiver.key.clone()),
+                    SendSource::Memory { size },
+                );
+                settings.optimizer = Some(format!("fixed:{STREAMS}").parse().unwrap());
+                settings.options.streams = STREAMS;
+                settings.options.unit_size = 256 << 10;
+                settings.options.stream_rate_cap = Some(250_000);
+                let running = running.clone();
+                tokio::spawn(async move {
+                    let mut job = SendJob::start(settings).map_err(|e| e.to_string())?;
+                    let mut counted = None;
+                    while let Some(event) = job.next_event().await {
+                        if let SendEvent::Started { .. } = event {
+                            counted = Some(running.enter());
+                        }
+                    }
+                    drop(counted);
+                    job.finish().await.map(drop).map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        let mut outcomes = Vec::new();
+        for task in tasks {
+            outcomes.push(task.await.unwrap());
+        }
+        outcomes
+    });
+    let seconds = started.elapsed().as_secs_f64();
+    assert!(
+        receiver.child.try_wait().unwrap().is_none(),
+        "the receiver exited: {}",
+        receiver.stderr.lock().unwrap()
+    );
+    let rss = peak_rss(receiver.child.id());
+    stop_sampling.store(true, Ordering::Release);
+    let threads = threads.join().unwrap();
+    let cores = std::thread::available_parallelism().unwrap().get() as u64;
+    let budget = cores + RECEIVER_BLOCKING_THREADS + RECEIVER_FIXED_THREADS;
+    let peak = running.peak.load(Ordering::Acquire);
+    let failed: Vec<String> = (outcomes.iter().enumerate())
+        .filter_map(|(i, o)| o.as_ref().err().map(|e| format!("session {i}: {e}")))
+        .collect();
+    println!(
+        "{sessions} sessions of {STREAMS} streams, {size} bytes each: {} completed, {} failed, \
+         at most {peak} at once; at most {threads} receiver threads (budget {budget}), peak \
+         receiver RSS {} MiB, {seconds:.1} s",
+        sessions - failed.len(),
+        failed.len(),
+        rss >> 20
+    );
+    assert!(failed.is_empty(), "failed sessions: {failed:#?}");
+    assert_eq!(peak, sessions, "not every session ran at once");
+    assert!(
+        threads <= budget,
+        "{threads} receiver threads, over {budget}"
+    );
+    assert!(
+        rss < 1 << 30,
+        "the receiver's peak RSS was {} MiB",
+        rss >> 20
+    );
 }

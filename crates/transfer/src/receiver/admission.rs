@@ -1,5 +1,5 @@
 //! Who may be in the key handshake at once. A connection that has not yet proven a key holds a
-//! thread and a place until it does or its deadline passes ([`super::reader::ConnReader`]);
+//! task, its socket and a place until it does or its deadline passes ([`super::handshake`]);
 //! the places are bounded so that peers without the key cannot take the receiver down:
 //!
 //! - strangers (addresses without a running session) share [`ReceiverOptions::max_handshakes`]

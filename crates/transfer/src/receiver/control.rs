@@ -1,6 +1,6 @@
 //! The rules of a session's control connection once it has started, without sockets, files or
 //! clock: which message may come when, what answers it, and when the session is over. The
-//! connection's thread reads a message, hands it to [`ControlSession::handle`] with the
+//! connection's task reads a message, hands it to [`ControlSession::handle`] with the
 //! session's files ([`SessionFiles`]), writes the reply it gets back and stops when told; the
 //! tests below, and the pair tests of `crate::pair_tests` against the sender's rules, drive
 //! the same rules with files in memory ([`memory::Files`]).

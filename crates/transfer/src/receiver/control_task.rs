@@ -1,9 +1,9 @@
 //! A session's control connection served as a task of the receiver's runtime, from its
 //! `Welcome` to its end, instead of a thread of its own and a heartbeat thread beside it.
 //!
-//! The connection's thread does the key handshake, takes the session's places and sends
-//! `Welcome`, then hands the connection over ([`crate::task_io`]). The task reads where the
-//! files go (`Start`), opens the destination and registers the session, then hands each message
+//! The connection's task did its key handshake, took the session's places and sent `Welcome`
+//! ([`super::handshake`]). It then reads where the files go (`Start`), opens the destination
+//! and registers the session, then hands each message
 //! to the session's rules ([`ControlSession`]) and writes their replies until the session ends.
 //! The rules may take long (a batch's plan, a large file's BLAKE3, the final flush to stable
 //! storage): they run on the runtime's blocking threads, and the task meanwhile sends `Working`
@@ -25,7 +25,7 @@ use crate::idle::Activity;
 use crate::link::Connection;
 use crate::manifest::ManifestBatch;
 use crate::session_id::SessionId;
-use crate::task_io::{Handed, TaskConn};
+use crate::task_io::TaskConn;
 use crate::telemetry;
 use crate::wire::{self, FileStatus, Message, WireError, HEARTBEAT};
 
@@ -82,23 +82,15 @@ pub(super) struct Welcomed {
     pub(super) places: SessionPlaces,
 }
 
-/// Serves the control connection `handed` over after its `Welcome` on the receiver's runtime
-/// until the session ends; the calling thread goes on at once.
-pub(super) fn start(welcomed: Welcomed, handed: Handed) {
+/// Serves a control connection `conn` from its `Welcome` until the session ends, and closes it.
+pub(super) async fn serve(welcomed: Welcomed, mut conn: TaskConn) {
     let shared = welcomed.places.shared.clone();
-    let runtime = shared.streams.clone();
-    runtime.spawn(async move {
-        // Until the session exists, `Start` must come within the handshake's limit.
-        let limit = shared.options.handshake_timeout;
-        match TaskConn::open(handed, Activity::new(), limit) {
-            Ok(mut conn) => {
-                serve(&shared, &mut conn, welcomed).await;
-                conn.close(false, LINGER).await;
-            }
-            Err(e) => tracing::warn!("control connection from {}: {e}", welcomed.peer),
-        }
-        shared.sessions_ended.fetch_add(1, Ordering::AcqRel);
-    });
+    // Until the session exists, `Start` must come within the handshake's limit.
+    conn.watch(Activity::new(), shared.options.handshake_timeout);
+    conn.set_message_limit(shared.options.max_manifest);
+    serve_session(&shared, &mut conn, welcomed).await;
+    conn.close(false, LINGER).await;
+    shared.sessions_ended.fetch_add(1, Ordering::AcqRel);
 }
 
 /// The connection's heartbeat: `Working` every [`HEARTBEAT`] from `Welcome` on, which tells
@@ -135,7 +127,7 @@ async fn refuse(shared: &Shared, conn: &mut TaskConn, peer: SocketAddr, reason: 
 
 /// A control connection from `Welcome` on: where the files go, then the manifest's batches
 /// (each answered by its plan) and the files' seals until the session finishes or fails.
-async fn serve(shared: &Arc<Shared>, conn: &mut TaskConn, welcomed: Welcomed) {
+async fn serve_session(shared: &Arc<Shared>, conn: &mut TaskConn, welcomed: Welcomed) {
     let options = &shared.options;
     let Welcomed {
         peer,

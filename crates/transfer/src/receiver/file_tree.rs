@@ -121,7 +121,7 @@ pub struct FileTree {
     dest: PathBuf,
     /// The session, which claims the paths it writes.
     owner: [u8; 16],
-    /// Directory handles (used as batches arrive, on the control connection's thread).
+    /// Directory handles (used as batches arrive, as the control connection's task hands them).
     checker: Mutex<DirChecker>,
     /// Directories whose metadata is set at the end.
     dirs: Mutex<Vec<(PathBuf, DirEntry)>>,

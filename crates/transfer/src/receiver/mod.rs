@@ -10,20 +10,20 @@ mod data;
 mod destination;
 mod events;
 mod file_tree;
+mod handshake;
 mod lingering;
 mod options;
 mod quic_task;
-mod reader;
 mod refusal_log;
 mod settings;
 mod shutdown;
 #[cfg(feature = "fuzzing")]
 pub(crate) use control_task::control_for_fuzzing;
 mod stream_task;
+mod tcp_task;
 mod tenant;
 
 use std::collections::HashMap;
-use std::io::BufReader;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 
 use admission::{Admission, Place};
 use announced::Budget;
-use control_task::SessionPlaces;
 use data::End;
 pub use destination::check_root_writable;
 use destination::{ActivePaths, Destination};
@@ -44,7 +43,6 @@ pub use options::{
     DEFAULT_MAX_HANDSHAKES, DEFAULT_MAX_HANDSHAKES_PER_SOURCE, DEFAULT_MAX_SESSIONS,
     DEFAULT_MAX_STREAMS, DEFAULT_SESSION_MEMORY,
 };
-use reader::ConnReader;
 use refusal_log::RefusalLog;
 pub use settings::ReceiverSettings;
 pub use shutdown::Stopper;
@@ -53,21 +51,17 @@ use stream_task::OpenStream;
 use tenant::Served;
 pub use tenant::Tenant;
 
-use crate::auth::{self, random_bytes, ChannelBinding, SessionKey};
+use crate::auth::{self, SessionKey};
 use crate::idle::Activity;
-use crate::link::{self, Connection, LinkReader, LinkWriter};
+use crate::link::Connection;
 use crate::quic::QuicServer;
 use crate::runtime::OwnedRuntime;
-use crate::seal::{FrameWrite, FrameWriter};
-use crate::session_id::SessionId;
-use crate::task_io;
+use crate::seal::FrameWrite;
 use crate::telemetry;
 use crate::tls::ServerIdentity;
 use crate::transport::{self, Transport};
-use crate::wire::{self, FrameReader, Limit, Message, Role, SessionLimits, WireError};
+use crate::wire::{self, Limit, Message, Role, SessionLimits};
 
-/// Size of the buffer in front of each connection's socket.
-const READ_BUFFER: usize = 64 << 10;
 /// Replies a data stream holds back while it handles chunks that have already arrived.
 const REPLY_BUFFER: usize = 16 << 10;
 /// The most threads that run work which may block for the runtime's tasks at once: control
@@ -465,11 +459,7 @@ impl Receiver {
             }
             match self.listener.accept() {
                 Ok((stream, peer)) => match self.shared.admit(peer) {
-                    Ok(admitted) => {
-                        std::thread::Builder::new()
-                            .name(format!("xfer-conn-{peer}"))
-                            .spawn(move || serve_tcp_connection(stream, peer, admitted))?;
-                    }
+                    Ok(admitted) => tcp_task::start(&self.shared, stream, peer, admitted),
                     Err(limit) => refuse_at_accept(&self.shared, stream, peer, limit),
                 },
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -525,25 +515,21 @@ impl Shared {
 /// A connection admitted to its key handshake, holding its place ([`admission`]) until it
 /// drops.
 struct Admitted {
-    shared: Arc<Shared>,
     place: Place,
 }
 
 impl Admitted {
-    /// Notes a handshake that failed for `e`: one that reached its deadline makes its address
-    /// suspect ([`admission`]).
-    fn failed(&mut self, e: &std::io::Error) {
-        if e.kind() == std::io::ErrorKind::TimedOut {
-            self.place.timed_out();
-        }
+    /// Notes a handshake that reached its deadline: its address becomes suspect
+    /// ([`admission`]).
+    fn timed_out(&mut self) {
+        self.place.timed_out();
     }
 }
 
 impl Shared {
     /// Admits a new connection from `peer` to its handshake, or the limit that refuses it.
-    fn admit(self: &Arc<Self>, peer: SocketAddr) -> Result<Admitted, Limit> {
+    fn admit(&self, peer: SocketAddr) -> Result<Admitted, Limit> {
         Ok(Admitted {
-            shared: self.clone(),
             place: self.admission.admit(peer.ip())?,
         })
     }
@@ -555,55 +541,6 @@ impl Shared {
 fn refuse_at_accept(shared: &Shared, stream: TcpStream, peer: SocketAddr, limit: Limit) {
     refused(shared, peer, limit.to_string());
     shared.lingering.refuse(stream, &Message::Limited { limit });
-}
-
-/// A new TCP connection, ready for its key handshake.
-struct Link {
-    reader: ConnFrames,
-    writer: FrameWriter<LinkWriter>,
-    channel: ChannelBinding,
-    /// TLS.
-    encrypted: bool,
-    socket: TcpStream,
-}
-
-fn serve_tcp_connection(stream: TcpStream, peer: SocketAddr, mut admitted: Admitted) {
-    let shared = admitted.shared.clone();
-    let shared = &*shared;
-    let setup = || -> std::io::Result<Link> {
-        stream.set_nonblocking(false)?;
-        stream.set_nodelay(true)?;
-        // A peer that stops reading must not hold a session's thread in a write for ever.
-        stream.set_write_timeout(Some(shared.options.idle_timeout))?;
-        let keepalive = socket2::TcpKeepalive::new()
-            .with_time(Duration::from_secs(60))
-            .with_interval(Duration::from_secs(10))
-            .with_retries(6);
-        socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
-        let source = ConnReader::new(stream.try_clone()?, shared.options.handshake_timeout)?;
-        let ((reader, writer, channel), encrypted) = link::server(&stream, source, &shared.tls)?;
-        Ok(Link {
-            reader: frames(shared, reader),
-            writer: FrameWriter::new(writer),
-            channel,
-            encrypted,
-            socket: stream.try_clone()?,
-        })
-    };
-    match setup() {
-        Ok(link) => serve_link(link, peer, admitted),
-        Err(e) => {
-            admitted.failed(&e);
-            refused(shared, peer, e.to_string())
-        }
-    }
-}
-
-fn frames(shared: &Shared, reader: LinkReader<ConnReader>) -> ConnFrames {
-    FrameReader::new(
-        BufReader::with_capacity(READ_BUFFER, reader),
-        shared.options.max_chunk as usize,
-    )
 }
 
 /// What a connection proves in its key handshake: that it is a session's control connection,
@@ -671,49 +608,6 @@ fn key_for(
     }
 }
 
-/// Authenticates a new TCP connection and serves it as what it proves to be: a session's
-/// control connection or one of its data streams.
-fn serve_link(link: Link, peer: SocketAddr, mut admitted: Admitted) {
-    let Link {
-        mut reader,
-        mut writer,
-        channel,
-        encrypted,
-        socket,
-    } = link;
-    let shared_arc = admitted.shared.clone();
-    let shared = &*shared_arc;
-    let mut proves = None;
-    let proven = auth::handshake_as_server(&mut reader, &mut writer, &channel, |asked| {
-        let (key, what) = key_for(shared, asked, false, encrypted)?;
-        proves = Some(what);
-        Ok(key)
-    });
-    if let Err(auth::AuthError::Wire(WireError::Io(e))) = &proven {
-        admitted.failed(e);
-    }
-    drop(admitted);
-    match (proven, proves) {
-        (Ok((asked, agreed)), Some(Proves::Control { tenant })) => {
-            let control = ControlPeer {
-                peer,
-                tenant,
-                agreed,
-                encrypted,
-                sealed: asked.sealed,
-            };
-            return run_control(&shared_arc, reader, writer, socket, control);
-        }
-        (Ok(_), Some(Proves::Data { session })) => match find_session(shared, &session) {
-            Some(session) => return run_data(shared, session, reader, writer, socket, peer),
-            None => refuse(shared, &mut writer, peer, "the session has ended".into()),
-        },
-        (Ok(_), None) => refused(shared, peer, "a handshake that proved nothing".into()),
-        (Err(e), _) => refused(shared, peer, e.to_string()),
-    }
-    let _ = socket.shutdown(std::net::Shutdown::Both);
-}
-
 /// The running session with this id.
 fn find_session(shared: &Shared, id: &[u8; 16]) -> Option<Arc<Session>> {
     shared
@@ -752,84 +646,6 @@ fn refused(shared: &Shared, peer: SocketAddr, reason: String) {
         .publish(ReceiverEvent::Refused { peer, reason });
 }
 
-type ConnFrames = FrameReader<BufReader<LinkReader<ConnReader>>>;
-
-/// Who is on an authenticated control connection.
-struct ControlPeer {
-    peer: SocketAddr,
-    /// Which key it proved ([`Shared::served`]): the receiver's own or a tenant's.
-    tenant: usize,
-    /// What its key handshake agreed, which its session's key is derived from.
-    agreed: auth::Agreed,
-    /// Whether it is TLS.
-    encrypted: bool,
-    /// Whether its frames are sealed ([`crate::seal`]).
-    sealed: bool,
-}
-
-/// A control connection past its key handshake: refused when the receiver is stopping or its
-/// sessions (or its key's) are full, else welcomed and handed to its task
-/// ([`control_task`]), which serves the session to its end.
-fn run_control(
-    shared: &Arc<Shared>,
-    reader: ConnFrames,
-    mut writer: FrameWriter<LinkWriter>,
-    socket: TcpStream,
-    control: ControlPeer,
-) {
-    let peer = control.peer;
-    let welcomed = if shared.stop.is_stopping() {
-        Err(Limit::ShuttingDown)
-    } else {
-        SessionPlaces::take(shared, control.tenant)
-    };
-    let places = match welcomed {
-        Ok(places) => places,
-        Err(limit) => {
-            refuse_over(shared, &mut writer, peer, limit);
-            let _ = socket.shutdown(std::net::Shutdown::Both);
-            shared.sessions_ended.fetch_add(1, Ordering::AcqRel);
-            return;
-        }
-    };
-    let id = random_bytes::<16>();
-    let limits = shared.served[control.tenant].limits;
-    let welcome = Message::Welcome {
-        session: id,
-        limits,
-    };
-    let handed = match wire::write_message(&mut writer, &welcome) {
-        Ok(()) => {
-            let clone = socket.try_clone().ok().map(Connection::Tcp);
-            task_io::hand_over(socket, reader, writer, shared.options.max_manifest)
-                .map(|handed| (handed, clone))
-                .map_err(WireError::Io)
-        }
-        Err(e) => {
-            let _ = socket.shutdown(std::net::Shutdown::Both);
-            Err(e)
-        }
-    };
-    match handed {
-        Ok((handed, connection)) => {
-            let welcomed = control_task::Welcomed {
-                peer,
-                id,
-                agreed: control.agreed,
-                encrypted: control.encrypted,
-                sealed: control.sealed,
-                connection,
-                places,
-            };
-            control_task::start(welcomed, handed);
-        }
-        Err(e) => {
-            tracing::warn!("session {} from {peer}: {e}", SessionId(id).short());
-            shared.sessions_ended.fetch_add(1, Ordering::AcqRel);
-        }
-    }
-}
-
 impl Session {
     /// How the session ended, given how its control connection did: a session the receiver
     /// ended, or one a stream failed (after which the sender gives up), ends for that reason.
@@ -860,31 +676,6 @@ fn offer_quic(shared: &Shared, session: &Session) -> Result<[u8; 32], String> {
         .map_err(|e| format!("cannot serve QUIC: {e}"))
 }
 
-/// Serves a TCP data stream of `session` that proved its key, once admitted
-/// ([`admit_stream`]), as a task of the receiver's runtime ([`stream_task`]).
-fn run_data(
-    shared: &Shared,
-    session: Arc<Session>,
-    reader: ConnFrames,
-    mut writer: FrameWriter<LinkWriter>,
-    socket: TcpStream,
-    peer: SocketAddr,
-) {
-    let handle = socket.try_clone().map(Connection::Tcp);
-    let Some(open) = admit_stream(shared, &session, &mut writer, peer, handle) else {
-        let _ = socket.shutdown(std::net::Shutdown::Both);
-        return;
-    };
-    let limit = stream_task::MAX_STREAM_MESSAGE;
-    match task_io::hand_over(socket, reader, writer, limit) {
-        Ok(handed) => {
-            let idle = shared.options.idle_timeout;
-            stream_task::start(&shared.streams, session, peer, handed, idle, open)
-        }
-        Err(e) => _ = stream_ended(&session, peer, End::Closed(e.to_string())),
-    }
-}
-
 /// Admits a data stream of `session` from `peer` that proved its key, on the connection
 /// `handle` is a handle of: counted among the session's streams, registered to be closed with
 /// the session, and `Welcome` written to `writer`. Refused (the reason written to `writer`)
@@ -894,7 +685,7 @@ fn admit_stream(
     session: &Arc<Session>,
     writer: &mut impl FrameWrite,
     peer: SocketAddr,
-    handle: std::io::Result<Connection>,
+    handle: Connection,
 ) -> Option<OpenStream> {
     let limits = session.limits;
     if session.streams.fetch_add(1, Ordering::AcqRel) >= limits.max_streams {
@@ -905,12 +696,12 @@ fn admit_stream(
     }
     let open = OpenStream::new(session.clone());
     let mut connections = session.connections.lock().expect("connections lock");
-    let registered = match (handle, connections.as_mut()) {
-        (Ok(handle), Some(connections)) => {
+    let registered = match connections.as_mut() {
+        Some(connections) => {
             connections.push(handle);
             true
         }
-        _ => false,
+        None => false,
     };
     drop(connections);
     if !registered {

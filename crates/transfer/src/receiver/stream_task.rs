@@ -5,9 +5,8 @@
 //! bytes, moves its worker aside for a moment ([`tokio::task::block_in_place`]), within the
 //! runtime's bound of blocking threads ([`super::BLOCKING_THREADS`]).
 //!
-//! A TCP stream's connection thread does its key handshake and sends `Welcome`, then hands the
-//! connection over ([`crate::task_io`]); a QUIC stream is a task from its start
-//! ([`super::quic_task`]). Either way the task follows the data stream's rules
+//! The stream's task did its key handshake and admitted it ([`super::handshake`]), TCP or QUIC
+//! alike. It follows the data stream's rules
 //! ([`super::data`]): a chunk's payload goes straight into its file where it can (a sink's is
 //! hashed as it arrives and never held), and replies wait until the stream would wait for the
 //! peer.
@@ -15,7 +14,6 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::task::block_in_place;
 
@@ -23,7 +21,7 @@ use super::data::{self, ChunkError, End, Next, Step};
 use super::{Session, LINGER, REPLY_BUFFER};
 use crate::direct_io::AlignedBuffer;
 use crate::seal::ChunkCheck;
-use crate::task_io::{Handed, TaskConn};
+use crate::task_io::TaskConn;
 use crate::telemetry;
 use crate::wire::{self, ChunkHeader, WireError};
 
@@ -50,27 +48,6 @@ impl Drop for OpenStream {
     fn drop(&mut self) {
         self.session.streams.fetch_sub(1, Ordering::AcqRel);
     }
-}
-
-/// Serves a TCP data stream of `session` from `peer`, `handed` over by its thread after its
-/// `Welcome`, on `runtime` until it ends ([`serve`]); the calling thread goes on at once.
-pub(super) fn start(
-    runtime: &tokio::runtime::Handle,
-    session: Arc<Session>,
-    peer: SocketAddr,
-    handed: Handed,
-    idle_limit: Duration,
-    open: OpenStream,
-) {
-    runtime.spawn(async move {
-        match TaskConn::open(handed, session.activity.clone(), idle_limit) {
-            Ok(conn) => serve(session, peer, conn, open).await,
-            Err(e) => {
-                drop(open);
-                super::stream_ended(&session, peer, End::Closed(e.to_string()));
-            }
-        }
-    });
 }
 
 /// Serves a data stream of `session` from `peer` on `conn`, past its `Welcome`, until it ends,

@@ -594,6 +594,8 @@ struct Shared {
     transport: Transport,
     /// Opens the data streams' connections when the transport is QUIC.
     quic: Option<quic_stream::QuicStreams>,
+    /// The streams in their handshake.
+    openings: stream::Openings,
     session: [u8; 16],
     /// What this session's data streams prove (derived in the control handshake).
     session_key: SessionKey,
@@ -1061,6 +1063,7 @@ impl Transfer {
             addrs,
             transport,
             quic,
+            openings: stream::Openings::default(),
             session,
             session_key,
             sealed: writer.seals(),

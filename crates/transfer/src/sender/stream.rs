@@ -385,11 +385,62 @@ fn pace_joining(
     });
 }
 
-/// Runs one stream from connect to close.
+/// The most data streams of one transfer in their handshake at once. A transfer that opens
+/// many streams together (a fixed count of 100, say) opens them in waves of this many, so that
+/// it never takes every place a receiver keeps for the handshakes of its sessions' addresses
+/// ([`crate::receiver::DEFAULT_MAX_HANDSHAKES`]) and is turned away as busy by its own streams.
+const OPENING_AT_ONCE: usize = 32;
+/// How often a stream waiting for its turn to open asks whether it is still wanted.
+const OPENING_POLL: Duration = Duration::from_millis(100);
+
+/// A transfer's data streams in their handshake, at most [`OPENING_AT_ONCE`].
+#[derive(Default)]
+pub(super) struct Openings {
+    opening: Mutex<usize>,
+    done: std::sync::Condvar,
+}
+
+/// A stream's turn to open, given back when it drops.
+struct Opening<'a>(&'a Openings);
+
+impl Openings {
+    /// Waits for a stream's turn to open; `None` once `give_up` says so.
+    fn enter(&self, give_up: impl Fn() -> bool) -> Option<Opening<'_>> {
+        let mut opening = self.opening.lock().expect("openings lock");
+        while *opening >= OPENING_AT_ONCE {
+            if give_up() {
+                return None;
+            }
+            opening = (self.done.wait_timeout(opening, OPENING_POLL))
+                .expect("openings lock")
+                .0;
+        }
+        *opening += 1;
+        Some(Opening(self))
+    }
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        *self.0.opening.lock().expect("openings lock") -= 1;
+        self.0.done.notify_one();
+    }
+}
+
+/// Runs one stream from connect to close, opened in its turn ([`Openings`]).
 fn run_stream(shared: &Arc<Shared>, handle: &Arc<StreamHandle>) -> Result<(), StreamFailure> {
+    let wanted = || !shared.is_over() && !handle.is_retiring();
+    let Some(turn) = shared.openings.enter(|| !wanted()) else {
+        if shared.is_over() {
+            return Err(StreamFailure::Fatal);
+        }
+        // Retired before it opened: nothing to carry.
+        return Ok(());
+    };
     match &shared.quic {
         None => {
             let (reader, mut writer, socket) = open_tcp(shared, handle)?;
+            drop(turn);
             let connection = Connection::Tcp(socket);
             carry(shared, handle, connection, |connection, in_flight| {
                 exchange(shared, handle, reader, &mut writer, connection, in_flight)
@@ -397,6 +448,7 @@ fn run_stream(shared: &Arc<Shared>, handle: &Arc<StreamHandle>) -> Result<(), St
         }
         Some(quic) => {
             let (conn, connection) = quic_stream::open(shared, handle, quic)?;
+            drop(turn);
             carry(
                 shared,
                 handle,

@@ -175,3 +175,24 @@ pub fn threads_named(prefix: &str) -> usize {
         .filter(|name| name.starts_with(prefix))
         .count()
 }
+
+/// The names of this process's threads that a receiver runs, all but those whose names start
+/// with one of `others` (a sender's, say), after checking that a receiver runs no other threads
+/// than its runtime's (`xfer-recv`: a worker per core and at most 16 for blocking work) and the
+/// one that closes refused connections (`xfer-refusing`), and at most that many.
+pub fn receivers_threads(others: &[&str]) -> Vec<String> {
+    let receivers: Vec<String> = thread_names()
+        .into_iter()
+        .filter(|name| name.starts_with("xfer-"))
+        .filter(|name| !others.iter().any(|prefix| name.starts_with(prefix)))
+        .collect();
+    let cores = std::thread::available_parallelism().unwrap().get();
+    assert!(
+        receivers
+            .iter()
+            .all(|name| name == "xfer-recv" || name == "xfer-refusing"),
+        "{receivers:?}"
+    );
+    assert!(receivers.len() <= cores + 16 + 1, "{receivers:?}");
+    receivers
+}
