@@ -11,14 +11,14 @@
 //! runs against an idle clock ([`Activity`], the session's once there is one), which ends a
 //! connection that nothing arrives on.
 
-use std::future::poll_fn;
+use std::collections::VecDeque;
 use std::hash::Hasher as _;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
+use bytes::{Buf as _, Bytes};
 use socket2::SockRef;
 use tokio::io::Interest;
 use tokio::net::TcpStream as AsyncTcp;
@@ -29,7 +29,7 @@ use crate::idle::{self, Activity, CONTROL_POLL};
 use crate::quic::{QuicConnection, QuicStream};
 use crate::seal::{ChunkSeal, FrameKey, FrameWriter};
 use crate::tls::{self, EXPORTER_LABEL};
-use crate::wire::{FrameDecoder, Head, Message, WireError};
+use crate::wire::{self, FrameDecoder, Head, Message, WireError};
 
 /// The most a read waits to accumulate before it wakes (`SO_RCVLOWAT`).
 const RECV_LOWAT_MAX: usize = 512 << 10;
@@ -86,7 +86,38 @@ enum Wire {
         connection: QuicConnection,
         send: Option<quinn::SendStream>,
         recv: quinn::RecvStream,
+        held: Segments,
     },
+}
+
+/// The most segments a QUIC stream's read takes from quinn at once.
+const SEGMENTS_AT_ONCE: usize = 64;
+
+/// Segments of a QUIC stream that a read took from quinn and the reads have not used up yet.
+/// quinn hands them over without a copy, under its connection's lock; they are copied where
+/// they go (or hashed) here, outside it, so that a copy into a file's window that faults its
+/// pages in never holds up the connection's driver.
+#[derive(Default)]
+struct Segments(VecDeque<Bytes>);
+
+impl Segments {
+    /// Puts what is held into `into`, as much as it takes; how many bytes (0 when none is held).
+    fn give(&mut self, into: &mut Into<'_>) -> usize {
+        let mut given = 0;
+        while let Some(front) = self.0.front_mut() {
+            let n = (into.room() - given).min(front.len());
+            if n == 0 {
+                break;
+            }
+            into.put(given, &front[..n]);
+            given += n;
+            front.advance(n);
+            if front.is_empty() {
+                self.0.pop_front();
+            }
+        }
+        given
+    }
 }
 
 impl TaskConn {
@@ -136,6 +167,7 @@ impl TaskConn {
                     connection,
                     send: Some(send),
                     recv,
+                    held: Segments::default(),
                 },
                 activity,
                 idle_limit,
@@ -225,10 +257,7 @@ impl TaskConn {
                 let room = &mut Into::Buf(state.ciphertext.room(0));
                 let n = read_socket(socket, lowat, activity, *idle_limit, room, 1).await?;
                 if n == 0 {
-                    return Err(io::Error::new(
-                        ErrorKind::UnexpectedEof,
-                        "the peer closed the connection during the TLS handshake",
-                    ));
+                    return Err(tls::closed_in_handshake());
                 }
                 state.ciphertext.filled_by(n);
             }
@@ -319,7 +348,7 @@ impl TaskConn {
                 .read(&mut Into::Buf(self.inbox.room(need)), want)
                 .await?;
             if n == 0 {
-                return Err(closed());
+                return Err(wire::peer_closed());
             }
             self.inbox.filled_by(n);
         }
@@ -342,7 +371,7 @@ impl TaskConn {
             let want = rest.len();
             let n = self.link.read(&mut Into::Buf(rest), want).await?;
             if n == 0 {
-                return Err(closed().into());
+                return Err(wire::peer_closed().into());
             }
             filled += n;
         }
@@ -375,7 +404,7 @@ impl TaskConn {
                 .read(&mut Into::Passing(left, &mut hash), batch)
                 .await?;
             if n == 0 {
-                return Err(closed().into());
+                return Err(wire::peer_closed().into());
             }
             left -= n;
         }
@@ -423,6 +452,7 @@ impl TaskConn {
                 connection,
                 send,
                 recv,
+                ..
             } => {
                 if let Some(send) = send {
                     let _ = send.finish();
@@ -489,14 +519,10 @@ fn unread(idle_limit: Duration) -> io::Error {
     )
 }
 
-/// The error of a connection that ended inside a frame.
-fn closed() -> io::Error {
-    io::Error::new(ErrorKind::UnexpectedEof, "the peer closed the connection")
-}
-
 /// Where a read puts its bytes: a buffer of the caller's, or, for bytes that are only looked at
-/// as they pass (at most the number given), the worker thread's scratch memory: a stream that
-/// hashes a chunk holds no memory of its own for it.
+/// as they pass (at most the number given), nowhere of the stream's own: a TCP read puts them
+/// in the worker thread's scratch memory, a QUIC read hands over quinn's segments, so that a
+/// stream that hashes a chunk holds no memory of its own for it.
 enum Into<'a> {
     Buf(&'a mut [u8]),
     Passing(usize, &'a mut (dyn FnMut(&[u8]) + Send)),
@@ -509,6 +535,23 @@ thread_local! {
 }
 
 impl Into<'_> {
+    /// How many bytes it takes.
+    fn room(&self) -> usize {
+        match self {
+            Into::Buf(buf) => buf.len(),
+            Into::Passing(most, _) => *most,
+        }
+    }
+
+    /// Puts `bytes` where they go, `at` bytes after those put before them (which only a buffer
+    /// keeps).
+    fn put(&mut self, at: usize, bytes: &[u8]) {
+        match self {
+            Into::Buf(buf) => buf[at..at + bytes.len()].copy_from_slice(bytes),
+            Into::Passing(_, consume) => consume(bytes),
+        }
+    }
+
     /// Has `read` put bytes where they go; how many.
     fn take(&mut self, read: impl FnOnce(&mut [u8]) -> io::Result<usize>) -> io::Result<usize> {
         match self {
@@ -533,7 +576,9 @@ impl Link {
             idle_limit,
         } = self;
         let (socket, tls, lowat) = match wire {
-            Wire::Quic { recv, .. } => return read_quic(recv, activity, *idle_limit, into).await,
+            Wire::Quic { recv, held, .. } => {
+                return read_quic(recv, held, activity, *idle_limit, into).await
+            }
             Wire::Tcp { socket, tls, lowat } => (socket, tls, lowat),
         };
         let Some(tls) = tls else {
@@ -566,34 +611,30 @@ impl Link {
     }
 }
 
-/// Reads from a QUIC stream into `into` what has arrived (in order, as many of quinn's
-/// segments as fit); fails once the session was idle for `idle_limit`. 0 at the end of the
-/// stream. Cancel-safe: quinn hands bytes over only in the poll that returns them.
+/// Reads from a QUIC stream into `into` what has arrived, in order: what `held` holds, else
+/// as many segments as quinn has (at most [`SEGMENTS_AT_ONCE`]), kept in `held` until used;
+/// fails once the session was idle for `idle_limit`. 0 at the end of the stream. Cancel-safe:
+/// quinn hands segments over only in the poll that returns them.
 async fn read_quic(
     recv: &mut quinn::RecvStream,
+    held: &mut Segments,
     activity: &Activity,
     idle_limit: Duration,
     into: &mut Into<'_>,
 ) -> io::Result<usize> {
     loop {
-        // One poll reads and consumes, so that the worker's scratch memory is never held
-        // across a wait.
-        let read = poll_fn(|cx| {
-            let read = into.take(|buf| match recv.poll_read(cx, buf) {
-                Poll::Ready(read) => read.map_err(io::Error::from),
-                Poll::Pending => Err(ErrorKind::WouldBlock.into()),
-            });
-            match read {
-                Err(e) if e.kind() == ErrorKind::WouldBlock => Poll::Pending,
-                read => Poll::Ready(read),
-            }
-        });
-        match timeout(CONTROL_POLL, read).await {
-            Ok(read) => {
-                let n = read?;
+        let given = held.give(into);
+        if given > 0 {
+            return Ok(given);
+        }
+        let mut segments: [Bytes; SEGMENTS_AT_ONCE] = std::array::from_fn(|_| Bytes::new());
+        match timeout(CONTROL_POLL, recv.read_chunks(&mut segments)).await {
+            Ok(Ok(Some(n))) => {
                 activity.touch();
-                return Ok(n);
+                held.0.extend(segments[..n].iter_mut().map(std::mem::take));
             }
+            Ok(Ok(None)) => return Ok(0),
+            Ok(Err(e)) => return Err(e.into()),
             Err(_quiet) => {
                 if activity.idle_for().is_some_and(|idle| idle >= idle_limit) {
                     return Err(idle::timed_out(idle_limit));

@@ -337,10 +337,7 @@ fn finish_handshake<R: Read>(
             break;
         }
         if ciphertext.pending.is_empty() && ciphertext.read_more()? == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the peer closed the connection during the TLS handshake",
-            ));
+            return Err(closed_in_handshake());
         }
         // Every TLS record's second byte is its major version, 3; a plain frame's is a byte of
         // its length, which is never 3 for the short messages a refusal is.
@@ -363,6 +360,14 @@ fn finish_handshake<R: Read>(
         records: Vec::new(),
     };
     Ok((reader, writer, ChannelBinding(binding)))
+}
+
+/// The error of a connection that the peer closed before its TLS handshake was done.
+pub(crate) fn closed_in_handshake() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the peer closed the connection during the TLS handshake",
+    )
 }
 
 /// Ciphertext on its way from the socket to rustls.

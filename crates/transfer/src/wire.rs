@@ -896,12 +896,17 @@ impl<R: Read> FrameReader<io::BufReader<R>> {
 /// `read_exact` that says in words when the peer closed the connection.
 fn read_exact(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<()> {
     reader.read_exact(buf).map_err(|e| match e.kind() {
-        io::ErrorKind::UnexpectedEof => io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "the peer closed the connection",
-        ),
+        io::ErrorKind::UnexpectedEof => peer_closed(),
         _ => e,
     })
+}
+
+/// The error of a connection that the peer closed inside a frame.
+pub(crate) fn peer_closed() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the peer closed the connection",
+    )
 }
 
 /// The integrity check over `parts`, in order.
