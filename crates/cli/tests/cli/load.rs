@@ -195,6 +195,32 @@ fn peak_rss(pid: u32) -> u64 {
     status_field(pid, "VmHWM:") * 1024
 }
 
+/// What every task of `tasks` returned, in order.
+async fn every_outcome<T>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.unwrap());
+    }
+    outcomes
+}
+
+/// Checks that `receiver` is still running, stops sampling its threads (`threads`), and
+/// returns its peak RSS and the most threads it ran.
+fn receivers_peaks(
+    receiver: &mut Receiver,
+    stop_sampling: &AtomicBool,
+    threads: std::thread::JoinHandle<u64>,
+) -> (u64, u64) {
+    assert!(
+        receiver.child.try_wait().unwrap().is_none(),
+        "the receiver exited: {}",
+        receiver.stderr.lock().unwrap()
+    );
+    let rss = peak_rss(receiver.child.id());
+    stop_sampling.store(true, Ordering::Release);
+    (rss, threads.join().unwrap())
+}
+
 #[test]
 fn a_receiver_daemon_serves_many_sessions_at_once_each_intact_and_apart() {
     let sessions = setting("XFER_LOAD_SESSIONS", 60) as usize;
@@ -241,22 +267,11 @@ fn a_receiver_daemon_serves_many_sessions_at_once_each_intact_and_apart() {
                 })
             })
             .collect();
-        let mut outcomes = Vec::new();
-        for task in tasks {
-            outcomes.push(task.await.unwrap());
-        }
-        outcomes
+        every_outcome(tasks).await
     });
     let seconds = started.elapsed().as_secs_f64();
 
-    assert!(
-        receiver.child.try_wait().unwrap().is_none(),
-        "the receiver exited: {}",
-        receiver.stderr.lock().unwrap()
-    );
-    let rss = peak_rss(receiver.child.id());
-    stop_sampling.store(true, Ordering::Release);
-    let threads = threads.join().unwrap();
+    let (rss, threads) = receivers_peaks(&mut receiver, &stop_sampling, threads);
     let count = |f: fn(&Outcome) -> bool| outcomes.iter().filter(|o| f(o)).count();
     let (completed, cancelled) = (
         count(|o| matches!(o, Outcome::Completed)),
@@ -387,21 +402,10 @@ fn a_receiver_serves_many_sessions_at_once_within_its_thread_budget() {
                 })
             })
             .collect();
-        let mut outcomes = Vec::new();
-        for task in tasks {
-            outcomes.push(task.await.unwrap());
-        }
-        outcomes
+        every_outcome(tasks).await
     });
     let seconds = started.elapsed().as_secs_f64();
-    assert!(
-        receiver.child.try_wait().unwrap().is_none(),
-        "the receiver exited: {}",
-        receiver.stderr.lock().unwrap()
-    );
-    let rss = peak_rss(receiver.child.id());
-    stop_sampling.store(true, Ordering::Release);
-    let threads = threads.join().unwrap();
+    let (rss, threads) = receivers_peaks(&mut receiver, &stop_sampling, threads);
     let cores = std::thread::available_parallelism().unwrap().get() as u64;
     let budget = cores + RECEIVER_BLOCKING_THREADS + RECEIVER_FIXED_THREADS;
     let peak = running.peak.load(Ordering::Acquire);
