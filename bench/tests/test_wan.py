@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from xfer_bench import dataplane, wan
+from xfer_bench import dataplane, wan, wan_commands
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 #: Bytes on the wire per full segment: payload plus TCP (with timestamps), IP and Ethernet headers.
@@ -181,3 +181,16 @@ def test_the_rtt_schedule_restarts_when_the_transfer_starts():
         time.sleep(2.5)
         after = fastest(w)
     assert 40 <= late < 41 and 10 <= again < 11 and 40 <= after < 41, (late, again, after)
+
+
+def test_the_hosts_busy_time_counts_what_a_busy_loop_spends_and_guest_time_once():
+    start = time.process_time()
+    before = wan_commands.host_busy_seconds()
+    while time.process_time() - start < 0.3:
+        pass
+    # Clock ticks of 10 ms: the loop's 0.3 s shows, whatever else ran meanwhile.
+    assert wan_commands.host_busy_seconds() - before >= 0.25
+    # user nice system idle iowait irq softirq steal guest guest_nice: guest is in user.
+    line = "cpu  100 0 50 800 50 0 0 0 30 0"
+    assert wan_commands._ticks(line) == (1000, 850)
+    assert wan_commands.busy_share(line, "cpu  200 0 50 850 50 0 0 0 30 0") == pytest.approx(2 / 3)

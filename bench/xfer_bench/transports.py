@@ -43,6 +43,7 @@ from xfer_bench.dataplane import (
 )
 from xfer_bench.netns import Topology, namespace_pair, run_ip, tear_down_on_signals
 from xfer_bench.wan import add_htb
+from xfer_bench.wan_commands import host_busy_seconds
 
 #: The receiver's address on each path; the sender's is .1 of the same /30.
 PATH_A = "10.213.1.2"
@@ -104,6 +105,8 @@ class Run:
     gbps: float
     sender_cpu: float
     receiver_cpu: float
+    #: What the whole machine spent meanwhile (`wan_commands.host_busy_seconds`).
+    host_cpu: float = 0.0
 
 
 @dataclass
@@ -119,6 +122,10 @@ class Row:
     #: CPU per Gbit over iperf3's on the same side.
     sender_cpu_vs_iperf3: float = 0.0
     receiver_cpu_vs_iperf3: float = 0.0
+    #: The machine's CPU per Gbit during the runs (everything: both ends, the emulated path,
+    #: the kernel's network processing), and over iperf3's.
+    host_cpu_per_gbit: float = 0.0
+    host_cpu_vs_iperf3: float = 0.0
 
 
 def run_iperf3(topo: Topology, streams: int, size: int, tmp: Path) -> Run:
@@ -143,8 +150,23 @@ def run_once(
 ) -> Run:
     """One `xfer send --mem` of `case` with a receiver of its own (so that its CPU time is the
     run's), both ends of `case`'s build (`builds`, by whether it is the other one)."""
+    before = host_busy_seconds()
+    run = _run_once(paths, builds, case, streams, size, tmp, quic_congestion)
+    run.host_cpu = host_busy_seconds() - before
+    return run
+
+
+def _run_once(
+    paths: dict[str, Topology],
+    builds: dict[bool, Path],
+    case: Case,
+    streams: int,
+    size: int,
+    tmp: Path,
+    quic_congestion: str,
+) -> Run:
     topo = paths[case.path]
-    if case == IPERF3:
+    if case.transport == "iperf3":
         return run_iperf3(topo, streams, size, tmp)
     xfer = builds[case.other_build]
     logs = {side: tmp / f"{side}.log" for side in ("sender", "receiver")}
@@ -184,13 +206,17 @@ def measure(
     tmp: Path,
     quic_congestion: str = "cubic",
     other: Path | None = None,
+    cases: Sequence[Case] = CASES,
+    other_cases: Sequence[Case] = OTHER_CASES,
 ) -> list[Row]:
-    """Every case at every stream count (with `other`, its cases too), runs interleaved,
-    `reps` each."""
+    """Every case at every stream count (with `other`, `other_cases` too), runs interleaved,
+    `reps` each. The first case is the one the others' throughput is given over, the iperf3
+    case the one their CPU is."""
     runs: dict[tuple[Case, int], list[Run]] = {}
     (tmp / "root").mkdir(exist_ok=True)
     builds = {False: xfer, True: other or xfer}
-    cases = CASES + (OTHER_CASES if other else ())
+    cases = (*cases, *(other_cases if other else ()))
+    iperf3 = next(c for c in cases if c.transport == "iperf3")
     for _ in range(reps):
         for n in streams:
             for case in cases:
@@ -199,14 +225,17 @@ def measure(
     rows = []
     gbit = size * 8 / 1e9
 
-    def cpu_per_gbit(case: Case, n: int) -> tuple[float, float]:
+    def cpu_per_gbit(case: Case, n: int) -> tuple[float, float, float]:
         got = runs[(case, n)]
-        sender = statistics.median(r.sender_cpu for r in got) / gbit
-        return sender, statistics.median(r.receiver_cpu for r in got) / gbit
+        sender, receiver, host = (
+            statistics.median(side) / gbit
+            for side in zip(*((r.sender_cpu, r.receiver_cpu, r.host_cpu) for r in got), strict=True)
+        )
+        return sender, receiver, host
 
     for n in streams:
-        base = statistics.median(r.gbps for r in runs[(CASES[0], n)])
-        reference = cpu_per_gbit(IPERF3, n)
+        base = statistics.median(r.gbps for r in runs[(cases[0], n)])
+        reference = cpu_per_gbit(iperf3, n)
         for case in cases:
             gbps = statistics.median(r.gbps for r in runs[(case, n)])
             cpu = cpu_per_gbit(case, n)
@@ -221,21 +250,26 @@ def measure(
                     receiver_cpu_per_gbit=cpu[1],
                     sender_cpu_vs_iperf3=vs[0],
                     receiver_cpu_vs_iperf3=vs[1],
+                    host_cpu_per_gbit=cpu[2],
+                    host_cpu_vs_iperf3=vs[2],
                 )
             )
     return rows
 
 
-def format_table(rows: Sequence[Row]) -> str:
-    """The rows as an aligned text table."""
-    head = f"{'case':<26} {'streams':>7} {'Gbit/s':>8} {'vs tcp B':>9} {'snd CPU s/Gbit':>15} "
-    head += f"{'rcv CPU s/Gbit':>15} {'snd vs iperf3':>14} {'rcv vs iperf3':>14}"
+def format_table(rows: Sequence[Row], base: str = "vs tcp B") -> str:
+    """The rows as an aligned text table; `base` heads the column of throughput over the first
+    case's."""
+    head = f"{'case':<26} {'streams':>7} {'Gbit/s':>8} {base:>9} {'snd CPU s/Gbit':>15} "
+    head += f"{'rcv CPU s/Gbit':>15} {'snd vs iperf3':>14} {'rcv vs iperf3':>14} "
+    head += f"{'host CPU s/Gbit':>16} {'host vs iperf3':>15}"
     lines = [head]
     for r in rows:
         lines.append(
             f"{r.case:<26} {r.streams:>7} {r.gbps:>8.3f} {r.vs_tcp_b:>9.2f} "
             f"{r.sender_cpu_per_gbit:>15.3f} {r.receiver_cpu_per_gbit:>15.3f} "
-            f"{r.sender_cpu_vs_iperf3:>14.2f} {r.receiver_cpu_vs_iperf3:>14.2f}"
+            f"{r.sender_cpu_vs_iperf3:>14.2f} {r.receiver_cpu_vs_iperf3:>14.2f} "
+            f"{r.host_cpu_per_gbit:>16.3f} {r.host_cpu_vs_iperf3:>15.2f}"
         )
     return "\n".join(lines)
 

@@ -26,22 +26,37 @@ from xfer_bench.wan import DEFAULT_XFER, WanSpec, emulated_wan
 CLOCK_TICKS = 100
 
 
+def _ticks(line: str) -> tuple[int, int]:
+    """All ticks and idle ticks (idle and I/O wait) of a `cpu` line of /proc/stat; guest time,
+    already counted as user time, is left out."""
+    fields = [int(x) for x in line.split()[1:9]]
+    return sum(fields), fields[3] + fields[4]
+
+
+def _cpu_line() -> str:
+    return Path("/proc/stat").read_text().split("\n")[0]
+
+
 def busy_share(first: str, second: str) -> float:
     """Share of all CPUs busy between two readings of the `cpu` line of /proc/stat."""
-
-    def parse(line: str) -> tuple[int, int]:
-        fields = [int(x) for x in line.split()[1:]]
-        return sum(fields), fields[3] + fields[4]
-
-    (total0, idle0), (total1, idle1) = parse(first), parse(second)
+    (total0, idle0), (total1, idle1) = _ticks(first), _ticks(second)
     return 1 - (idle1 - idle0) / max(total1 - total0, 1)
 
 
 def cpu_busy(seconds: float = 1.0) -> float:
     """Share of all CPUs of this machine busy over `seconds`."""
-    first = Path("/proc/stat").read_text().split("\n")[0]
+    first = _cpu_line()
     time.sleep(seconds)
-    return busy_share(first, Path("/proc/stat").read_text().split("\n")[0])
+    return busy_share(first, _cpu_line())
+
+
+def host_busy_seconds() -> float:
+    """CPU seconds all of this machine's CPUs together have been busy since it booted: a
+    difference of two readings is what everything on it spent meanwhile, interrupts and the
+    kernel's network processing included, which a process's own CPU time leaves to whichever
+    process they interrupted."""
+    total, idle = _ticks(_cpu_line())
+    return (total - idle) / CLOCK_TICKS
 
 
 def process_cpu_seconds(pid: int) -> float:

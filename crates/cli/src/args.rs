@@ -336,8 +336,9 @@ pub struct SendArgs {
     /// Largest work unit (chunk) size.
     #[arg(long, default_value = "4MiB", value_parser = parse_unit_size)]
     pub unit_size: u32,
-    /// Most unsent bytes each stream queues in its socket (TCP_NOTSENT_LOWAT; in-flight data
-    /// is not counted, so this does not limit the window).
+    /// Fewest unsent bytes each stream may queue in its socket (TCP_NOTSENT_LOWAT; in-flight
+    /// data is not counted, so this does not limit the window). On a long path a stream's queue
+    /// grows to twice its bandwidth-delay product, at most 16 MiB; 0: the system's default.
     #[arg(long, value_name = "SIZE", default_value_t = DEFAULT_UNSENT_LIMIT, value_parser = parse_unsent_limit)]
     pub unsent_limit: u32,
     /// Give up on the receiver after this long without a word from it: the control connection

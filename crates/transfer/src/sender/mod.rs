@@ -27,6 +27,7 @@ mod options;
 mod quic_stream;
 mod source;
 mod stream;
+mod unsent;
 pub(crate) mod work_queue;
 
 use std::collections::{BTreeMap, HashMap};

@@ -12,6 +12,7 @@ use super::answers::{Answer, Unanswered};
 use super::join::{self, Join, Pace};
 use super::quic_stream;
 use super::source::UnitBuffer;
+use super::unsent::UnsentQueue;
 use super::{
     connect, guarded, sample_connection, ManagerEvent, SendError, SendOptions, Shared, Unit,
     MAX_STREAM_FAILURES,
@@ -69,12 +70,17 @@ impl StreamHandle {
         }
     }
 
+    /// The socket of a connected TCP (or MPTCP) stream.
+    fn tcp(&self) -> Option<&TcpStream> {
+        match self.connection.get() {
+            Some(Connection::Tcp(socket)) => Some(socket),
+            _ => None,
+        }
+    }
+
     /// Caps the pacing rate of a connected TCP stream's socket (`u64::MAX`: no cap).
     fn set_pacing(&self, rate: u64) -> std::io::Result<()> {
-        match self.connection.get() {
-            Some(Connection::Tcp(socket)) => cap_pacing(socket, rate),
-            _ => Ok(()),
-        }
+        self.tcp().map_or(Ok(()), |socket| cap_pacing(socket, rate))
     }
 
     /// Starts the ack clock afresh when `waiting` (an answer is due), stops it otherwise. Called
@@ -640,6 +646,7 @@ pub(super) fn write_units(
 ) -> Result<(), StreamFailure> {
     let sealed = writer.seals();
     let mut buf = UnitBuffer::default();
+    let mut unsent = UnsentQueue::new(shared.config.options.unsent_limit);
     let mut open = None;
     let broken = |e: wire::WireError| StreamFailure::Broken(e.to_string());
     // The clock of the answer runs from the first unit sent while none was due.
@@ -684,6 +691,9 @@ pub(super) fn write_units(
         shared
             .bytes_sent
             .fetch_add(unit.len as u64, Ordering::Relaxed);
+        if let Some(socket) = handle.tcp() {
+            unsent.follow(socket);
+        }
     }
     // The receiver's answer to `EndOfStream` is due too.
     in_flight_push(None);
