@@ -150,21 +150,6 @@ def run_once(
 ) -> Run:
     """One `xfer send --mem` of `case` with a receiver of its own (so that its CPU time is the
     run's), both ends of `case`'s build (`builds`, by whether it is the other one)."""
-    before = host_busy_seconds()
-    run = _run_once(paths, builds, case, streams, size, tmp, quic_congestion)
-    run.host_cpu = host_busy_seconds() - before
-    return run
-
-
-def _run_once(
-    paths: dict[str, Topology],
-    builds: dict[bool, Path],
-    case: Case,
-    streams: int,
-    size: int,
-    tmp: Path,
-    quic_congestion: str,
-) -> Run:
     topo = paths[case.path]
     if case.transport == "iperf3":
         return run_iperf3(topo, streams, size, tmp)
@@ -220,7 +205,9 @@ def measure(
     for _ in range(reps):
         for n in streams:
             for case in cases:
+                before = host_busy_seconds()
                 run = run_once(paths, builds, case, n, size, tmp, quic_congestion)
+                run.host_cpu = host_busy_seconds() - before
                 runs.setdefault((case, n), []).append(run)
     rows = []
     gbit = size * 8 / 1e9

@@ -338,7 +338,8 @@ pub struct SendArgs {
     pub unit_size: u32,
     /// Fewest unsent bytes each stream may queue in its socket (TCP_NOTSENT_LOWAT; in-flight
     /// data is not counted, so this does not limit the window). On a long path a stream's queue
-    /// grows to twice its bandwidth-delay product, at most 16 MiB; 0: the system's default.
+    /// grows to twice the path's bandwidth-delay product, at most 16 MiB; 0: the system's
+    /// default.
     #[arg(long, value_name = "SIZE", default_value_t = DEFAULT_UNSENT_LIMIT, value_parser = parse_unsent_limit)]
     pub unsent_limit: u32,
     /// Give up on the receiver after this long without a word from it: the control connection

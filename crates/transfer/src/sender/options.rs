@@ -70,10 +70,11 @@ pub struct SendOptions {
     pub stream_rate_cap: Option<u64>,
     /// Fewest bytes each stream may keep queued in its socket but not yet sent
     /// (`TCP_NOTSENT_LOWAT`; data already in flight is not counted, so this does not limit the
-    /// window). A stream starts with this queue and, on a long path, grows it to twice its
-    /// bandwidth-delay product (at most 16 MiB), so that its writer wakes a few times per round
-    /// trip rather than every 64 KiB; on a short path, where the CPU limits, the small queue keeps
-    /// the data being sent in cache. [`DEFAULT_UNSENT_LIMIT`] suits most links; 0 leaves the
+    /// window). A stream starts with this queue and, on a long path, grows it to twice the
+    /// path's bandwidth-delay product (its own rate times the streams sharing the path times its
+    /// minimum RTT; at most 16 MiB), so that its writer wakes a few times per round trip rather
+    /// than every 64 KiB; on a short path, where the CPU limits, the small queue keeps the data
+    /// being sent in cache. [`DEFAULT_UNSENT_LIMIT`] suits most links; 0 leaves the
     /// system default (`net.ipv4.tcp_notsent_lowat`, unlimited unless set) and does not grow it.
     pub unsent_limit: u32,
     /// TLS 1.3 on the control connection and every data stream.

@@ -692,7 +692,7 @@ pub(super) fn write_units(
             .bytes_sent
             .fetch_add(unit.len as u64, Ordering::Relaxed);
         if let Some(socket) = handle.tcp() {
-            unsent.follow(socket);
+            unsent.follow(socket, shared.target.load(Ordering::Relaxed));
         }
     }
     // The receiver's answer to `EndOfStream` is due too.
