@@ -109,12 +109,14 @@ def iperf3_report(
     omit: float = 0,
     amount: int | None = None,
     cpu_logs: dict[str, Path] | None = None,
+    prefixes: dict[str, Sequence[str]] | None = None,
 ) -> dict:
     """One `iperf3 -P streams -J` run; returns its report. Memory to memory for `seconds`
     (the first `omit` seconds left out) or for `amount` bytes (-n), or with `files` = (source,
     output) file to file (-F on both sides) for the source's size. With `cpu_logs` (paths for
     "sender" and "receiver") both sides run under the supervisor, which writes their CPU time
-    there (`supervise.cpu_seconds`), and the server is let finish rather than killed."""
+    there (`supervise.cpu_seconds`), and the server is let finish rather than killed; with
+    `prefixes` too, each side runs behind its prefix (as `xfer_receiver`'s)."""
     server_cmd = ["iperf3", "-s", "-1", "-p", str(IPERF3_PORT)]
     cmd = ["iperf3", "-c", topo.receiver_addr, "-p", str(IPERF3_PORT), "-P", str(streams), "-J"]
     if files is not None:
@@ -130,6 +132,7 @@ def iperf3_report(
     ) -> subprocess.Popen:
         if cpu_logs is None:
             return subprocess.Popen(on_side(argv), stdout=stdout, stderr=subprocess.DEVNULL)
+        argv = [*(prefixes or {}).get(side, ()), *argv]
         with cpu_logs[side].open("w") as err:
             return supervise.start(on_side(supervise.supervised(argv)), stdout=stdout, stderr=err)
 
@@ -200,13 +203,15 @@ def xfer_receiver(
     port: int = 0,
     options: Sequence[str] = (),
     listen_host: str | None = None,
+    prefix: Sequence[str] = (),
 ) -> Iterator[XferReceiver]:
     """Starts `xfer recv OPTIONS` writing under `root` on port `port` (0: any) of
     `listen_host` (default: the receiver's address on the path), its log to `log` if given,
-    supervised so that it stops on exit wherever it runs. The address it yields is where
-    senders connect: the receiver's address on the path, with the port bound."""
+    supervised so that it stops on exit wherever it runs, behind `prefix` (a command that runs
+    it, such as `own_cpu.recorded`). The address it yields is where senders connect: the
+    receiver's address on the path, with the port bound."""
     listen = f"{listen_host or topo.receiver_addr}:{port}"
-    argv = [str(xfer), "recv", "--listen", listen, "--root", str(root), *options]
+    argv = [*prefix, str(xfer), "recv", "--listen", listen, "--root", str(root), *options]
     proc = supervise.start(
         topo.receiver_cmd(supervise.supervised(argv)),
         stdout=subprocess.PIPE,
@@ -435,20 +440,24 @@ def print_report(command: str, table: str, rows: Sequence[object], json_path: Pa
         json_path.write_text(json.dumps([asdict(r) for r in rows], indent=2))
 
 
-def add_common_options(p: argparse.ArgumentParser) -> None:
+def add_common_options(p: argparse.ArgumentParser, other: str | None = None) -> None:
     """The options every benchmark of this kind has: the xfer binary and a JSON copy of the
-    rows."""
+    rows; with `other` (its help text), `--other` too, another build's binary run beside it."""
     p.add_argument("--xfer", type=Path, default=DEFAULT_XFER, help="the xfer binary")
     p.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    if other is not None:
+        p.add_argument("--other", type=Path, help=other)
 
 
 def check_runnable(p: argparse.ArgumentParser, args: argparse.Namespace, root_for: str) -> None:
     """Ends with a usage error unless this runs as root (which it needs for `root_for`) and
-    the xfer binary exists."""
+    the xfer binary exists, and the other build's too when one is given."""
     if os.geteuid() != 0:
         p.error(f"needs root ({root_for})")
     if not args.xfer.exists():
         p.error(f"{args.xfer} does not exist: build it with cargo build --release")
+    if getattr(args, "other", None) and not args.other.exists():
+        p.error(f"{args.other} does not exist")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

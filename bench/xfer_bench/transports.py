@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from xfer_bench import supervise
+from xfer_bench import own_cpu, supervise
 from xfer_bench.dataplane import (
     add_common_options,
     check_runnable,
@@ -107,6 +107,9 @@ class Run:
     receiver_cpu: float
     #: What the whole machine spent meanwhile (`wan_commands.host_busy_seconds`).
     host_cpu: float = 0.0
+    #: Each side's CPU in its own context, when sampled (`own_cpu`).
+    sender_own_cpu: float = 0.0
+    receiver_own_cpu: float = 0.0
 
 
 @dataclass
@@ -126,17 +129,49 @@ class Row:
     #: the kernel's network processing), and over iperf3's.
     host_cpu_per_gbit: float = 0.0
     host_cpu_vs_iperf3: float = 0.0
+    #: CPU per Gbit each side spent in its own context, without the interrupt work the kernel
+    #: charged to it (`own_cpu`), and over iperf3's; 0 unless sampled.
+    sender_own_cpu_per_gbit: float = 0.0
+    receiver_own_cpu_per_gbit: float = 0.0
+    sender_own_cpu_vs_iperf3: float = 0.0
+    receiver_own_cpu_vs_iperf3: float = 0.0
 
 
-def run_iperf3(topo: Topology, streams: int, size: int, tmp: Path) -> Run:
-    """One `iperf3 -P streams -n size` run, server and client each under the supervisor (so
-    that both report their CPU time)."""
-    logs = {side: tmp / f"iperf3-{side}.log" for side in ("sender", "receiver")}
-    report = iperf3_report(topo, streams, 0, amount=size, cpu_logs=logs)
+SIDES = ("sender", "receiver")
+
+
+def _run(gbps: float, logs: dict[str, Path], samples: dict[str, Path] | None) -> Run:
+    """A run's figures from its supervisors' CPU reports (`logs`) and, when it was sampled,
+    its recordings (`samples`), by side."""
     cpu = {side: supervise.cpu_seconds(log) for side, log in logs.items()}
     if None in cpu.values():
         raise RuntimeError(f"no CPU report from the supervisor: {cpu}")
-    return Run(iperf3_gbps(report), cpu["sender"] or 0.0, cpu["receiver"] or 0.0)
+    run = Run(gbps, cpu["sender"] or 0.0, cpu["receiver"] or 0.0)
+    if samples is not None:
+        run.sender_own_cpu = own_cpu.own_seconds(samples["sender"])
+        run.receiver_own_cpu = own_cpu.own_seconds(samples["receiver"])
+    return run
+
+
+def _samples(tmp: Path, tool: str, sample: bool) -> dict[str, Path] | None:
+    """Where each side's recording goes when runs are sampled."""
+    return {side: tmp / f"{tool}-{side}.perf" for side in SIDES} if sample else None
+
+
+def _prefixes(samples: dict[str, Path] | None) -> dict[str, list[str]]:
+    """The command prefix of each side that records into its `samples` path."""
+    return {side: own_cpu.recorded(path) for side, path in (samples or {}).items()}
+
+
+def run_iperf3(topo: Topology, streams: int, size: int, tmp: Path, sample: bool = False) -> Run:
+    """One `iperf3 -P streams -n size` run, server and client each under the supervisor (so
+    that both report their CPU time), and sampled when `sample` is set."""
+    logs = {side: tmp / f"iperf3-{side}.log" for side in SIDES}
+    samples = _samples(tmp, "iperf3", sample)
+    report = iperf3_report(
+        topo, streams, 0, amount=size, cpu_logs=logs, prefixes=_prefixes(samples)
+    )
+    return _run(iperf3_gbps(report), logs, samples)
 
 
 def run_once(
@@ -147,21 +182,32 @@ def run_once(
     size: int,
     tmp: Path,
     quic_congestion: str = "cubic",
+    sample: bool = False,
 ) -> Run:
     """One `xfer send --mem` of `case` with a receiver of its own (so that its CPU time is the
-    run's), both ends of `case`'s build (`builds`, by whether it is the other one)."""
+    run's), both ends of `case`'s build (`builds`, by whether it is the other one); both sides
+    sampled when `sample` is set (`own_cpu`)."""
     topo = paths[case.path]
     if case.transport == "iperf3":
-        return run_iperf3(topo, streams, size, tmp)
+        return run_iperf3(topo, streams, size, tmp, sample)
     xfer = builds[case.other_build]
-    logs = {side: tmp / f"{side}.log" for side in ("sender", "receiver")}
+    logs = {side: tmp / f"{side}.log" for side in SIDES}
+    samples = _samples(tmp, "xfer", sample)
+    prefixes = _prefixes(samples)
     options = ["--transport", case.transport]
     # Listening on every address lets MPTCP subflows join on the announced path-B address.
     with xfer_receiver(
-        xfer, topo, tmp / "root", logs["receiver"], options=options, listen_host="0.0.0.0"
+        xfer,
+        topo,
+        tmp / "root",
+        logs["receiver"],
+        options=options,
+        listen_host="0.0.0.0",
+        prefix=prefixes.get("receiver", ()),
     ) as rx:
         key = write_key_file(rx, tmp / "key")
-        cmd = [str(xfer), "send", "--mem", str(size), rx.addr, "--key-file", str(key)]
+        cmd = [*prefixes.get("sender", ()), str(xfer), "send", "--mem", str(size), rx.addr]
+        cmd += ["--key-file", str(key)]
         cmd += ["--streams", str(streams), "--json", *options]
         if case.transport == "quic":
             cmd += ["--congestion", quic_congestion]
@@ -176,10 +222,7 @@ def run_once(
             supervise.stop(sender)
     if returncode != 0:
         raise RuntimeError(f"xfer send ({case.name}) failed: {logs['sender'].read_text()}")
-    cpu = {side: supervise.cpu_seconds(log) for side, log in logs.items()}
-    if None in cpu.values():
-        raise RuntimeError(f"no CPU report from the supervisor: {cpu}")
-    return Run(xfer_summary_gbps(stdout), cpu["sender"] or 0.0, cpu["receiver"] or 0.0)
+    return _run(xfer_summary_gbps(stdout), logs, samples)
 
 
 def measure(
@@ -193,10 +236,11 @@ def measure(
     other: Path | None = None,
     cases: Sequence[Case] = CASES,
     other_cases: Sequence[Case] = OTHER_CASES,
+    sample: bool = False,
 ) -> list[Row]:
     """Every case at every stream count (with `other`, `other_cases` too), runs interleaved,
-    `reps` each. The first case is the one the others' throughput is given over, the iperf3
-    case the one their CPU is."""
+    `reps` each, sampled when `sample` is set (`own_cpu`). The first case is the one the
+    others' throughput is given over, the iperf3 case the one their CPU is."""
     runs: dict[tuple[Case, int], list[Run]] = {}
     (tmp / "root").mkdir(exist_ok=True)
     builds = {False: xfer, True: other or xfer}
@@ -206,19 +250,19 @@ def measure(
         for n in streams:
             for case in cases:
                 before = host_busy_seconds()
-                run = run_once(paths, builds, case, n, size, tmp, quic_congestion)
+                run = run_once(paths, builds, case, n, size, tmp, quic_congestion, sample)
                 run.host_cpu = host_busy_seconds() - before
                 runs.setdefault((case, n), []).append(run)
     rows = []
     gbit = size * 8 / 1e9
 
-    def cpu_per_gbit(case: Case, n: int) -> tuple[float, float, float]:
-        got = runs[(case, n)]
-        sender, receiver, host = (
-            statistics.median(side) / gbit
-            for side in zip(*((r.sender_cpu, r.receiver_cpu, r.host_cpu) for r in got), strict=True)
-        )
-        return sender, receiver, host
+    def cpu_per_gbit(case: Case, n: int) -> list[float]:
+        """Medians per Gbit: sender, receiver, host, sender's own, receiver's own."""
+        figures = [
+            (r.sender_cpu, r.receiver_cpu, r.host_cpu, r.sender_own_cpu, r.receiver_own_cpu)
+            for r in runs[(case, n)]
+        ]
+        return [statistics.median(column) / gbit for column in zip(*figures, strict=True)]
 
     for n in streams:
         base = statistics.median(r.gbps for r in runs[(cases[0], n)])
@@ -239,25 +283,38 @@ def measure(
                     receiver_cpu_vs_iperf3=vs[1],
                     host_cpu_per_gbit=cpu[2],
                     host_cpu_vs_iperf3=vs[2],
+                    sender_own_cpu_per_gbit=cpu[3],
+                    receiver_own_cpu_per_gbit=cpu[4],
+                    sender_own_cpu_vs_iperf3=vs[3],
+                    receiver_own_cpu_vs_iperf3=vs[4],
                 )
             )
     return rows
 
 
-def format_table(rows: Sequence[Row], base: str = "vs tcp B") -> str:
+def format_table(rows: Sequence[Row], base: str = "vs tcp B", own: bool = False) -> str:
     """The rows as an aligned text table; `base` heads the column of throughput over the first
-    case's."""
+    case's; with `own`, each side's own CPU (sampled runs) follows."""
     head = f"{'case':<26} {'streams':>7} {'Gbit/s':>8} {base:>9} {'snd CPU s/Gbit':>15} "
     head += f"{'rcv CPU s/Gbit':>15} {'snd vs iperf3':>14} {'rcv vs iperf3':>14} "
     head += f"{'host CPU s/Gbit':>16} {'host vs iperf3':>15}"
+    if own:
+        head += f" {'snd own s/Gbit':>15} {'rcv own s/Gbit':>15} "
+        head += f"{'snd own vs':>11} {'rcv own vs':>11}"
     lines = [head]
     for r in rows:
-        lines.append(
+        line = (
             f"{r.case:<26} {r.streams:>7} {r.gbps:>8.3f} {r.vs_tcp_b:>9.2f} "
             f"{r.sender_cpu_per_gbit:>15.3f} {r.receiver_cpu_per_gbit:>15.3f} "
             f"{r.sender_cpu_vs_iperf3:>14.2f} {r.receiver_cpu_vs_iperf3:>14.2f} "
             f"{r.host_cpu_per_gbit:>16.3f} {r.host_cpu_vs_iperf3:>15.2f}"
         )
+        if own:
+            line += (
+                f" {r.sender_own_cpu_per_gbit:>15.3f} {r.receiver_own_cpu_per_gbit:>15.3f}"
+                f" {r.sender_own_cpu_vs_iperf3:>11.2f} {r.receiver_own_cpu_vs_iperf3:>11.2f}"
+            )
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -275,12 +332,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=("cubic", "bbr", "new_reno"),
         help="QUIC's congestion controller (TCP and MPTCP use the kernel's, cubic by default)",
     )
-    p.add_argument("--other", type=Path, help="another build's xfer binary: QUIC runs with it too")
-    add_common_options(p)
+    add_common_options(p, other="another build's xfer binary: QUIC runs with it too")
     args = p.parse_args(argv)
     check_runnable(p, args, "network namespaces")
-    if args.other and not args.other.exists():
-        p.error(f"{args.other} does not exist")
     if not 0 < args.rate_a < args.rate_b:
         p.error("path B must be the faster: 0 < --rate-a < --rate-b")
     tear_down_on_signals()
