@@ -32,7 +32,7 @@ from pathlib import Path
 from xfer_bench.dataplane import add_common_options, check_runnable, parse_size, print_report
 from xfer_bench.netns import tear_down_on_signals
 from xfer_bench.transports import Case, format_table, measure
-from xfer_bench.wan import WanSpec, emulated_wan
+from xfer_bench.wan import add_path_options, emulated_wan, path_spec
 
 #: The cases, all on the one path ("W"): this build, then iperf3.
 CASES = (Case("tcp", "W"), Case("iperf3", "W"))
@@ -43,9 +43,7 @@ OTHER_CASES = (Case("tcp", "W", other_build=True),)
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the benchmark and prints the table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rate", type=float, default=600, help="bottleneck rate, Mbit/s")
-    p.add_argument("--rtt-ms", type=float, default=30, help="round-trip time, ms")
-    p.add_argument("--buffer", default="1bdp", help="drop-tail buffer: bytes or a BDP multiple")
+    add_path_options(p)
     p.add_argument("--streams", default="1,4", help="stream counts, comma-separated")
     p.add_argument("--reps", type=int, default=3, help="repetitions per cell (median reported)")
     p.add_argument("--size", default="1GiB", help="bytes of generated data per run")
@@ -54,10 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_runnable(p, args, "network namespaces")
     if shutil.which("perf") is None:
         p.error("needs perf (Debian's linux-perf) to sample each side's own CPU")
-    try:
-        spec = WanSpec(rate_mbit=args.rate, rtt_ms=args.rtt_ms, buffer=args.buffer)
-    except ValueError as e:
-        p.error(str(e))
+    spec = path_spec(p, args)
     tear_down_on_signals()
     streams = [int(s) for s in args.streams.split(",")]
     command = "scripts/bench-cpu " + shlex.join(sys.argv[1:] if argv is None else argv)

@@ -21,6 +21,7 @@ Ctrl-C; the delay line is stopped and its statistics kept.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -241,6 +242,22 @@ def _steer_rps(ns: str, dev: str, mask: str) -> None:
         "-c",
         f"for q in /sys/class/net/{dev}/queues/rx-*; do echo {mask} > $q/rps_cpus; done",
     )
+
+
+def add_path_options(p: argparse.ArgumentParser) -> None:
+    """A benchmark's options for the emulated path it runs on (`path_spec` reads them): the
+    bottleneck's rate, the round-trip time and the buffer."""
+    p.add_argument("--rate", type=float, default=600, help="bottleneck rate, Mbit/s")
+    p.add_argument("--rtt-ms", type=float, default=30, help="round-trip time, ms")
+    p.add_argument("--buffer", default="1bdp", help="drop-tail buffer: bytes or a BDP multiple")
+
+
+def path_spec(p: argparse.ArgumentParser, args: argparse.Namespace) -> WanSpec:
+    """The path of `add_path_options`, or a usage error."""
+    try:
+        return WanSpec(rate_mbit=args.rate, rtt_ms=args.rtt_ms, buffer=args.buffer)
+    except ValueError as e:
+        p.error(str(e))
 
 
 @contextmanager
