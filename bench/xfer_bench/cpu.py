@@ -10,13 +10,13 @@ after a change). Runs are interleaved and repeated, and the median is reported.
 
 Each side's CPU is given three ways. User + system seconds from the supervisor that runs it
 (`xfer_bench.transports`; the sampling's own time included, for both tools alike) are what
-`top` shows, but on this path most of them are interrupt
-work the kernel charges to whichever process it interrupted: the emulated path's qdisc and
-delay line, acknowledgements, receive processing. The same tool's figure moves twofold between
-runs a minute apart. So every side is also sampled with `perf` (`xfer_bench.own_cpu`), and its
-own CPU (its code and its system calls, without softirqs) is reported beside; and the whole
-machine's busy time says what a run costs the host, whoever is charged. Issue 42's target: at
-most 1.2 times iperf3's on both sides.
+`top` shows, but on this path most of them are interrupt work the kernel charges to whichever
+process it interrupted: the emulated path's qdisc and delay line, acknowledgements, receive
+processing, so that the same tool's figure moves by up to a half between runs a minute apart.
+Every side is therefore also sampled with `perf` (`xfer_bench.own_cpu`), and its own CPU (its
+code and its system calls, without softirqs) is reported beside; and the whole machine's busy
+time says what a run costs the host, whoever is charged. Issue 42's target: at most 1.2 times
+iperf3's on both sides.
 """
 
 from __future__ import annotations

@@ -4,10 +4,11 @@ to it, from `perf` sampling (Debian's linux-perf).
 A process's user + system time includes every softirq that ran while it was on a CPU:
 receive processing, acknowledgements, and on the emulated WAN the htb qdisc and the delay
 line's TUN device, whichever process they interrupted. Two tools on the same path can thus be
-charged severalfold different times for the same work (on the 600 Mbit/s, 30 ms path iperf3's
-client was charged 0.9-2.1 s per GiB in runs a minute apart). Sampling the process's CPU clock
-with call chains tells the two apart: a sample whose kernel stack passes through the softirq
-handler is interrupt work, any other is the process's own, its system calls included.
+charged very different times for the same work (on the 600 Mbit/s, 30 ms path iperf3's client
+was charged 1.4-2.1 s per GiB with one stream in runs a minute apart, xfer's sender 1.1 s, and
+with four streams the order reversed). Sampling the process's CPU clock with call chains
+tells the two apart: a sample whose kernel stack passes through the softirq handler is
+interrupt work, any other is the process's own, its system calls included.
 """
 
 from __future__ import annotations
