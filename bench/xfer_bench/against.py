@@ -168,9 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     streams = [int(s) for s in args.streams.split(",")]
     with tempfile.TemporaryDirectory(prefix="xfer-against-") as work:
         # Both builds' copies of the file at once, and the source. Over the emulated path, in
-        # small pages: a receiver writing into huge pages this VM's host took back fell to
-        # 0.32-0.40 Gbit/s of the link's 0.6 in three runs of three, against 0.51-0.54 in small
-        # pages alternating with them.
+        # small pages: a receiver writing into huge pages there fell to 0.32-0.40 Gbit/s of the
+        # link's 0.6 in three runs of three, against 0.51-0.54 in small pages alternating with
+        # them (why was not pinned down).
         huge = "never" if wan else "always"
         with tmpfs(work, f"{3 * file_size + (256 << 20)}", huge=huge):
             rows = measure(args.other, args.xfer, streams, args.reps, file_size, mem_size,
