@@ -56,7 +56,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .await
                 .expect("the semaphore is never closed");
             let mut job = SendJob::start(settings)?;
-            let mut last = 0;
+            let mut cancelled = false;
             while let Some(event) = job.next_event().await {
                 if let SendEvent::Progress(p) = event {
                     println!(
@@ -64,11 +64,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                         p.bytes_acked >> 20,
                         p.bytes_total >> 20
                     );
-                    if n == CANCELLED && p.bytes_acked > 0 && last == 0 {
+                    // On the first data handed to the sockets, not the first acknowledged:
+                    // acknowledgements come a whole 4 MiB unit at a time, and on a busy
+                    // machine the last of them can arrive between two progress reports.
+                    if n == CANCELLED && p.bytes_sent > 0 && !cancelled {
                         println!("transfer {n}: cancelled by the service");
                         job.cancel();
+                        cancelled = true;
                     }
-                    last = p.bytes_acked;
                 }
             }
             Ok::<_, SendError>((n, job.finish().await))
