@@ -28,6 +28,7 @@ use rustls::sign::CertifiedKey;
 use serde::{Deserialize, Serialize};
 
 use crate::auth::ChannelBinding;
+use crate::sync::unpoisoned;
 use crate::tcp_info::TcpInfo;
 use crate::tls::{self, ReceiverCertificate};
 
@@ -336,7 +337,7 @@ struct SessionCertificates(Mutex<HashMap<String, Arc<CertifiedKey>>>);
 impl ResolvesServerCert for SessionCertificates {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         let name = hello.server_name()?;
-        self.0.lock().expect("certificates lock").get(name).cloned()
+        unpoisoned(self.0.lock()).get(name).cloned()
     }
 }
 
@@ -383,14 +384,14 @@ impl QuicServer {
             .load_private_key(key)
             .map_err(tls::tls_error)?;
         let certified = Arc::new(CertifiedKey::new(vec![certificate], key));
-        let mut certificates = self.certificates.0.lock().expect("certificates lock");
+        let mut certificates = unpoisoned(self.certificates.0.lock());
         certificates.insert(name, certified);
         Ok(hash)
     }
 
     /// Stops serving `session`'s certificate: no new connection can join it.
     pub(crate) fn remove_session(&self, session: &[u8; 16]) {
-        let mut certificates = self.certificates.0.lock().expect("certificates lock");
+        let mut certificates = unpoisoned(self.certificates.0.lock());
         certificates.remove(&server_name(session));
     }
 

@@ -24,6 +24,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::sync::unpoisoned;
 use crate::wire::Limit;
 
 /// How long an address stays suspect after a connection of its reached the handshake deadline.
@@ -133,7 +134,7 @@ impl Admission {
     fn places(&self) -> std::sync::MutexGuard<'_, Places> {
         // The counts stay consistent whatever panicked while holding the lock: every change is
         // one statement.
-        self.places.lock().unwrap_or_else(|e| e.into_inner())
+        unpoisoned(self.places.lock())
     }
 
     /// A place for a new connection from `ip`, or the limit that refuses it.

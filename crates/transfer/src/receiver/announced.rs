@@ -13,6 +13,7 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use super::destination::DestinationError;
+use crate::sync::unpoisoned;
 
 /// How long a batch waits for room in the receiver-wide [`Budget`] before it is refused.
 const BUDGET_WAIT: Duration = Duration::from_secs(30);
@@ -38,7 +39,7 @@ impl Budget {
     /// Takes `count` files, waiting at most `wait` for room; whether it did.
     fn take(&self, count: usize, wait: Duration) -> bool {
         let deadline = Instant::now() + wait;
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = unpoisoned(self.held.lock());
         loop {
             if *held + count <= self.limit {
                 *held += count;
@@ -48,11 +49,7 @@ impl Budget {
             if left.is_zero() || count > self.limit {
                 return false;
             }
-            held = self
-                .freed
-                .wait_timeout(held, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            held = unpoisoned(self.freed.wait_timeout(held, left)).0;
         }
     }
 
@@ -60,7 +57,7 @@ impl Budget {
         if count == 0 {
             return;
         }
-        *self.held.lock().unwrap_or_else(|e| e.into_inner()) -= count;
+        *unpoisoned(self.held.lock()) -= count;
         self.freed.notify_all();
     }
 }
@@ -94,12 +91,14 @@ impl<T> Announced<T> {
         }
     }
 
+    // Each change inserts or removes one file, so what a panicking thread left is whole; and
+    // the `Drop` below must give the budget back, which every session shares.
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Numbered<T>> {
-        self.inner.read().expect("announced files lock")
+        unpoisoned(self.inner.read())
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Numbered<T>> {
-        self.inner.write().expect("announced files lock")
+        unpoisoned(self.inner.write())
     }
 
     /// Room for a batch of `count` files: within this session's limit, and in the receiver's
@@ -257,5 +256,21 @@ mod tests {
             assert_eq!(waiting.join().unwrap().unwrap(), 0);
         });
         assert_eq!(*budget.held.lock().unwrap(), 4);
+    }
+
+    /// A thread that panicked holding the session's files or the receiver's budget neither
+    /// keeps the budget from being given back nor fails the next session's batch.
+    #[test]
+    fn a_panic_holding_the_locks_keeps_the_budget_whole() {
+        let budget = Budget::new(4);
+        let one = Announced::new(4, budget.clone());
+        one.reserve(3).unwrap().add([Some(1), Some(2), Some(3)]);
+        crate::sync::panic_holding(|| one.write());
+        crate::sync::panic_holding(|| budget.held.lock());
+        assert!(one.get(1).is_ok());
+        drop(one);
+        let two = Announced::new(4, budget.clone());
+        assert_eq!(two.reserve(4).unwrap().add([Some(4); 4]), 0);
+        assert_eq!(*unpoisoned(budget.held.lock()), 4);
     }
 }

@@ -25,6 +25,7 @@ use crate::idle::Activity;
 use crate::link::Connection;
 use crate::manifest::ManifestBatch;
 use crate::session_id::SessionId;
+use crate::sync::unpoisoned;
 use crate::task_io::TaskConn;
 use crate::telemetry;
 use crate::wire::{self, FileStatus, Message, WireError, HEARTBEAT};
@@ -189,22 +190,18 @@ async fn serve_session(shared: &Arc<Shared>, conn: &mut TaskConn, welcomed: Welc
         connections: Mutex::new(Some(Vec::new())),
         control: connection,
     });
-    shared
-        .sessions
-        .lock()
-        .expect("sessions lock")
-        .insert(id, session.clone());
+    unpoisoned(shared.sessions.lock()).insert(id, session.clone());
     // From now on the sender's address has places of its own for its streams' handshakes.
     let _known = shared.admission.session_from(peer.ip());
     conn.watch(session.activity.clone(), options.idle_timeout);
     let mut control = ControlSession::default();
     let outcome = serve_messages(shared, &session, conn, &mut beats, &mut control).await;
     let announced = control.announced();
-    shared.sessions.lock().expect("sessions lock").remove(&id);
+    unpoisoned(shared.sessions.lock()).remove(&id);
     if let Some(quic) = &shared.quic {
         quic.remove_session(&id);
     }
-    let connections = session.connections.lock().expect("connections lock").take();
+    let connections = unpoisoned(session.connections.lock()).take();
     for connection in connections.into_iter().flatten() {
         connection.shutdown();
     }

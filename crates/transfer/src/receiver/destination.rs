@@ -12,6 +12,7 @@ use rangemap::RangeSet;
 use super::announced::{Announced, Budget};
 use super::file_tree::{FileTree, MappedChunk};
 use crate::manifest::{ManifestBatch, SinkKind, MAX_FILE_SIZE};
+use crate::sync::unpoisoned;
 use crate::wire::FileStatus;
 
 /// A failure of the destination.
@@ -81,7 +82,7 @@ impl ActivePaths {
         wait: Duration,
     ) -> Result<(), ClaimError> {
         let deadline = Instant::now() + wait;
-        let mut paths = self.paths.lock().expect("active paths lock");
+        let mut paths = unpoisoned(self.paths.lock());
         loop {
             let held = rels
                 .iter()
@@ -97,22 +98,18 @@ impl ActivePaths {
             if left.is_zero() {
                 return Err(ClaimError::Busy(busy.clone()));
             }
-            paths = self
-                .released
-                .wait_timeout(paths, left)
-                .expect("active paths lock")
-                .0;
+            paths = unpoisoned(self.released.wait_timeout(paths, left)).0;
         }
     }
 
     /// Whether `owner` holds `rel` (a file it announced and has not settled).
     pub(super) fn held_by(&self, rel: &Path, owner: [u8; 16]) -> bool {
-        self.paths.lock().expect("active paths lock").get(rel) == Some(&owner)
+        unpoisoned(self.paths.lock()).get(rel) == Some(&owner)
     }
 
     /// Gives up paths a session claimed.
     pub fn release<'a>(&self, rels: impl IntoIterator<Item = &'a PathBuf>) {
-        let mut paths = self.paths.lock().expect("active paths lock");
+        let mut paths = unpoisoned(self.paths.lock());
         for rel in rels {
             paths.remove(rel);
         }
@@ -390,5 +387,17 @@ mod tests {
         assert_eq!(busy, Err(ClaimError::Busy(PathBuf::from("x"))));
         assert!(started.elapsed() >= Duration::from_millis(300));
         active.claim(&paths(&["y"]), NEW, Duration::ZERO).unwrap();
+    }
+
+    /// Every session under a root shares its active paths: a thread that panicked holding
+    /// them fails no later claim or release.
+    #[test]
+    fn a_panic_holding_the_active_paths_fails_no_later_session() {
+        let active = ActivePaths::default();
+        active.claim(&paths(&["x"]), OLD, Duration::ZERO).unwrap();
+        crate::sync::panic_holding(|| active.paths.lock());
+        assert!(active.held_by(Path::new("x"), OLD));
+        active.release(&paths(&["x"]));
+        active.claim(&paths(&["x"]), NEW, Duration::ZERO).unwrap();
     }
 }

@@ -27,6 +27,7 @@ use crate::direct_io;
 use crate::journal::{Journal, PartPaths, SourceIdentity};
 use crate::manifest::{split_relative, DirEntry, FileEntry, ManifestBatch, PathError, Timestamp};
 use crate::seal::ChunkCheck;
+use crate::sync::unpoisoned;
 use crate::sys::mapped::{self, Detachable, Truncated, WriteWindow, MAPPED_MIN};
 use crate::wire::FileStatus;
 
@@ -539,7 +540,9 @@ impl Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        let mut state = self.file.state.lock().expect("part lock");
+        // A drop must not panic (one while unwinding aborts), and taking the claim out leaves
+        // the state whole.
+        let mut state = unpoisoned(self.file.state.lock());
         state.writing.retain(|w| w.claim != self.number);
         drop(state);
         self.file.written.notify_all();

@@ -57,6 +57,7 @@ use crate::link::Connection;
 use crate::quic::QuicServer;
 use crate::runtime::OwnedRuntime;
 use crate::seal::FrameWrite;
+use crate::sync::unpoisoned;
 use crate::telemetry;
 use crate::tls::ServerIdentity;
 use crate::transport::{self, Transport};
@@ -145,10 +146,7 @@ struct Session {
 impl Session {
     /// Ends the session for `reason`: its streams say so to the sender at their next chunk.
     fn fail(&self, reason: &str) {
-        self.failure
-            .lock()
-            .expect("failure lock")
-            .get_or_insert_with(|| reason.to_string());
+        unpoisoned(self.failure.lock()).get_or_insert_with(|| reason.to_string());
     }
 
     /// The receiver ends the session for `reason`, which its streams tell the sender at their
@@ -160,7 +158,7 @@ impl Session {
 
     /// Closes every connection of the session.
     fn close(&self) {
-        if let Some(connections) = &*self.connections.lock().expect("connections lock") {
+        if let Some(connections) = &*unpoisoned(self.connections.lock()) {
             connections.iter().for_each(Connection::shutdown);
         }
         if let Some(control) = &self.control {
@@ -501,7 +499,7 @@ impl Shared {
             return true;
         }
         if matches!(stage, Stage::Telling | Stage::Closing) {
-            for session in self.sessions.lock().expect("sessions lock").values() {
+            for session in unpoisoned(self.sessions.lock()).values() {
                 session.end(STOPPING);
                 if stage == Stage::Closing {
                     session.close();
@@ -610,12 +608,7 @@ fn key_for(
 
 /// The running session with this id.
 fn find_session(shared: &Shared, id: &[u8; 16]) -> Option<Arc<Session>> {
-    shared
-        .sessions
-        .lock()
-        .expect("sessions lock")
-        .get(id)
-        .cloned()
+    unpoisoned(shared.sessions.lock()).get(id).cloned()
 }
 
 /// Tells `peer` why it is refused, and logs, counts and publishes it.
@@ -650,7 +643,7 @@ impl Session {
     /// How the session ended, given how its control connection did: a session the receiver
     /// ended, or one a stream failed (after which the sender gives up), ends for that reason.
     fn outcome(&self, control: Result<(), SessionOutcome>) -> SessionOutcome {
-        let failure = self.failure.lock().expect("failure lock").clone();
+        let failure = unpoisoned(self.failure.lock()).clone();
         match (control, failure) {
             (_, Some(reason)) if self.ended_by_receiver.load(Ordering::Acquire) => {
                 SessionOutcome::EndedByReceiver(reason)
@@ -695,7 +688,7 @@ fn admit_stream(
         return None;
     }
     let open = OpenStream::new(session.clone());
-    let mut connections = session.connections.lock().expect("connections lock");
+    let mut connections = unpoisoned(session.connections.lock());
     let registered = match connections.as_mut() {
         Some(connections) => {
             connections.push(handle);
@@ -746,4 +739,51 @@ fn count_stored(session: &Session, len: usize) {
     session
         .bytes_received
         .fetch_add(len as u64, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::sender::{SendOptions, SendSource, Transfer};
+
+    /// Sessions are registered in one map that every session shares: a thread that panicked
+    /// holding it (a bug in one session) fails none of the sessions after it, each of which
+    /// is registered, served and taken out again.
+    #[test]
+    fn a_panic_holding_the_sessions_fails_no_later_session() {
+        let root = tempfile::tempdir().unwrap();
+        let (key_text, key) = auth::SessionKey::generate();
+        let settings = ReceiverSettings::new(root.path().into(), key).listen("127.0.0.1:0");
+        let receiver = Arc::new(Receiver::bind(&settings).unwrap());
+        let addr = receiver.local_addr().unwrap().to_string();
+        crate::sync::panic_holding(|| receiver.shared.sessions.lock());
+        // Not joined: a receiver that fails its sessions would wait for them forever.
+        let serving = receiver.clone();
+        std::thread::spawn(move || serving.serve(None));
+        let src = tempfile::tempdir().unwrap();
+        for n in 0..2u8 {
+            let file = src.path().join(format!("file-{n}"));
+            std::fs::write(&file, vec![n; 3 << 20]).unwrap();
+            let source = SendSource::Paths {
+                paths: vec![file],
+                destination: PathBuf::new(),
+            };
+            let key = auth::SessionKey::from_text(&key_text).unwrap();
+            let options = SendOptions::default().streams(2).unit_size(1 << 20);
+            Transfer::start(&addr, key, source, options)
+                .and_then(|transfer| transfer.wait())
+                .unwrap();
+            let landed = std::fs::read(root.path().join(format!("file-{n}"))).unwrap();
+            assert!(landed == vec![n; 3 << 20], "file-{n} differs");
+        }
+        // The sender is done when the receiver has placed its files; the receiver takes the
+        // session out of the map just after.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !unpoisoned(receiver.shared.sessions.lock()).is_empty() {
+            assert!(Instant::now() < deadline, "a session stays registered");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }

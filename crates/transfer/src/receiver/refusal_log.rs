@@ -3,6 +3,7 @@
 //! each [`WINDOW`] is logged whole; the rest are counted and logged as one line per address
 //! when the window ends, with the last reason.
 
+use crate::sync::unpoisoned;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Mutex;
@@ -48,7 +49,7 @@ impl RefusalLog {
     /// Logs that `peer` was refused for `reason`, or counts it when its address was refused
     /// already in this window.
     pub(super) fn refused(&self, peer: SocketAddr, reason: &str) {
-        let mut window = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut window = unpoisoned(self.0.lock());
         window.end_if_over(Instant::now());
         let known = window.addresses.len();
         match window.addresses.get_mut(&peer.ip()) {
@@ -67,10 +68,7 @@ impl RefusalLog {
     /// Logs the summaries of a window that has ended; called now and then (the accept loop's
     /// tick) so that a flood that stops is summarised without waiting for the next refusal.
     pub(super) fn tick(&self) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .end_if_over(Instant::now());
+        unpoisoned(self.0.lock()).end_if_over(Instant::now());
     }
 }
 

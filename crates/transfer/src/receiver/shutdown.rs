@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::Shared;
 use crate::session_id::SessionId;
+use crate::sync::unpoisoned;
 
 /// What a sender is told when its running session is ended by a stop.
 pub(super) const STOPPING: &str =
@@ -40,18 +41,18 @@ impl StopState {
     /// Starts the stop, or shortens a stop under way to end no later than `grace` from now.
     pub(super) fn begin(&self, grace: Duration) {
         let end = Instant::now() + grace;
-        let mut deadline = self.deadline.lock().expect("stop lock");
+        let mut deadline = unpoisoned(self.deadline.lock());
         *deadline = Some(deadline.map_or(end, |d| d.min(end)));
     }
 
     /// Whether the receiver takes no new session.
     pub(super) fn is_stopping(&self) -> bool {
-        self.deadline.lock().expect("stop lock").is_some()
+        unpoisoned(self.deadline.lock()).is_some()
     }
 
     /// Where the stop is at `now`.
     pub(super) fn stage(&self, now: Instant) -> Stage {
-        match *self.deadline.lock().expect("stop lock") {
+        match *unpoisoned(self.deadline.lock()) {
             None => Stage::Serving,
             Some(d) if now < d => Stage::Draining,
             Some(d) if now < d + TELL_THEN_CLOSE => Stage::Telling,

@@ -21,6 +21,7 @@ use super::data::{self, ChunkError, End, Next, Step};
 use super::{Session, LINGER, REPLY_BUFFER};
 use crate::direct_io::AlignedBuffer;
 use crate::seal::ChunkCheck;
+use crate::sync::unpoisoned;
 use crate::task_io::TaskConn;
 use crate::telemetry;
 use crate::wire::{self, ChunkHeader, WireError};
@@ -86,7 +87,7 @@ impl Receiving {
         loop {
             let head = self.conn.next_head().await;
             // Read after the head arrived: the session may have failed while this stream waited.
-            let failure = self.session.failure.lock().expect("failure lock").clone();
+            let failure = unpoisoned(self.session.failure.lock()).clone();
             let step = match data::on_head(head, failure) {
                 Next::Receive(header, len) => {
                     let stored = self.receive_chunk(&header, len).await;

@@ -22,8 +22,9 @@ use std::cell::Cell;
 use std::fs::File;
 use std::io;
 use std::sync::atomic::{compiler_fence, AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock};
 
+use crate::sync::unpoisoned;
 use memmap2::{Advice, MmapMut, MmapOptions};
 
 /// Chunks at least this long are mapped; shorter ones are cheaper to read and write with a copy
@@ -156,7 +157,7 @@ impl Drop for WriteWindow {
 
 /// The lock of a window's `mapped` flag; a thread that panicked holding it left a valid bool.
 fn lock(mapped: &Mutex<bool>) -> MutexGuard<'_, bool> {
-    mapped.lock().unwrap_or_else(PoisonError::into_inner)
+    unpoisoned(mapped.lock())
 }
 
 /// Where a [`WriteWindow`] is mapped, for another thread.
