@@ -514,11 +514,17 @@ pub fn parse_destination(s: &str) -> anyhow::Result<Destination> {
     })
 }
 
+/// A size as GNU coreutils reads one: `GB` is 10^9 bytes, `GiB` 2^30, and a lone letter
+/// (`G`) binary too, as in `dd` and `sort -S`.
 fn parse_size_arg(s: &str) -> Result<u64, String> {
-    parse_size::Config::new()
-        .with_binary()
-        .parse_size(s)
-        .map_err(|e| format!("{s:?} is not a size ({e}); examples: 10GiB, 512M, 4096"))
+    let unit = s.trim_start_matches(|c: char| c.is_ascii_digit() || matches!(c, '.' | '_' | ' '));
+    let config = match unit.len() {
+        1 => parse_size::Config::new().with_binary(),
+        _ => parse_size::Config::new(),
+    };
+    config.parse_size(s).map_err(|e| {
+        format!("{s:?} is not a size ({e}); examples: 10GiB or 10G (2^30 bytes each), 10GB (10^9), 4096")
+    })
 }
 
 /// A size of 1 byte to `max` bytes (named `max_text` in errors), as a `u32`.
@@ -563,6 +569,21 @@ fn parse_stall_timeout(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_read_decimal_units_as_decimal() {
+        let size = |s| parse_size_arg(s).unwrap();
+        assert_eq!(size("10GB"), 10_000_000_000);
+        assert_eq!(size("10GiB"), 10 << 30);
+        assert_eq!(size("10G"), 10 << 30);
+        assert_eq!(size("512M"), 512 << 20);
+        assert_eq!(size("512MB"), 512_000_000);
+        assert_eq!(size("1.5KiB"), 1536);
+        assert_eq!(size("100TiB"), 100 << 40);
+        assert_eq!(size("4096"), 4096);
+        let err = parse_size_arg("10 gigs").unwrap_err();
+        assert!(err.contains("10GB (10^9)"), "{err}");
+    }
 
     #[test]
     fn destinations() {

@@ -137,7 +137,13 @@ impl SshStart {
             }),
             Err(e) => {
                 let why = match ssh.stop().map(|status| status.code()) {
-                    Some(Some(255)) => format!("ssh to {} failed", self.target),
+                    // `HOST:DIR` names an ssh destination; a user who meant a receiver
+                    // already running there left out its port.
+                    Some(Some(255)) => format!(
+                        "ssh to {} failed (a receiver already running there is named with its \
+                         port: {}:PORT:{})",
+                        self.target, self.target, self.dir
+                    ),
                     Some(Some(127)) => format!(
                         "{:?} was not found on {} (--remote-xfer names the xfer command there)",
                         self.remote_xfer, self.target

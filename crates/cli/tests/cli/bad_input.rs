@@ -362,3 +362,25 @@ fn garbage_sent_to_the_receiver_is_refused_and_it_keeps_serving() {
         receiver.stderr.lock().unwrap()
     );
 }
+
+/// `HOST:DIR` is an ssh destination; one who meant a running receiver and left out its port
+/// is told how to name it when ssh fails.
+#[test]
+fn a_destination_without_its_port_says_how_to_name_a_running_receiver() {
+    let src = tempfile::tempdir().unwrap();
+    let file = one_file(src.path());
+    let out = xfer()
+        .arg("send")
+        .arg(&file)
+        .arg("127.0.0.1:incoming")
+        // Nothing listens on port 1, so ssh fails at once with its exit status 255.
+        .args([
+            "--ssh-command",
+            "ssh -p 1 -o BatchMode=yes -o ConnectTimeout=5",
+        ])
+        .output()
+        .unwrap();
+    let stderr = fails(out);
+    assert!(stderr.contains("ssh to 127.0.0.1 failed"), "{stderr}");
+    assert!(stderr.contains("127.0.0.1:PORT:incoming"), "{stderr}");
+}
