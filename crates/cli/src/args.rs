@@ -287,6 +287,11 @@ pub struct SendArgs {
     /// controller's decision and how long it took.
     #[arg(long, value_name = "FILE")]
     pub mi_log: Option<PathBuf>,
+    /// Print a line per monitoring interval above the progress bar: its rate, loss and RTT,
+    /// the utility, and the stream count chosen from it, by whom and, when control changed
+    /// hands, why.
+    #[arg(long, short, conflicts_with_all = ["json", "quiet"])]
+    pub verbose: bool,
     /// Seed of the controller's random choices (bo's first stream counts): runs with one seed
     /// try the same counts first.
     #[arg(long, default_value_t = 0)]
@@ -316,14 +321,14 @@ pub struct SendArgs {
     pub encrypt: bool,
     /// Protect the integrity of every chunk and control message without encrypting them: each
     /// frame carries a keyed BLAKE3 tag only the two ends can make, so nobody on the path can
-    /// change, drop or replay what is sent. Costs less CPU than --encrypt (see README).
+    /// change, drop or replay what is sent. Costs less CPU than --encrypt (see docs/security.md).
     #[arg(long, conflicts_with = "encrypt")]
     pub integrity: bool,
     /// tcp: one TCP connection per stream. mptcp: one Multipath TCP connection per stream,
-    /// with subflows over every path the kernel's path manager is set up for (see the
-    /// README); falls back to TCP, with a warning, where this host or the receiver lacks it.
-    /// quic: one QUIC connection per stream over UDP, encrypted like --encrypt (the receiver
-    /// must run with --transport quic).
+    /// with subflows over every path the kernel's path manager is set up for (see
+    /// docs/transports.md); falls back to TCP, with a warning, where this host or the receiver
+    /// lacks it. quic: one QUIC connection per stream over UDP, encrypted like --encrypt (a
+    /// receiver serves QUIC unless started with --no-quic).
     #[arg(long, value_name = "tcp|mptcp|quic", default_value = "tcp")]
     pub transport: Transport,
     /// Congestion controller of each QUIC connection (--transport quic) [default: cubic];
@@ -373,7 +378,7 @@ pub struct RecvArgs {
     /// Read every setting from this TOML file instead of the flags (fields as the flags, times
     /// as "90s" or "10m", and `key = { file = "PATH" }`; see crates/cli/systemd/recv.toml).
     #[arg(long, value_name = "FILE", conflicts_with_all = [
-        "listen", "root", "key_file", "encrypt", "integrity", "transport", "max_streams",
+        "listen", "root", "key_file", "encrypt", "integrity", "transport", "no_quic", "max_streams",
         "max_sessions", "session_memory", "idle_timeout", "direct_io", "handshake_timeout",
         "max_handshakes", "max_handshakes_per_source", "shutdown_grace", "over_ssh",
     ])]
@@ -401,11 +406,14 @@ pub struct RecvArgs {
     #[arg(long)]
     pub integrity: bool,
     /// Listen for tcp, or for mptcp (Multipath TCP, which also serves plain TCP senders;
-    /// falls back to TCP, with a warning, where this host lacks it), or for quic (on the UDP
-    /// port of the same number, besides TCP, which carries control connections and serves TCP
-    /// senders too).
+    /// falls back to TCP, with a warning, where this host lacks it). QUIC senders are served
+    /// beside either, on the UDP port of the same number, unless --no-quic; quic insists on
+    /// it (no start where the UDP port cannot be bound, instead of a warning).
     #[arg(long, value_name = "tcp|mptcp|quic", default_value = "tcp")]
     pub transport: Transport,
+    /// Do not serve QUIC senders (no UDP port): TCP or MPTCP only.
+    #[arg(long, conflicts_with = "transport")]
+    pub no_quic: bool,
     /// Most data streams one session may open.
     #[arg(long, default_value_t = DEFAULT_MAX_STREAMS, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_streams: u32,

@@ -12,6 +12,7 @@ mod metrics_endpoint;
 mod model;
 mod recv;
 mod send;
+mod signals;
 mod sim;
 mod ssh_start;
 
@@ -54,6 +55,11 @@ fn main() {
         args::Command::Model(a) => model::run(a),
     };
     if let Err(e) = result {
+        // Stopped by the user, not failed: said as such, with the status a shell expects.
+        if let Some(stopped) = e.downcast_ref::<send::Interrupted>() {
+            eprintln!("xfer: {stopped}");
+            std::process::exit(stopped.signal.exit_code());
+        }
         eprintln!("xfer: error: {e:#}");
         std::process::exit(1);
     }

@@ -6,7 +6,6 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::Context;
-use signal_hook::consts::{SIGINT, SIGTERM};
 use transfer::auth::{KeySetting, SessionKey};
 use transfer::receiver::{Receiver, ReceiverSettings, Stopper};
 
@@ -28,7 +27,12 @@ pub fn run(args: RecvArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics {
         crate::metrics_endpoint::serve(addr)?;
     }
-    tracing::info!("serving over {}", receiver.transport());
+    let quic = if receiver.serves_quic() {
+        ", and quic on the UDP port of the same number"
+    } else {
+        ""
+    };
+    tracing::info!("serving over {}{quic}", receiver.transport());
     stop_on_signals(receiver.stopper(), grace)?;
     let addr = receiver.local_addr().context("reading the bound address")?;
     let mut out = std::io::stdout().lock();
@@ -83,6 +87,7 @@ fn settings_from_flags(args: &RecvArgs) -> anyhow::Result<ReceiverSettings> {
     settings.options.require_encryption = args.encrypt;
     settings.options.require_integrity = args.integrity;
     settings.options.transport = args.transport;
+    settings.options.quic = !args.no_quic;
     settings.options.direct_io = args.direct_io;
     Ok(settings)
 }
@@ -90,25 +95,12 @@ fn settings_from_flags(args: &RecvArgs) -> anyhow::Result<ReceiverSettings> {
 /// The first SIGTERM or SIGINT stops the receiver within `grace`; the next ends the sessions
 /// left at once.
 fn stop_on_signals(stopper: Stopper, grace: std::time::Duration) -> anyhow::Result<()> {
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
-        .context("installing signal handlers")?;
-    std::thread::Builder::new()
-        .name("xfer-signals".into())
-        .spawn(move || {
-            let mut grace = grace;
-            for signal in signals.forever() {
-                let name = if signal == SIGTERM {
-                    "SIGTERM"
-                } else {
-                    "SIGINT"
-                };
-                tracing::info!("{name}: stopping (again to end the running sessions at once)");
-                stopper.stop(grace);
-                grace = std::time::Duration::ZERO;
-            }
-        })
-        .context("starting the signal thread")?;
-    Ok(())
+    let mut grace = grace;
+    crate::signals::on_stop_signals(move |signal| {
+        tracing::info!("{signal}: stopping (again to end the running sessions at once)");
+        stopper.stop(grace);
+        grace = std::time::Duration::ZERO;
+    })
 }
 
 /// Over ssh, stdin is the sender's lifeline: it closes when the sender ends (also when it was

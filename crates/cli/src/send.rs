@@ -4,6 +4,7 @@
 use std::fs::File;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -23,6 +24,7 @@ use transfer::transport::Transport;
 
 use crate::args::{parse_destination, Destination, SendArgs};
 use crate::controllers;
+use crate::signals::{self, Signal};
 use crate::ssh_start::SshStart;
 
 /// How often the progress bar is updated.
@@ -72,6 +74,8 @@ struct SummaryReport<'a> {
     transport: Transport,
     /// The sender's peak resident memory.
     peak_rss_bytes: u64,
+    /// Every file was verified end to end (`--verify`), those already at the receiver too.
+    verified: bool,
 }
 
 /// Runs `xfer send`.
@@ -188,7 +192,9 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     settings.options = options;
     // The bar moves smoothly; JSON reports once a second.
     settings.progress_every = if args.json { REPORT_EVERY } else { TICK };
+    let resumable = matches!(settings.source, SendSource::Paths { .. });
     let mut job = SendJob::start(settings)?;
+    let interrupted = cancel_on_signals(&job)?;
 
     let mut bar = None;
     let mut stdout = std::io::stdout().lock();
@@ -196,17 +202,14 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     let mut last_report = (Duration::ZERO, 0u64);
     while let Some(event) = job.next_event_blocking() {
         match event {
-            SendEvent::Started { .. } => bar = progress_bar(&args),
-            SendEvent::Notice(notice) => warn(&notice, bar.as_ref(), args.quiet),
+            SendEvent::Started { .. } => bar = Bar::new(&args),
+            SendEvent::Notice(notice) if !args.quiet => {
+                above_bar(bar.as_ref(), &format!("xfer: warning: {notice}"));
+            }
             SendEvent::Progress(progress) => {
                 latest = progress;
-                if let Some(bar) = &bar {
-                    bar.set_length(progress.bytes_total);
-                    bar.set_position(progress.bytes_acked);
-                    bar.set_message(format!(
-                        "files {}/{}  streams {}",
-                        progress.files_done, progress.files_total, progress.streams_active
-                    ));
+                if let Some(bar) = &mut bar {
+                    bar.show(&progress);
                 }
             }
             SendEvent::Streams(streams) if args.json => {
@@ -218,19 +221,81 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
                 if let Some(out) = &mut mi_log {
                     write_mi_record(out, &record)?;
                 }
+                if args.verbose {
+                    above_bar(bar.as_ref(), &interval_line(&record));
+                }
             }
             SendEvent::Finished(_) => break,
             _ => {}
         }
     }
     if let Some(bar) = &bar {
-        bar.finish_and_clear();
+        bar.bar.finish_and_clear();
     }
-    let summary = job.wait()?;
+    let result = job.wait();
+    // A transfer the signal stopped says so (the error the cancel gave, or one of a receiver
+    // over ssh that the same Ctrl-C ended); one that finished before it did is reported as any.
+    if let (Some(&signal), Err(_)) = (interrupted.get(), &result) {
+        return Err(Interrupted {
+            signal,
+            sent: latest.bytes_acked,
+            total: latest.bytes_total,
+            resumable,
+        }
+        .into());
+    }
+    let summary = result?;
     if let Some(remote) = remote {
         remote.finish()?;
     }
     print_summary(&args, &summary, &mut stdout).context("writing the summary")
+}
+
+/// A transfer stopped by SIGINT (Ctrl-C) or SIGTERM: how far it got, and how to go on.
+#[derive(Debug)]
+pub struct Interrupted {
+    /// The signal that stopped it.
+    pub signal: Signal,
+    /// Bytes the receiver had acknowledged at the last progress report.
+    sent: u64,
+    /// Bytes of the whole transfer.
+    total: u64,
+    /// Files are sent (what the receiver verified is kept), not generated data.
+    resumable: bool,
+}
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "stopped by {} after sending {} of {}",
+            self.signal,
+            indicatif::BinaryBytes(self.sent),
+            indicatif::BinaryBytes(self.total)
+        )?;
+        if self.resumable {
+            f.write_str("; the receiver keeps what it verified: run the same command again to send the rest")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// From now on, the first SIGINT or SIGTERM cancels `job`; the next ends xfer at once. The
+/// signal that cancelled it, once one has.
+fn cancel_on_signals(job: &SendJob) -> anyhow::Result<Arc<OnceLock<Signal>>> {
+    let interrupted = Arc::new(OnceLock::new());
+    let (canceller, first) = (job.canceller(), interrupted.clone());
+    signals::on_stop_signals(move |signal| {
+        if first.set(signal).is_ok() {
+            canceller.cancel();
+        } else {
+            eprintln!("xfer: {signal} again: stopping at once");
+            std::process::exit(signal.exit_code());
+        }
+    })?;
+    Ok(interrupted)
 }
 
 /// The receiver a transfer goes to.
@@ -241,17 +306,38 @@ enum Receiver {
     OverSsh(SshStart),
 }
 
-/// Prints a notice (a source left out, why MPTCP was not used) above the progress bar, unless
-/// `quiet`.
-fn warn(notice: &str, bar: Option<&ProgressBar>, quiet: bool) {
-    if quiet {
-        return;
-    }
-    let print = || eprintln!("xfer: warning: {notice}");
+/// Prints `line` on stderr, above the progress bar if there is one.
+fn above_bar(bar: Option<&Bar>, line: &str) {
+    let print = || eprintln!("{line}");
     match bar {
-        Some(bar) => bar.suspend(print),
+        Some(bar) => bar.bar.suspend(print),
         None => print(),
     }
+}
+
+/// One monitoring interval as `--verbose` prints it: when it ended, its streams, rate, loss,
+/// RTT (and over the smallest seen), utility, and what was chosen from it, by whom and why
+/// control changed hands if it did.
+fn interval_line(record: &MiRecord) -> String {
+    let o = &record.observation;
+    let chosen = match (record.decision, &record.acting) {
+        (None, _) => "no decision".to_string(),
+        (Some(n), None) => format!("-> {n} ({})", record.controller),
+        (Some(n), Some(acting)) => match &acting.switch {
+            Some(why) => format!("-> {n} ({}: {why})", acting.controller),
+            None => format!("-> {n} ({})", acting.controller),
+        },
+    };
+    format!(
+        "{:7.1} s {:4} streams {:8.3} Gbit/s  loss {:.3} %  RTT {:.2} ms (x{:.2})  utility {:.3} Gbit/s  {chosen}",
+        o.time,
+        o.streams,
+        o.throughput / 1e9,
+        o.loss * 100.0,
+        o.rtt * 1e3,
+        o.rtt_ratio,
+        o.utility / 1e9,
+    )
 }
 
 /// Appends an MI record as a JSON line and flushes, so a killed transfer leaves a usable log.
@@ -313,20 +399,89 @@ fn rate_since((t0, b0): (Duration, u64), now: &Progress) -> f64 {
     }
 }
 
-fn progress_bar(args: &SendArgs) -> Option<ProgressBar> {
-    if args.quiet || args.json {
-        return None;
+/// What a transfer is doing, as the progress bar shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Nothing acknowledged yet: streams connecting, the first chunks on their way (no rate,
+    /// so no time left to show).
+    Starting,
+    /// Data moving.
+    Sending,
+    /// Every byte acknowledged: the receiver is verifying the last files and putting them in
+    /// place.
+    Finishing,
+}
+
+impl Phase {
+    fn of(p: &Progress) -> Phase {
+        if p.bytes_acked >= p.bytes_total && p.files_total > 0 {
+            Phase::Finishing
+        } else if p.bytes_acked == 0 {
+            Phase::Starting
+        } else {
+            Phase::Sending
+        }
     }
-    let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{bar:30.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}  {msg}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
-    );
-    bar.enable_steady_tick(Duration::from_millis(250));
-    Some(bar)
+}
+
+/// The progress bar, whose look follows the phase.
+struct Bar {
+    bar: ProgressBar,
+    phase: Option<Phase>,
+    verify: bool,
+}
+
+impl Bar {
+    /// The bar of a transfer that has started; none with `--quiet` or `--json`.
+    fn new(args: &SendArgs) -> Option<Bar> {
+        if args.quiet || args.json {
+            return None;
+        }
+        let bar = ProgressBar::new(0);
+        bar.enable_steady_tick(Duration::from_millis(250));
+        Some(Bar {
+            bar,
+            phase: None,
+            verify: args.verify,
+        })
+    }
+
+    /// Shows `progress`.
+    fn show(&mut self, progress: &Progress) {
+        let phase = Phase::of(progress);
+        if self.phase != Some(phase) {
+            // The rate and time left only while data moves: before it, there is no rate.
+            let template = match phase {
+                Phase::Sending => {
+                    "{bar:30.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}  {msg}"
+                }
+                Phase::Starting | Phase::Finishing => {
+                    "{bar:30.cyan/blue} {bytes}/{total_bytes} {spinner} {msg}"
+                }
+            };
+            self.bar.set_style(
+                ProgressStyle::with_template(template)
+                    .expect("valid template")
+                    .progress_chars("=> "),
+            );
+            self.phase = Some(phase);
+        }
+        self.bar.set_length(progress.bytes_total);
+        self.bar.set_position(progress.bytes_acked);
+        self.bar
+            .set_message(bar_message(phase, progress, self.verify));
+    }
+}
+
+/// The words after the bar.
+fn bar_message(phase: Phase, p: &Progress, verify: bool) -> String {
+    let files = format!("files {}/{}", p.files_done, p.files_total);
+    match phase {
+        Phase::Starting => format!("starting: {} streams  {files}", p.streams_active),
+        Phase::Sending => format!("{files}  streams {}", p.streams_active),
+        Phase::Finishing if verify => format!("all sent; verifying and placing {files}"),
+        Phase::Finishing => format!("all sent; placing {files}"),
+    }
 }
 
 fn print_summary(args: &SendArgs, summary: &Summary, out: &mut impl Write) -> std::io::Result<()> {
@@ -342,6 +497,7 @@ fn print_summary(args: &SendArgs, summary: &Summary, out: &mut impl Write) -> st
             retransmits: summary.retransmits,
             transport: summary.transport,
             peak_rss_bytes: crate::peak_rss_bytes(),
+            verified: args.verify,
         };
         serde_json::to_writer(&mut *out, &report)?;
         writeln!(out)?;
@@ -352,9 +508,17 @@ fn print_summary(args: &SendArgs, summary: &Summary, out: &mut impl Write) -> st
             .map(|&(_, n)| n)
             .max()
             .unwrap_or(0);
+        let present = if summary.bytes_skipped > 0 {
+            format!(
+                ", {} already at the receiver",
+                indicatif::BinaryBytes(summary.bytes_skipped)
+            )
+        } else {
+            String::new()
+        };
         writeln!(
             out,
-            "sent {} in {:.2} s: {:.2} Gbit/s mean, {} file{}, up to {} streams, {} retransmits{}",
+            "sent {} in {:.2} s: {:.2} Gbit/s mean, {} file{}, up to {} streams, {} retransmits{present}",
             indicatif::BinaryBytes(summary.bytes),
             summary.seconds,
             summary.gbit_per_s(),
@@ -362,17 +526,27 @@ fn print_summary(args: &SendArgs, summary: &Summary, out: &mut impl Write) -> st
             if summary.files == 1 { "" } else { "s" },
             max_streams,
             summary.retransmits,
-            if summary.bytes_skipped > 0 {
-                format!(
-                    ", {} already at the receiver",
-                    indicatif::BinaryBytes(summary.bytes_skipped)
-                )
-            } else {
-                String::new()
-            }
         )?;
+        if args.verify {
+            writeln!(out, "{}", verified_line(summary))?;
+        }
     }
     out.flush()
+}
+
+/// What `--verify` confirms once the transfer succeeded: every file, sent or already there,
+/// hashed on both sides and found the same.
+fn verified_line(summary: &Summary) -> String {
+    let already = if summary.bytes_skipped > 0 {
+        " (those already at the receiver too)"
+    } else {
+        ""
+    };
+    match summary.files {
+        0 => "verified end to end (BLAKE3): no file to verify".to_string(),
+        1 => format!("verified end to end (BLAKE3): the file is identical{already}"),
+        n => format!("verified end to end (BLAKE3): all {n} files are identical{already}"),
+    }
 }
 
 /// The receiver's key: from `--key-file`, else `XFER_KEY`, else asked on the terminal. A key
@@ -402,4 +576,81 @@ fn session_key(args: &SendArgs) -> anyhow::Result<SessionKey> {
         "no session key: set XFER_KEY, pass --key-file FILE, or run in a terminal to be asked \
          for the key `xfer recv` printed"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use transfer::optimizer::Acting;
+
+    fn progress(acked: u64, total: u64, files: (u64, u64)) -> Progress {
+        Progress {
+            bytes_acked: acked,
+            bytes_total: total,
+            files_done: files.0,
+            files_total: files.1,
+            streams_active: 4,
+            ..Progress::default()
+        }
+    }
+
+    #[test]
+    fn the_bar_names_the_phase_before_data_moves_and_after_it_all_arrived() {
+        let starting = progress(0, 100, (0, 3));
+        assert_eq!(Phase::of(&starting), Phase::Starting);
+        assert_eq!(
+            bar_message(Phase::Starting, &starting, false),
+            "starting: 4 streams  files 0/3"
+        );
+        assert_eq!(Phase::of(&progress(40, 100, (1, 3))), Phase::Sending);
+        let finishing = progress(100, 100, (2, 3));
+        assert_eq!(Phase::of(&finishing), Phase::Finishing);
+        assert_eq!(
+            bar_message(Phase::Finishing, &finishing, true),
+            "all sent; verifying and placing files 2/3"
+        );
+        // Before the manifest announced anything, nothing is finishing.
+        assert_eq!(Phase::of(&progress(0, 0, (0, 0))), Phase::Starting);
+        // A re-run whose files are all at the receiver already: nothing to send, only to place.
+        assert_eq!(Phase::of(&progress(0, 0, (0, 5))), Phase::Finishing);
+    }
+
+    #[test]
+    fn a_verbose_interval_line_shows_the_rate_the_choice_and_why_control_moved() {
+        use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
+        // 2.5 Gbit/s over 1 s on 4 streams, one segment in 10,000 retransmitted, judged with
+        // no cost per stream or for loss.
+        let stats = MiStats {
+            end: 3.0,
+            duration: 1.0,
+            bytes_acked: 312_500_000,
+            data_segs_out: 10_000,
+            retrans_segs: 1,
+            rtt: Some(0.0012),
+            streams: 4,
+            ..MiStats::default()
+        };
+        let utility = UtilityParams { k: 1.0, b: 0.0 };
+        let observation = SignalTracker::new(utility, RewardParams::default(), 8).observe(&stats);
+        let mut record = MiRecord {
+            observation,
+            controller: "auto".into(),
+            decision: Some(9),
+            decision_latency: Some(0.001),
+            acting: Some(Acting {
+                controller: "tuner",
+                switch: Some("the policy holds 4".into()),
+            }),
+            paths: Vec::new(),
+        };
+        assert_eq!(
+            interval_line(&record),
+            "    3.0 s    4 streams    2.500 Gbit/s  loss 0.010 %  RTT 1.20 ms (x1.00)  \
+             utility 2.500 Gbit/s  -> 9 (tuner: the policy holds 4)"
+        );
+        record.acting = None;
+        assert!(interval_line(&record).ends_with("-> 9 (auto)"));
+        record.decision = None;
+        assert!(interval_line(&record).ends_with("no decision"));
+    }
 }

@@ -48,6 +48,7 @@ use crate::sender::{
     Transfer,
 };
 use crate::session_id::SessionId;
+use crate::sync::unpoisoned;
 use crate::transport::Transport;
 
 /// Events a job holds for its reader before it waits (progress snapshots are dropped instead:
@@ -221,11 +222,37 @@ pub enum SendEvent {
 }
 
 /// The job's side of the cancel: cancelling before the transfer has connected stops it as
-/// soon as it has.
-#[derive(Default)]
-struct CancelState {
+/// soon as it has. Shared by the job, its thread and every [`Canceller`] of it.
+#[derive(Debug, Default)]
+pub(crate) struct CancelState(Mutex<Cancelling>);
+
+/// What [`CancelState`] guards.
+#[derive(Debug, Default)]
+struct Cancelling {
     cancelled: bool,
+    /// The transfer's own handle, once it has connected.
     transfer: Option<Canceller>,
+}
+
+impl CancelState {
+    /// Cancels the transfer now, or as soon as it has connected.
+    pub(crate) fn cancel(&self) {
+        let mut state = unpoisoned(self.0.lock());
+        state.cancelled = true;
+        if let Some(transfer) = &state.transfer {
+            transfer.cancel();
+        }
+    }
+
+    /// The transfer has connected: `transfer` cancels it from now on (and at once, if the job
+    /// was cancelled before).
+    fn connected(&self, transfer: Canceller) {
+        let mut state = unpoisoned(self.0.lock());
+        if state.cancelled {
+            transfer.cancel();
+        }
+        state.transfer = Some(transfer);
+    }
 }
 
 /// One running transfer. Dropping it without [`SendJob::finish`] or [`SendJob::cancel`] lets
@@ -257,7 +284,7 @@ struct CancelState {
 pub struct SendJob {
     events: async_mpsc::Receiver<SendEvent>,
     result: oneshot::Receiver<Result<Summary, SendError>>,
-    cancel: Arc<Mutex<CancelState>>,
+    cancel: Arc<CancelState>,
 }
 
 impl SendJob {
@@ -373,7 +400,7 @@ impl SendJob {
         let (events_tx, events) = async_mpsc::channel(EVENT_BUFFER);
         let (result_tx, result) = oneshot::channel();
         let (log_tx, log) = mpsc::channel();
-        let cancel = Arc::new(Mutex::new(CancelState::default()));
+        let cancel = Arc::new(CancelState::default());
         let run = Run {
             events: events_tx,
             cancel: cancel.clone(),
@@ -455,11 +482,31 @@ impl SendJob {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn cancel(&self) {
-        let mut state = self.cancel.lock().expect("cancel lock");
-        state.cancelled = true;
-        if let Some(transfer) = &state.transfer {
-            transfer.cancel();
-        }
+        self.cancel.cancel();
+    }
+
+    /// A handle that cancels this job from anywhere, as [`SendJob::cancel`] does: from a signal
+    /// handler's thread, say, while this one waits for the end.
+    ///
+    /// ```
+    /// use transfer::auth::KeySetting;
+    /// use transfer::job::{SendJob, SenderSettings};
+    /// use transfer::sender::{SendError, SendSource};
+    ///
+    /// let settings = SenderSettings::new(
+    ///     "192.0.2.1:9000", // an address nobody answers from: the job is still connecting
+    ///     KeySetting::Text("an-example-key-0123456789".into()),
+    ///     SendSource::Memory { size: 1 << 30 },
+    /// );
+    /// let job = SendJob::start(settings)?;
+    /// let canceller = job.canceller();
+    /// std::thread::spawn(move || canceller.cancel());
+    /// let result = job.wait();
+    /// assert!(matches!(result, Err(SendError::Cancelled | SendError::Connect { .. })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn canceller(&self) -> Canceller {
+        Canceller::job(Arc::downgrade(&self.cancel))
     }
 
     /// Waits for the end of the transfer (passing over the events not yet read) and returns
@@ -557,7 +604,7 @@ fn optimizer_error(e: OptimizerError) -> SendError {
 /// The job thread's half: follows the transfer and reports it.
 struct Run {
     events: async_mpsc::Sender<SendEvent>,
-    cancel: Arc<Mutex<CancelState>>,
+    cancel: Arc<CancelState>,
     every: Duration,
     /// The transfer's monitoring intervals.
     log: mpsc::Receiver<MiRecord>,
@@ -572,13 +619,7 @@ impl Run {
 
     /// Relays `transfer`'s progress, notices and decisions until it ends; its result.
     fn follow(&self, transfer: Transfer, optimizer: String) -> Result<Summary, SendError> {
-        {
-            let mut state = self.cancel.lock().expect("cancel lock");
-            if state.cancelled {
-                transfer.canceller().cancel();
-            }
-            state.transfer = Some(transfer.canceller());
-        }
+        self.cancel.connected(transfer.canceller());
         self.send(SendEvent::Started {
             session: transfer.session(),
             transport: transfer.transport(),

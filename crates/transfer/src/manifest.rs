@@ -159,7 +159,7 @@ pub struct FileEntry {
 /// use transfer::wire::Message;
 ///
 /// // A memory-to-memory benchmark's session starts so.
-/// let start = Message::Start { dest: Vec::new(), sink: SinkKind::Discard };
+/// let start = Message::Start { dest: Vec::new(), sink: SinkKind::Discard, verify_present: false };
 /// # let _ = start;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

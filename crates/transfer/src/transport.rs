@@ -1,6 +1,6 @@
 //! The transport under every connection: plain TCP; Multipath TCP (RFC 8684), where each
 //! connection is one MPTCP socket whose subflows the kernel's path manager opens over every
-//! path it is configured to use (`ip mptcp endpoint`, `ip mptcp limits`; see the README); or
+//! path it is configured to use (`ip mptcp endpoint`, `ip mptcp limits`; see docs/transports.md); or
 //! QUIC ([`crate::quic`]), where each data stream is a QUIC connection and the control
 //! connection stays TCP.
 //!

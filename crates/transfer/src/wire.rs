@@ -28,7 +28,7 @@ use crate::seal::{tags_match, ChunkSeal, FrameKey, FrameWrite, TAG_LEN};
 /// First bytes of every connection's `Hello`, so a stray client is refused at once.
 pub const MAGIC: [u8; 4] = *b"XFR1";
 /// Version of this protocol; peers with another version are refused with a clear error.
-pub const PROTOCOL_VERSION: u16 = 7;
+pub const PROTOCOL_VERSION: u16 = 8;
 /// Largest control message body accepted.
 pub const MAX_MESSAGE_LEN: usize = 64 << 20;
 /// Most entries (directories and files) a sender puts in one [`ManifestBatch`]: with paths of
@@ -303,6 +303,11 @@ pub enum Message {
         dest: Vec<u8>,
         /// Files or a discarding sink.
         sink: SinkKind,
+        /// Files already at the receiver are verified too (`--verify`): their seals come with
+        /// the sender's BLAKE3 of the source, as those of the files sent do, and the receiver
+        /// compares its copy's. Off when they are compared by content in the plan already
+        /// ([`crate::manifest::FileEntry::content`]).
+        verify_present: bool,
     },
     /// The next batch of the manifest (control, sender to receiver); answered by a `Plan`.
     Entries(ManifestBatch),
@@ -1068,6 +1073,7 @@ mod tests {
             Message::Start {
                 dest: b"d/e".to_vec(),
                 sink: SinkKind::Files,
+                verify_present: true,
             },
             Message::Entries(ManifestBatch::memory(5)),
             Message::Ack {

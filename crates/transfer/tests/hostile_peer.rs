@@ -550,6 +550,7 @@ fn a_manifest_over_the_limit_is_refused() {
     let start = Message::Start {
         dest: Vec::new(),
         sink: SinkKind::Files,
+        verify_present: false,
     };
     write_message(&mut writer, &start).unwrap();
     write_message(&mut writer, &Message::Entries(manifest(files, vec![]))).unwrap();

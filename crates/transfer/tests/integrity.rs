@@ -1,7 +1,7 @@
 //! Sealed sessions (`xfer send --integrity`, [`transfer::seal`]) against someone on the path
 //! who rewrites what the sender sends: a chunk with its xxh3 and header check made again to
 //! match, or a control message with its check made again. A plain session takes such a chunk
-//! for good data (what the README says plain sessions do not protect against); a sealed one
+//! for good data (what docs/security.md says plain sessions do not protect against); a sealed one
 //! never does, and a rewritten control message ends it with a clear error.
 
 use std::io::{Read, Write};

@@ -56,14 +56,50 @@ fn a_schedule_sets_the_count_on_interval_boundaries_and_logs_each_interval() {
         };
         assert_eq!(r["decision"], expected, "{r}");
     }
+    // Of the intervals decided on: the one the transfer ended in is counted by the streams
+    // that were still carrying data as they closed.
     let counts: Vec<_> = records
         .iter()
+        .filter(|r| r["decision"].is_number())
         .map(|r| r["streams"].as_u64().unwrap())
         .collect();
     assert!(
         counts.contains(&4) && counts.last() == Some(&2),
         "{counts:?}"
     );
+}
+
+/// A transfer shorter than one monitoring interval still logs that interval, as far as it
+/// went: when it ended, what it carried and on how many streams, with no decision after it.
+#[test]
+fn a_transfer_shorter_than_one_interval_logs_it_as_far_as_it_went() {
+    let root = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("mi.jsonl");
+    let receiver = Receiver::start(root.path());
+    let args = [
+        "--mem",
+        "64MiB",
+        &receiver.addr,
+        "--streams",
+        "2",
+        "--mi",
+        "30s",
+    ];
+    let out = ok(send(
+        &receiver,
+        &[&args[..], &["--mi-log", log.to_str().unwrap(), "--json"]].concat(),
+    ));
+    let seconds = json_lines(&out).pop().unwrap()["seconds"].as_f64().unwrap();
+    let records = json_lines(&std::fs::read_to_string(&log).unwrap());
+    assert_eq!(records.len(), 1, "{records:?}");
+    let r = &records[0];
+    assert!(r["decision"].is_null(), "{r}");
+    assert_eq!(r["controller"], "fixed:2", "{r}");
+    assert!(matches!(r["streams"].as_u64(), Some(1 | 2)), "{r}");
+    let time = r["time"].as_f64().unwrap();
+    assert!(time > 0.0 && time <= seconds + 0.1, "{r} in {seconds} s");
+    assert!(r["throughput"].as_f64().unwrap() > 0.0, "{r}");
 }
 
 #[test]

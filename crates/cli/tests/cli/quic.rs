@@ -7,8 +7,10 @@ use crate::common::*;
 
 const MIB: u64 = 1 << 20;
 
+/// A receiver as `xfer recv` starts by default: it serves QUIC senders beside TCP ones, so a
+/// sender's `--transport quic` needs nothing on the receiving side.
 fn quic_receiver(root: &std::path::Path) -> Receiver {
-    Receiver::start_with(root, &["--transport", "quic"])
+    Receiver::start(root)
 }
 
 #[test]
@@ -143,7 +145,7 @@ fn quic_to_a_receiver_that_does_not_serve_it_is_refused_clearly() {
     let src = tempfile::tempdir().unwrap();
     let dst = tempfile::tempdir().unwrap();
     write_data(&src.path().join("f"), 1000, 1);
-    let receiver = Receiver::start(dst.path());
+    let receiver = Receiver::start_with(dst.path(), &["--no-quic"]);
     let stderr = fails(send(
         &receiver,
         &[
@@ -154,7 +156,7 @@ fn quic_to_a_receiver_that_does_not_serve_it_is_refused_clearly() {
         ],
     ));
     assert!(
-        stderr.contains("does not serve QUIC: start it with xfer recv --transport quic"),
+        stderr.contains("does not serve QUIC (it was started with --no-quic, or could not bind"),
         "{stderr}"
     );
     assert!(complete_looking_files(dst.path()).is_empty());
@@ -185,13 +187,13 @@ fn flags_that_do_not_fit_the_transport_are_refused_clearly() {
     assert!(entries(dst.path()).is_empty());
 }
 
-/// A receiver serving QUIC still serves plain TCP senders.
+/// A receiver told to insist on QUIC (`--transport quic`) still serves plain TCP senders.
 #[test]
 fn a_quic_receiver_serves_tcp_senders_too() {
     let src = tempfile::tempdir().unwrap();
     let dst = tempfile::tempdir().unwrap();
     write_data(&src.path().join("f"), 5 * MIB, 2);
-    let receiver = quic_receiver(dst.path());
+    let receiver = Receiver::start_with(dst.path(), &["--transport", "quic"]);
     let out = ok(send(
         &receiver,
         &[

@@ -183,6 +183,36 @@ fn sender_killed_at_a_random_point_then_rerun_sends_only_what_is_missing() {
     rerun_and_check(&receiver, src.path(), root.path(), total, "1MiB", &[]);
 }
 
+/// Ctrl-C (SIGINT) and SIGTERM stop a send with one line that says how far it got and that
+/// the same command resumes, and the status a shell expects of that signal; the same command
+/// then sends only what is missing.
+#[test]
+fn a_send_stopped_by_a_signal_says_how_to_resume_and_the_same_command_resumes() {
+    use rustix::process::{kill_process, Pid, Signal};
+    for (signal, name, status) in [(Signal::INT, "SIGINT", 130), (Signal::TERM, "SIGTERM", 143)] {
+        let src = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let total = build_tree(&src.path().join("tree"));
+        let receiver = Receiver::start(root.path());
+        let sender = start_slow_send(&receiver, &src.path().join("tree"), &[]);
+        std::thread::sleep(Duration::from_millis(600));
+        kill_process(Pid::from_child(&sender), signal).unwrap();
+        let out = sender.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(status), "{name}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("xfer: stopped by {name} after sending "))
+                && stderr
+                    .trim_end()
+                    .ends_with("run the same command again to send the rest")
+                && stderr.lines().count() == 1,
+            "{name}: expected one line saying how to resume, got: {stderr}"
+        );
+        wait_for_session_end(&receiver);
+        rerun_and_check(&receiver, src.path(), root.path(), total, "1MiB", &[]);
+    }
+}
+
 #[test]
 fn receiver_killed_at_a_random_point_then_rerun_sends_only_what_is_missing() {
     let src = tempfile::tempdir().unwrap();

@@ -234,3 +234,63 @@ fn an_encrypted_tree_arrives_byte_identical_and_plain_senders_are_refused() {
     ));
     assert_same_tree(src.path(), root.path());
 }
+
+/// `--verify` says what it verified, and on a re-run verifies the files already at the
+/// receiver too: one whose content changed there while its size and mtime stayed the source's
+/// is found, named and left as it is, and `--checksum` then replaces it.
+#[test]
+fn a_verify_rerun_verifies_the_files_already_there_and_finds_one_changed_behind_its_back() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let tree = src.path().join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    write_data(&tree.join("large.bin"), (3 << 20) + 7, 1);
+    write_data(&tree.join("sub/small"), 5000, 2);
+    write_data(&tree.join("empty"), 0, 3);
+    let receiver = Receiver::start(root.path());
+    let run = |extra: &[&str]| {
+        let args = [tree.to_str().unwrap(), &receiver.addr, "--verify"];
+        send(&receiver, &[&args[..], extra].concat())
+    };
+    let first = summary(&ok(run(&["--json"])));
+    assert_eq!(first["verified"], true, "{first}");
+    assert_same_tree(src.path(), root.path());
+
+    let again = ok(run(&[]));
+    assert!(
+        again.contains(
+            "verified end to end (BLAKE3): all 3 files are identical (those already at the \
+             receiver too)"
+        ),
+        "{again}"
+    );
+
+    // A bit flipped at the receiver, its size and mtime kept: a plain re-run cannot tell.
+    let held = root.path().join("tree/sub/small");
+    let mut bytes = std::fs::read(&held).unwrap();
+    bytes[4321] ^= 0x10;
+    std::fs::write(&held, &bytes).unwrap();
+    let mtime = std::fs::metadata(tree.join("sub/small"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    std::fs::File::open(&held)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    let stderr = fails(run(&[]));
+    assert!(
+        stderr.contains(
+            "sub/small: the file already here has the source's size and mtime but not its content"
+        ) && stderr.contains("--checksum"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read(&held).unwrap(), bytes, "left as it is");
+
+    let replaced = summary(&ok(run(&["--checksum", "--json"])));
+    assert_eq!(
+        replaced["bytes"], 5000,
+        "only the changed file is sent: {replaced}"
+    );
+    assert_same_tree(src.path(), root.path());
+}

@@ -141,8 +141,12 @@ async fn serve_session(shared: &Arc<Shared>, conn: &mut TaskConn, welcomed: Welc
     } = welcomed;
     let name = SessionId(id).short();
     let mut beats = heartbeat();
-    let (dest, sink) = match next_message(conn, &mut beats).await {
-        Ok(Message::Start { dest, sink }) => (dest, sink),
+    let (dest, sink, verify_present) = match next_message(conn, &mut beats).await {
+        Ok(Message::Start {
+            dest,
+            sink,
+            verify_present,
+        }) => (dest, sink, verify_present),
         Ok(other) => {
             let reason = format!("expected Start, got {}", auth::name(&other));
             return refuse(shared, conn, peer, reason).await;
@@ -160,6 +164,7 @@ async fn serve_session(shared: &Arc<Shared>, conn: &mut TaskConn, welcomed: Welc
         max_unsealed: options.max_unsealed,
         budget: &shared.unsealed,
         direct_io: options.direct_io,
+        verify_present,
     };
     let dest = match tokio::task::block_in_place(|| Destination::open(placement, sink)) {
         Ok(dest) => dest,
@@ -387,6 +392,8 @@ pub(crate) fn control_for_fuzzing(
         max_unsealed: 1 << 10,
         budget: &super::announced::Budget::new(1 << 10),
         direct_io: false,
+        // A fresh root holds no file to verify.
+        verify_present: false,
     };
     let mut files = match Destination::open(placement, crate::manifest::SinkKind::Files) {
         Ok(destination) => Unattended(destination),

@@ -143,6 +143,9 @@ pub struct Placement<'a> {
     pub budget: &'a Arc<Budget>,
     /// Write files with direct I/O ([`crate::direct_io`]).
     pub direct_io: bool,
+    /// Files already in place are kept to be sealed with the sender's hash, which their
+    /// content must match ([`crate::wire::Message::Start`]).
+    pub verify_present: bool,
 }
 
 impl Destination {

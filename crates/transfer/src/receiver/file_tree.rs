@@ -70,6 +70,10 @@ struct PartState {
     writing: Vec<Writing>,
     /// Claims made so far (each gets its number).
     claims: u64,
+    /// The file was in place before the session, and the sender verifies it
+    /// ([`Placement::verify_present`]): it is held whole (so no chunk is written to it) and
+    /// its seal compares its content.
+    present: bool,
 }
 
 /// An open part file.
@@ -128,6 +132,8 @@ pub struct FileTree {
     dirs: Mutex<Vec<(PathBuf, DirEntry)>>,
     files: Announced<TreeFile>,
     active: Arc<ActivePaths>,
+    /// Files already in place stay announced until their seal verifies them.
+    verify_present: bool,
     /// Write with direct I/O.
     direct: bool,
 }
@@ -176,6 +182,7 @@ impl FileTree {
             files: Announced::new(placement.max_unsealed, placement.budget.clone()),
             active: placement.active.clone(),
             direct: placement.direct_io,
+            verify_present: placement.verify_present,
         })
     }
 
@@ -216,18 +223,29 @@ impl FileTree {
             }
         };
         let plan: Vec<_> = prepared.iter().map(|(status, _)| status.clone()).collect();
-        // Nothing will be written to a file that is already complete.
-        self.active.release(
-            prepared
-                .iter()
-                .filter(|(status, _)| *status == FileStatus::Complete)
-                .map(|(_, file)| &file.rel),
-        );
-        let first = room.add(
-            prepared
-                .into_iter()
-                .map(|(status, file)| (status != FileStatus::Complete).then_some(file)),
-        );
+        // Nothing will be written to a file that is already complete; unless it is to be
+        // verified, nothing more is done with it either.
+        if !self.verify_present {
+            self.active.release(
+                prepared
+                    .iter()
+                    .filter(|(status, _)| *status == FileStatus::Complete)
+                    .map(|(_, file)| &file.rel),
+            );
+        }
+        let first = room.add(prepared.into_iter().map(|(status, file)| match status {
+            FileStatus::Complete if self.verify_present => {
+                let mut state = file.state.lock().expect("part lock");
+                state.present = true;
+                if file.entry.size > 0 {
+                    state.verified.insert(0..file.entry.size);
+                }
+                drop(state);
+                Some(file)
+            }
+            FileStatus::Complete => None,
+            _ => Some(file),
+        }));
         Ok((first, plan))
     }
 
@@ -392,6 +410,10 @@ impl FileTree {
         let f = self.files.to_seal(file)?;
         let io = io_at(&f.rel);
         let mut state = f.state.lock().expect("part lock");
+        if state.present {
+            drop(state);
+            return self.seal_present(file, &f, expected);
+        }
         require_complete(&state.verified, f.entry.size, &f.rel.display().to_string())?;
         // Made here for an empty file, which no chunk started.
         let part = f.open_part(&mut state, true)?;
@@ -433,6 +455,39 @@ impl FileTree {
         drop(state);
         self.files.settle(file);
         self.active.release([&f.rel]);
+        Ok(())
+    }
+
+    /// Seals `file`, which was in place before the session: its content must hash as the
+    /// sender's source did (`expected`). It is left as it is either way: a copy that differs
+    /// while its size and mtime match may as well be the one that is right.
+    fn seal_present(
+        &self,
+        file: u32,
+        f: &TreeFile,
+        expected: Option<[u8; 32]>,
+    ) -> Result<(), DestinationError> {
+        let Some(expected) = expected else {
+            return Err(DestinationError::Protocol(format!(
+                "{}: a file already in place sealed without the hash that verifies it",
+                f.rel.display()
+            )));
+        };
+        let io = io_at(&f.rel);
+        let same = f.read_final().and_then(|held| {
+            Ok(held.metadata()?.len() == f.entry.size
+                && direct_io::blake3_of(&held, false)? == blake3::Hash::from(expected))
+        });
+        self.files.settle(file);
+        self.active.release([&f.rel]);
+        if !same.map_err(io)? {
+            return Err(DestinationError::Refused(format!(
+                "{}: the file already here has the source's size and mtime but not its content \
+                 (end-to-end BLAKE3 differs); it was left as it is: send it again with \
+                 --checksum to replace it",
+                f.rel.display()
+            )));
+        }
         Ok(())
     }
 
@@ -643,6 +698,15 @@ impl TreeFile {
     }
 
     /// [`TreeFile::open`] with the given options.
+    /// Opens the file under its final name for reading, never through a link or into a FIFO.
+    fn read_final(&self) -> std::io::Result<File> {
+        let mut options = OpenOptions::new();
+        options
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+        self.open_with(Path::new(&self.name), &options)
+    }
+
     fn open_with(&self, name: &Path, options: &OpenOptions) -> std::io::Result<File> {
         if let Ok(meta) = self.dir.symlink_metadata(name) {
             if !meta.is_file() {
@@ -784,13 +848,7 @@ impl TreeFile {
             return Ok(mtime == self.entry.mtime);
         };
         let io = io_at(&self.rel);
-        let mut options = OpenOptions::new();
-        options
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
-        let file = self
-            .open_with(Path::new(&self.name), &options)
-            .map_err(&io)?;
+        let file = self.read_final().map_err(&io)?;
         if direct_io::blake3_of(&file, false).map_err(&io)? != blake3::Hash::from(content) {
             return Ok(false);
         }
@@ -901,6 +959,39 @@ mod tests {
     use super::super::announced::Budget;
     use super::*;
 
+    /// A whole manifest of one file of `size` bytes at `path`, last modified at `mtime`.
+    fn one_file(path: &[u8], size: u64, mtime: Timestamp) -> ManifestBatch {
+        let entry = FileEntry {
+            path: path.to_vec(),
+            size,
+            mode: 0o644,
+            mtime,
+            ctime: mtime,
+            inode: 1,
+            content: None,
+        };
+        ManifestBatch {
+            dirs: Vec::new(),
+            files: vec![entry],
+            last: true,
+        }
+    }
+
+    /// A session's tree at `root`, room for one file unsealed.
+    fn tree_at(root: &Path, active: &Arc<ActivePaths>, verify_present: bool) -> FileTree {
+        FileTree::open(Placement {
+            root,
+            dest: b"",
+            owner: [0; 16],
+            active,
+            max_unsealed: 1,
+            budget: &Budget::new(1),
+            direct_io: false,
+            verify_present,
+        })
+        .unwrap()
+    }
+
     #[test]
     fn a_complete_file_loses_a_journal_left_from_before_its_rename() {
         let root = tempfile::tempdir().unwrap();
@@ -911,35 +1002,65 @@ mod tests {
             .path()
             .join(PartPaths::for_final(Path::new("done.bin")).journal);
         std::fs::write(&journal, b"stale").unwrap();
-        let entry = FileEntry {
-            path: b"done.bin".to_vec(),
-            size: 3,
-            mode: 0o644,
-            mtime,
-            ctime: mtime,
-            inode: 1,
-            content: None,
-        };
-        let batch = ManifestBatch {
-            dirs: Vec::new(),
-            files: vec![entry],
-            last: true,
-        };
+        let batch = one_file(b"done.bin", 3, mtime);
         let active = Arc::default();
-        let tree = FileTree::open(Placement {
-            root: root.path(),
-            dest: b"",
-            owner: [0; 16],
-            active: &active,
-            max_unsealed: 1,
-            budget: &Budget::new(1),
-            direct_io: false,
-        })
-        .unwrap();
+        let tree = tree_at(root.path(), &active, false);
         let (first, plan) = tree.add_batch(&batch).unwrap();
         assert_eq!(first, 0);
         assert_eq!(plan, vec![FileStatus::Complete]);
         assert!(!journal.exists());
         assert_eq!(std::fs::read(&final_path).unwrap(), b"abc");
+    }
+
+    /// With `verify_present`, a file in place stays announced: no chunk is written to it, a
+    /// seal without the sender's hash breaks the protocol, one with another hash is refused
+    /// naming the file and leaves it as it is, and one with its own hash settles it.
+    #[test]
+    fn a_file_in_place_is_verified_by_its_seal_and_never_written() {
+        let root = tempfile::tempdir().unwrap();
+        let final_path = root.path().join("kept.bin");
+        std::fs::write(&final_path, b"abcdef").unwrap();
+        let mtime = Timestamp::mtime_of(&std::fs::metadata(&final_path).unwrap());
+        let batch = one_file(b"kept.bin", 6, mtime);
+        let active = Arc::default();
+        let open = || tree_at(root.path(), &active, true);
+        let tree = open();
+        assert_eq!(
+            tree.add_batch(&batch).unwrap(),
+            (0, vec![FileStatus::Complete])
+        );
+        tree.write(0, 0, b"XYZ", crate::wire::chunk_checksum(b"XYZ"))
+            .unwrap();
+        assert_eq!(
+            std::fs::read(&final_path).unwrap(),
+            b"abcdef",
+            "never written"
+        );
+        match tree.seal(0, None) {
+            Err(DestinationError::Protocol(e)) => assert!(e.contains("without the hash"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        drop(tree);
+
+        let tree = open();
+        tree.add_batch(&batch).unwrap();
+        match tree.seal(0, Some(*blake3::hash(b"abcdeF").as_bytes())) {
+            Err(DestinationError::Refused(e)) => {
+                assert!(e.starts_with("kept.bin: the file already here has"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            std::fs::read(&final_path).unwrap(),
+            b"abcdef",
+            "left as it is"
+        );
+        drop(tree);
+
+        let tree = open();
+        tree.add_batch(&batch).unwrap();
+        tree.seal(0, Some(*blake3::hash(b"abcdef").as_bytes()))
+            .unwrap();
+        assert!(tree.seal(0, None).is_err(), "settled: sealed once");
     }
 }

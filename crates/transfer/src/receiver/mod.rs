@@ -279,16 +279,25 @@ impl Receiver {
         if let Some(why) = fallback {
             tracing::warn!("{why}");
         }
-        let quic = match transport {
-            Transport::Quic => {
+        let quic = match (transport, options.quic) {
+            (Transport::Quic, _) | (_, true) => {
                 let udp = (listener.local_addr())
                     .and_then(|addr| QuicServer::bind(addr, streams.handle()));
-                Some(udp.map_err(|error| ReceiverError::Bind {
-                    addr: format!("{addr} (UDP, for QUIC)"),
-                    error,
-                })?)
+                match udp {
+                    Ok(server) => Some(server),
+                    Err(error) if transport == Transport::Quic => {
+                        return Err(ReceiverError::Bind {
+                            addr: format!("{addr} (UDP, for QUIC)"),
+                            error,
+                        })
+                    }
+                    Err(error) => {
+                        tracing::warn!("not serving QUIC: cannot bind {addr} over UDP: {error}");
+                        None
+                    }
+                }
             }
-            _ => None,
+            (_, false) => None,
         };
         Ok(Receiver {
             listener,
@@ -347,6 +356,23 @@ impl Receiver {
     /// ```
     pub fn transport(&self) -> Transport {
         self.transport
+    }
+
+    /// Whether QUIC senders are served too, on the UDP port of the same number
+    /// ([`ReceiverOptions::quic`]).
+    ///
+    /// ```
+    /// use transfer::auth::SessionKey;
+    /// use transfer::receiver::{Receiver, ReceiverSettings};
+    ///
+    /// let root = tempfile::tempdir()?;
+    /// let settings = ReceiverSettings::new(root.path().into(), SessionKey::generate().1);
+    /// let receiver = Receiver::bind(&settings.listen("127.0.0.1:0"))?;
+    /// assert!(receiver.serves_quic(), "by default, where the UDP port is free");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn serves_quic(&self) -> bool {
+        self.shared.quic.is_some()
     }
 
     /// The root directory in use (canonical).
@@ -659,7 +685,9 @@ impl Session {
 fn offer_quic(shared: &Shared, session: &Session) -> Result<[u8; 32], String> {
     let Some(quic) = &shared.quic else {
         return Err(
-            "this receiver does not serve QUIC: start it with xfer recv --transport quic".into(),
+            "this receiver does not serve QUIC (it was started with --no-quic, or could not \
+             bind its UDP port: its log says which)"
+                .into(),
         );
     };
     if !session.encrypted {
@@ -784,6 +812,39 @@ mod tests {
         while !unpoisoned(receiver.shared.sessions.lock()).is_empty() {
             assert!(Instant::now() < deadline, "a session stays registered");
             std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// QUIC is served by default, beside TCP, where the UDP port of the same number is free;
+    /// where it is taken, a receiver that did not insist on QUIC serves TCP alone, and one
+    /// that did (`Transport::Quic`) does not start, naming the UDP port.
+    #[test]
+    fn quic_is_served_by_default_where_its_udp_port_is_free() {
+        let root = tempfile::tempdir().unwrap();
+        let (_, key) = auth::SessionKey::generate();
+        let settings = ReceiverSettings::new(root.path().into(), key);
+        let free = Receiver::bind(&settings.clone().listen("127.0.0.1:0")).unwrap();
+        assert!(free.serves_quic());
+        let off = Receiver::bind(&ReceiverSettings {
+            options: settings.options.clone().quic(false),
+            ..settings.clone().listen("127.0.0.1:0")
+        })
+        .unwrap();
+        assert!(!off.serves_quic());
+
+        let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let listen = format!("127.0.0.1:{port}");
+        let tcp_only = Receiver::bind(&settings.clone().listen(&listen)).unwrap();
+        assert!(!tcp_only.serves_quic());
+        drop(tcp_only);
+        let insisting = ReceiverSettings {
+            options: settings.options.clone().transport(Transport::Quic),
+            ..settings.listen(&listen)
+        };
+        match Receiver::bind(&insisting) {
+            Err(ReceiverError::Bind { addr, .. }) => assert!(addr.contains("UDP"), "{addr}"),
+            other => panic!("{:?}", other.err()),
         }
     }
 }

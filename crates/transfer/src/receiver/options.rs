@@ -57,10 +57,14 @@ pub const DEFAULT_MAX_HANDSHAKES_PER_SOURCE: usize = 8;
 #[non_exhaustive]
 pub struct ReceiverOptions {
     /// Listen for TCP, or for MPTCP (which also takes plain TCP senders; where this host
-    /// cannot make MPTCP sockets the receiver listens for TCP and logs why), or for QUIC on the
-    /// UDP port of the same number besides TCP (which carries every session's control
-    /// connection, and serves TCP senders too).
+    /// cannot make MPTCP sockets the receiver listens for TCP and logs why). QUIC is served
+    /// beside either (see `quic`); `Quic` here insists on it: the receiver does not start
+    /// where it cannot serve QUIC.
     pub transport: Transport,
+    /// Also serve QUIC senders (`xfer send --transport quic`) on the UDP port of the same
+    /// number; TCP still carries every session's control connection. Where that UDP port
+    /// cannot be bound, the receiver serves TCP alone and logs why.
+    pub quic: bool,
     /// Refuse sessions that are not encrypted (TLS); encrypted ones are always accepted.
     pub require_encryption: bool,
     /// Refuse sessions whose frames are neither sealed ([`crate::seal`], `xfer send
@@ -112,6 +116,7 @@ impl Default for ReceiverOptions {
     fn default() -> Self {
         ReceiverOptions {
             transport: Transport::Tcp,
+            quic: true,
             require_encryption: false,
             require_integrity: false,
             direct_io: false,
@@ -134,6 +139,12 @@ impl ReceiverOptions {
     /// Sets [`ReceiverOptions::transport`].
     pub fn transport(mut self, transport: Transport) -> Self {
         self.transport = transport;
+        self
+    }
+
+    /// Sets [`ReceiverOptions::quic`].
+    pub fn quic(mut self, quic: bool) -> Self {
+        self.quic = quic;
         self
     }
 

@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! Plan of the next batch ──▶ Count, Queue each file's missing ranges, CloseQueue after the
-//!                            last, Settle the complete files, Seal those with nothing to send
+//!                            last, Settle the complete files (Seal them, to be verified,
+//!                            with verify_present), Seal those with nothing to send
 //! Finalized (file)       ──▶ Settle it; Finish once the whole manifest is finalised
 //! Done                   ──▶ Complete (only after Finish was asked for)
 //! Working                ──▶ nothing (the receiver is busy with a long step)
@@ -65,9 +66,21 @@ pub(crate) struct Planner {
     whole: bool,
     /// `Finish` was asked for.
     finishing: bool,
+    /// Files complete at the receiver are sealed too, to be verified
+    /// ([`Message::Start`]'s `verify_present`).
+    verify_present: bool,
 }
 
 impl Planner {
+    /// The rules of a session whose files already at the receiver are verified too
+    /// (`verify_present`), or settled as they are.
+    pub(crate) fn verifying_present(verify_present: bool) -> Planner {
+        Planner {
+            verify_present,
+            ..Planner::default()
+        }
+    }
+
     /// Acts on one message of the receiver: what the transfer does next, or why the
     /// session cannot go on.
     pub(crate) fn handle(
@@ -146,13 +159,14 @@ impl Planner {
             to_send += bytes;
             skipped += size - bytes;
             match status {
-                FileStatus::Complete => settled.push(Action::Settle(file)),
+                FileStatus::Complete if !self.verify_present => {
+                    settled.push(Action::Settle(file));
+                    continue;
+                }
                 _ if ranges.is_empty() => sealed.push(Action::Seal(file)),
                 _ => queued.push(Action::Queue(file, ranges)),
             }
-            if !matches!(status, FileStatus::Complete) {
-                self.sealing.insert(file);
-            }
+            self.sealing.insert(file);
         }
         self.next = end as u32;
         self.whole = last;
@@ -216,6 +230,60 @@ mod tests {
         assert!(e.to_string().contains("outside a file of 100 bytes"), "{e}");
         let plan = FileStatus::Partial(vec![(u64::MAX, 2)]);
         assert!(ranges_to_send(100, &plan).is_err());
+    }
+
+    /// Two announced files of 10 bytes, the whole manifest.
+    struct TwoFiles;
+
+    impl Announced for TwoFiles {
+        fn announced(&self) -> (u64, bool) {
+            (2, true)
+        }
+        fn size(&self, _file: u32) -> Result<u64, SendError> {
+            Ok(10)
+        }
+        fn shown(&self, file: u32) -> String {
+            format!("f{file}")
+        }
+    }
+
+    /// With `verify_present`, a file the receiver holds complete is sealed as the others are
+    /// (its seal carries the hash the receiver checks its copy against), and the session
+    /// finishes only once that file too is finalised; without it, the file is settled at once.
+    #[test]
+    fn files_already_there_are_sealed_to_be_verified_when_asked() {
+        let plan = Message::Plan {
+            first: 0,
+            files: vec![FileStatus::Complete, FileStatus::Missing],
+            last: true,
+        };
+        let count = Action::Count {
+            to_send: 10,
+            skipped: 10,
+        };
+        let queue = Action::Queue(1, std::iter::once(0..10).collect());
+        let plain = Planner::default().handle(plan.clone(), &TwoFiles).unwrap();
+        assert_eq!(
+            plain,
+            [
+                count.clone(),
+                queue.clone(),
+                Action::CloseQueue,
+                Action::Settle(0)
+            ]
+        );
+        let mut verifying = Planner::verifying_present(true);
+        let actions = verifying.handle(plan, &TwoFiles).unwrap();
+        assert_eq!(actions, [count, queue, Action::CloseQueue, Action::Seal(0)]);
+        let finalized = |file| Message::Finalized { file, error: None };
+        assert_eq!(
+            verifying.handle(finalized(1), &TwoFiles).unwrap(),
+            [Action::Settle(1)]
+        );
+        assert_eq!(
+            verifying.handle(finalized(0), &TwoFiles).unwrap(),
+            [Action::Settle(0), Action::Finish]
+        );
     }
 
     proptest::proptest! {

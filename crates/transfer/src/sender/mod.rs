@@ -1037,8 +1037,15 @@ impl Transfer {
                 },
         } = open_control(&addrs, &config)?;
         let notices = Vec::from_iter(fallback);
-        wire::write_message(&mut writer, &Message::Start { dest, sink })
-            .map_err(|e| config.lost(e))?;
+        // With --checksum, files in place were compared by content in the plan already.
+        let verify_present =
+            sink == SinkKind::Files && config.options.verify && !config.options.checksum;
+        let opening = Message::Start {
+            dest,
+            sink,
+            verify_present,
+        };
+        wire::write_message(&mut writer, &opening).map_err(|e| config.lost(e))?;
         let (quic, quic_runtime) = match transport {
             Transport::Quic => {
                 let client = ask_for_quic(&mut reader, &mut writer, &session, &config)?;
@@ -1098,7 +1105,7 @@ impl Transfer {
         let whole = batch.last;
         wire::write_message(&mut writer, &Message::Entries(batch))
             .map_err(|e| shared.config.lost(e))?;
-        let mut planner = Planner::default();
+        let mut planner = Planner::verifying_present(verify_present);
         let answer = read_answer(&mut reader, &shared.config)?;
         shared.act(planner.handle(answer, &*shared)?)?;
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
@@ -1385,7 +1392,7 @@ impl Transfer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn canceller(&self) -> Canceller {
-        Canceller(Arc::downgrade(&self.shared))
+        Canceller(CancelTarget::Transfer(Arc::downgrade(&self.shared)))
     }
 
     /// Waits up to `timeout` for the transfer to end; `true` when it has.
@@ -1464,6 +1471,12 @@ impl Transfer {
 /// verified, so starting the same transfer again sends only the rest. Cancelling a transfer
 /// that has ended does nothing; the handle does not keep the transfer's resources alive.
 ///
+/// [`Transfer::canceller`] gives one for a transfer, [`SendJob::canceller`] one for a job's,
+/// which also stops it before it has connected. Either may be moved to another thread (a
+/// signal handler's, a service's request handler) while the owner waits for the end.
+///
+/// [`SendJob::canceller`]: crate::job::SendJob::canceller
+///
 /// ```
 /// # use transfer::sender::{SendOptions, SendSource, Transfer};
 /// # let root = tempfile::tempdir()?;
@@ -1481,7 +1494,16 @@ impl Transfer {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone)]
-pub struct Canceller(std::sync::Weak<Shared>);
+pub struct Canceller(CancelTarget);
+
+/// What a [`Canceller`] stops. Both are weak: a handle kept after the end holds nothing.
+#[derive(Debug, Clone)]
+enum CancelTarget {
+    /// One transfer.
+    Transfer(std::sync::Weak<Shared>),
+    /// A job's transfer, whether or not it has connected yet.
+    Job(std::sync::Weak<crate::job::CancelState>),
+}
 
 impl Canceller {
     /// Cancels the transfer unless it has ended.
@@ -1501,9 +1523,23 @@ impl Canceller {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn cancel(&self) {
-        if let Some(shared) = self.0.upgrade() {
-            shared.fail(SendError::Cancelled);
+        match &self.0 {
+            CancelTarget::Transfer(shared) => {
+                if let Some(shared) = shared.upgrade() {
+                    shared.fail(SendError::Cancelled);
+                }
+            }
+            CancelTarget::Job(job) => {
+                if let Some(job) = job.upgrade() {
+                    job.cancel();
+                }
+            }
         }
+    }
+
+    /// The handle of a job's transfer.
+    pub(crate) fn job(job: std::sync::Weak<crate::job::CancelState>) -> Canceller {
+        Canceller(CancelTarget::Job(job))
     }
 }
 

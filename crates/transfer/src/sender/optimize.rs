@@ -4,8 +4,11 @@
 //! data keeps moving with the last count, and a decision is applied the moment it is made. If
 //! the controller is still busy when several intervals have ended, it decides on the newest and
 //! the ones it passed over are logged without a decision. An interval at whose end no stream is
-//! open (the last units are acknowledged and the files are being sealed) is not observed.
+//! open (the last units are acknowledged and the files are being sealed) is not observed. The
+//! interval in which the transfer ends is observed as far as it went (the only one of a
+//! transfer shorter than one), and logged without a decision: none could follow it.
 
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,7 +42,9 @@ pub struct MiRecord {
     /// The controller's name.
     pub controller: String,
     /// The stream count the controller chose from this interval; `None` when it was still busy
-    /// deciding on an earlier interval and went on to a newer one instead.
+    /// deciding on an earlier interval and went on to a newer one instead, and for the
+    /// interval the transfer ended in (shorter than the others, unless the end fell on its
+    /// boundary).
     pub decision: Option<usize>,
     /// Seconds from the end of the interval until the decision was applied.
     pub decision_latency: Option<f64>,
@@ -95,13 +100,30 @@ fn sample_intervals(
     let mut last = Instant::now();
     meter.reset(&shared.sample_for_meter());
     let mut deadline = last + interval;
-    while !shared.wait_over_until(deadline) {
+    // Data the receiver had acknowledged at the last interval's end.
+    let mut acked = shared.bytes_acked.load(Ordering::Relaxed);
+    loop {
+        let over = shared.wait_over_until(deadline);
         let now = Instant::now();
+        let acked_before =
+            std::mem::replace(&mut acked, shared.bytes_acked.load(Ordering::Relaxed));
         let (mut stats, paths) = meter.measure(
             &shared.sample_for_meter(),
             now.duration_since(shared.start).as_secs_f64(),
             now.duration_since(last).as_secs_f64(),
         );
+        if over {
+            // The transfer ended in this interval: its streams closed because the work ran
+            // out, not to be retired, and those that carried data in it are its count. One in
+            // which no data was acknowledged (only the closing messages) has nothing to show.
+            stats.streams += stats.retiring;
+            stats.retiring = 0;
+            stats.retiring_bytes = 0;
+            if acked > acked_before {
+                let _ = tx.send((tracker.observe(&stats), paths, now));
+            }
+            return;
+        }
         // Streams with a handle but no connection to sample yet are still connecting; they
         // count among the streams, as the simulator counts them.
         let active = shared.active_streams().max(stats.streams);
@@ -145,6 +167,12 @@ fn decide(
     while let Ok(mut newest) = rx.recv() {
         while let Ok(newer) = rx.try_recv() {
             record(std::mem::replace(&mut newest, newer), None, None);
+        }
+        if shared.is_over() {
+            // No decision can apply any more (this is the interval the transfer ended in, or
+            // one just before it).
+            record(newest, None, None);
+            continue;
         }
         let streams = controller.decide(&newest.0);
         telemetry::sender_decided(&name);

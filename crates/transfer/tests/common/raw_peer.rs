@@ -114,6 +114,7 @@ pub fn open_session_into(
     let start = Message::Start {
         dest: dest.to_vec(),
         sink: SinkKind::Files,
+        verify_present: false,
     };
     write_message(&mut writer, &start).unwrap();
     write_message(&mut writer, &Message::Entries(batch)).unwrap();
