@@ -338,6 +338,11 @@ pub struct SendArgs {
     /// Cap each stream's sending rate at this many Mbit/s (TCP pacing; paper 001 uses 50).
     #[arg(long, value_name = "MBIT_PER_S")]
     pub stream_rate_cap: Option<f64>,
+    /// One limit on the whole transfer's rate, however many streams it uses (any transport):
+    /// in bits (300Mbit, 10Gbit/s) or bytes per second (50MB/s, 40MiB/s). The optimiser keeps
+    /// choosing the stream count within it.
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub rate_limit: Option<u64>,
     /// Largest work unit (chunk) size.
     #[arg(long, default_value = "4MiB", value_parser = parse_unit_size)]
     pub unit_size: u32,
@@ -535,6 +540,43 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
     })
 }
 
+/// A rate in bytes per second, from bits (`300Mbit`, `10Gbit/s`: decimal prefixes, as links
+/// are rated) or bytes per second (`50MB/s`, `40MiB/s`, read as sizes are). A bare number, or
+/// one with a prefix alone (`300M`, which iperf3 reads as bits and a size as bytes), is
+/// refused: bits or bytes is too easy to get wrong by a factor of 8.
+fn parse_rate(s: &str) -> Result<u64, String> {
+    let bad = |why: String| {
+        format!("{s:?} is not a rate ({why}); examples: 300Mbit, 10Gbit/s, 50MB/s, 40MiB/s")
+    };
+    let text = s.trim();
+    let text = text.strip_suffix("/s").unwrap_or(text);
+    let rate = if let Some(bits) = text.strip_suffix("bit") {
+        let bits = bits.trim();
+        let digits = (bits.find(|c: char| !(c.is_ascii_digit() || c == '.'))).unwrap_or(bits.len());
+        let (number, prefix) = (&bits[..digits], bits[digits..].trim());
+        let scale = match prefix {
+            "" => 1.0,
+            "K" | "k" => 1e3,
+            "M" => 1e6,
+            "G" => 1e9,
+            "T" => 1e12,
+            other => return Err(bad(format!("{other:?} is no prefix of bits: K, M, G or T"))),
+        };
+        let number: f64 = number
+            .parse()
+            .map_err(|_| bad(format!("{number:?} is not a number")))?;
+        number * scale / 8.0
+    } else if text.ends_with('B') {
+        parse_size_arg(text).map_err(|_| bad("a size per second, or bits".into()))? as f64
+    } else {
+        return Err(bad("say bits or bytes per second".into()));
+    };
+    if !(rate.is_finite() && rate >= 1.0) {
+        return Err(bad("it must be at least 8 bit/s".into()));
+    }
+    Ok(rate as u64)
+}
+
 /// A size of 1 byte to `max` bytes (named `max_text` in errors), as a `u32`.
 fn parse_bounded_size(s: &str, what: &str, max: u32, max_text: &str) -> Result<u32, String> {
     let size = parse_size_arg(s)?;
@@ -591,6 +633,21 @@ mod tests {
         assert_eq!(size("4096"), 4096);
         let err = parse_size_arg("10 gigs").unwrap_err();
         assert!(err.contains("10GB (10^9)"), "{err}");
+    }
+
+    #[test]
+    fn rates_read_as_bits_with_decimal_prefixes_or_as_sizes_per_second() {
+        let rate = |s| parse_rate(s).unwrap();
+        assert_eq!(rate("300Mbit"), 37_500_000);
+        assert_eq!(rate("10Gbit/s"), 1_250_000_000);
+        assert_eq!(rate("1.5 Gbit"), 187_500_000);
+        assert_eq!(rate("800kbit"), 100_000);
+        assert_eq!(rate("50MB/s"), 50_000_000);
+        assert_eq!(rate("40MiB/s"), 40 << 20);
+        for bad in ["300", "300M", "fast", "0Mbit", "3Xbit", "Mbit"] {
+            let err = parse_rate(bad).unwrap_err();
+            assert!(err.contains("examples: 300Mbit"), "{bad}: {err}");
+        }
     }
 
     #[test]

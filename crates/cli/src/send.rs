@@ -168,6 +168,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         .checksum(args.checksum)
         .direct_io(args.direct_io)
         .stream_rate_cap(stream_rate_cap)
+        .rate_limit(args.rate_limit)
         .unsent_limit(args.unsent_limit)
         .encrypt(args.encrypt)
         .integrity(args.integrity)

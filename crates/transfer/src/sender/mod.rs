@@ -25,6 +25,7 @@ mod meter;
 mod optimize;
 mod options;
 mod quic_stream;
+mod rate_limit;
 mod source;
 mod stream;
 mod unsent;
@@ -597,6 +598,8 @@ struct Shared {
     quic: Option<quic_stream::QuicStreams>,
     /// The streams in their handshake.
     openings: stream::Openings,
+    /// The limit on the transfer's total rate, which the streams take their turns in.
+    rate_limit: Option<rate_limit::RateLimit>,
     session: [u8; 16],
     /// What this session's data streams prove (derived in the control handshake).
     session_key: SessionKey,
@@ -1065,6 +1068,8 @@ impl Transfer {
         let max_streams = limits.max_streams.max(1) as usize;
         // Largest unit in bytes: the configured size within the receiver's limit.
         let unit_size = config.options.unit_size.clamp(1, limits.max_chunk);
+        let rate_limit =
+            (config.options.rate_limit).map(|limit| rate_limit::RateLimit::new(limit, unit_size));
         let shared = Arc::new(Shared {
             target: AtomicUsize::new(config.options.streams.clamp(1, max_streams)),
             config,
@@ -1072,6 +1077,7 @@ impl Transfer {
             transport,
             quic,
             openings: stream::Openings::default(),
+            rate_limit,
             session,
             session_key,
             sealed: writer.seals(),

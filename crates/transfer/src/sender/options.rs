@@ -68,6 +68,10 @@ pub struct SendOptions {
     /// Cap on each stream's sending rate in bytes per second (`SO_MAX_PACING_RATE`, enforced by
     /// TCP's own pacing), as paper 001 throttles each stream; `None`: no cap. TCP only.
     pub stream_rate_cap: Option<u64>,
+    /// One limit on the whole transfer's sending rate in bytes per second, however many
+    /// streams share it (any transport): each stream waits its turn before it takes a unit;
+    /// `None`: no limit. The controller keeps choosing the count within it.
+    pub rate_limit: Option<u64>,
     /// Fewest bytes each stream may keep queued in its socket but not yet sent
     /// (`TCP_NOTSENT_LOWAT`; data already in flight is not counted, so this does not limit the
     /// window). A stream starts with this queue and, on a long path, grows it to twice the
@@ -107,6 +111,7 @@ impl Default for SendOptions {
             checksum: false,
             direct_io: false,
             stream_rate_cap: None,
+            rate_limit: None,
             unsent_limit: DEFAULT_UNSENT_LIMIT,
             encrypt: false,
             integrity: false,
@@ -151,6 +156,12 @@ impl SendOptions {
     /// Sets [`SendOptions::stream_rate_cap`].
     pub fn stream_rate_cap(mut self, bytes_per_second: Option<u64>) -> Self {
         self.stream_rate_cap = bytes_per_second;
+        self
+    }
+
+    /// Sets [`SendOptions::rate_limit`].
+    pub fn rate_limit(mut self, bytes_per_second: Option<u64>) -> Self {
+        self.rate_limit = bytes_per_second;
         self
     }
 
@@ -205,6 +216,11 @@ impl SendOptions {
     pub fn check(&self) -> Result<(), SendError> {
         if self.streams == 0 {
             return Err(SendError::Settings("streams must be at least 1".into()));
+        }
+        if self.rate_limit == Some(0) {
+            return Err(SendError::Settings(
+                "a rate limit must be above 0 bytes per second".into(),
+            ));
         }
         if self.transport != Transport::Tcp && self.stream_rate_cap.is_some() {
             return Err(SendError::Settings(format!(

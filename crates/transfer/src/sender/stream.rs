@@ -361,6 +361,21 @@ fn joining_share(shared: &Shared, active: &[Arc<StreamHandle>]) -> Option<f64> {
     join::share(&carrying)
 }
 
+/// The stream's next unit, after its turn in the transfer's rate limit where there is one: a
+/// whole unit's worth is reserved before the unit is taken (so that no unit the receiver waits
+/// for sits with a stream waiting its turn), and what the unit is shorter by is given back.
+fn next_paced_unit(shared: &Shared, handle: &StreamHandle) -> Option<Unit> {
+    let Some(limit) = &shared.rate_limit else {
+        return shared.next_unit(handle.id, &handle.retire);
+    };
+    let turn = limit.reserve(limit.unit(), Instant::now());
+    // Over meanwhile: the next unit is none.
+    shared.wait_over_until(turn);
+    let unit = shared.next_unit(handle.id, &handle.retire);
+    limit.give_back(limit.unit() - unit.map_or(0, |u| u64::from(u.len)));
+    unit
+}
+
 /// Raises or lifts the pacing caps of the streams joining the transfer ([`join`]), and forgets
 /// those that closed.
 fn pace_joining(
@@ -660,7 +675,7 @@ pub(super) fn write_units(
             None => unanswered.end_sent(),
         }
     };
-    while let Some(unit) = shared.next_unit(handle.id, &handle.retire) {
+    while let Some(unit) = next_paced_unit(shared, handle) {
         in_flight_push(Some(unit));
         let read = shared
             .source
