@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use optimizer::env::{InitialStreams, RewardKind};
 use optimizer::policy::ObservationLayout;
 use optimizer::{parse_time, RewardParams, UtilityParams};
+use transfer::filter::Rule;
 use transfer::optimizer_choice::{OptimizerChoice, Tuning};
 use transfer::policy_source::PolicyRuntime;
 use transfer::quic::Congestion;
@@ -45,7 +46,7 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Send files, directory trees or generated data to a receiver.
-    Send(SendArgs),
+    Send(Box<SendArgs>),
     /// Receive sessions on one port and write them under a root directory.
     Recv(RecvArgs),
     /// Run a stream-count optimiser on a simulated network path.
@@ -298,6 +299,27 @@ pub struct SendArgs {
     pub seed: u64,
     #[command(flatten)]
     pub tuning: TuningArgs,
+    /// Send the files that match this glob (repeatable). --include and --exclude apply in the
+    /// order given and the first that matches decides; a file none matches is sent, unless
+    /// every rule is an --include (--include '*.h5' alone sends only those). A pattern without
+    /// / matches a name at any depth (*.h5), one with / the path from the source's top
+    /// (raw/*.h5), one ending in / a directory. With any filter, only directories that hold a
+    /// file sent are created.
+    #[arg(long, value_name = "PATTERN", conflicts_with = "mem")]
+    pub include: Vec<String>,
+    /// Leave out the files that match this glob, or the directories (not even read) for a
+    /// pattern ending in / (repeatable; see --include).
+    #[arg(long, value_name = "PATTERN", conflicts_with = "mem")]
+    pub exclude: Vec<String>,
+    /// Send only the paths listed in FILE (- for stdin), relative to their source, one per
+    /// line (blank lines and lines starting with # or ; are skipped) or NUL-separated; a
+    /// directory listed brings all of it. --include and --exclude then choose among them.
+    #[arg(long, value_name = "FILE", conflicts_with = "mem")]
+    pub files_from: Option<PathBuf>,
+    /// The --include and --exclude rules in the order given (from the parsed matches, as
+    /// clap keeps each option's values apart).
+    #[arg(skip)]
+    pub rules: Vec<Rule>,
     /// Send SIZE bytes of generated data to a discarding sink (memory-to-memory benchmark).
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     pub mem: Option<u64>,
@@ -538,6 +560,27 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
     config.parse_size(s).map_err(|e| {
         format!("{s:?} is not a size ({e}); examples: 10GiB or 10G (2^30 bytes each), 10GB (10^9), 4096")
     })
+}
+
+/// The --include and --exclude rules of `xfer send`'s `matches`, in command-line order.
+pub fn filter_rules(matches: &clap::ArgMatches) -> Vec<Rule> {
+    let mut rules = Vec::new();
+    for (id, rule) in [
+        ("include", Rule::Include as fn(String) -> Rule),
+        ("exclude", Rule::Exclude),
+    ] {
+        if let (Some(indices), Some(values)) =
+            (matches.indices_of(id), matches.get_many::<String>(id))
+        {
+            rules.extend(
+                indices
+                    .zip(values)
+                    .map(|(at, value)| (at, rule(value.clone()))),
+            );
+        }
+    }
+    rules.sort_by_key(|&(at, _)| at);
+    rules.into_iter().map(|(_, rule)| rule).collect()
 }
 
 /// A rate in bytes per second, from bits (`300Mbit`, `10Gbit/s`: decimal prefixes, as links

@@ -18,10 +18,16 @@ mod ssh_start;
 
 use std::io::IsTerminal;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
 fn main() {
-    let cli = args::Cli::parse();
+    let matches = args::Cli::command().get_matches();
+    let mut cli = args::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let (args::Command::Send(send), Some(("send", sent))) =
+        (&mut cli.command, matches.subcommand())
+    {
+        send.rules = args::filter_rules(sent);
+    }
     let default_level = match &cli.command {
         // Over ssh, the receiver's messages reach the sender's terminal: problems only.
         args::Command::Recv(a) if !a.over_ssh => "info",
@@ -48,7 +54,7 @@ fn main() {
         transfer::enable_mapped_files();
     }
     let result = match cli.command {
-        args::Command::Send(a) => send::run(a),
+        args::Command::Send(a) => send::run(*a),
         args::Command::Recv(a) => recv::run(a),
         args::Command::Sim(a) => sim::run(a),
         args::Command::Env(a) => env::run(a),

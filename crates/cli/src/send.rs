@@ -3,7 +3,8 @@
 
 use std::fs::File;
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use transfer::auth::SessionKey;
+use transfer::filter::{Filter, Rule};
 use transfer::job::{SendEvent, SendJob, SenderSettings};
 use transfer::mptcp_info::Subflow;
 use transfer::optimizer::ControllerSpec;
@@ -162,6 +164,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         None => None,
     };
     let options = SendOptions::default()
+        .filter(filter(&args)?)
         .streams(initial)
         .unit_size(args.unit_size)
         .verify(args.verify)
@@ -250,6 +253,48 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         remote.finish()?;
     }
     print_summary(&args, &summary, &mut stdout).context("writing the summary")
+}
+
+/// The filter `--include`, `--exclude` and `--files-from` describe.
+fn filter(args: &SendArgs) -> anyhow::Result<Filter> {
+    let mut filter = Filter::default();
+    for rule in &args.rules {
+        filter = match rule {
+            Rule::Include(pattern) => filter.include(pattern),
+            Rule::Exclude(pattern) => filter.exclude(pattern),
+        };
+    }
+    if let Some(list) = &args.files_from {
+        filter = filter.files_from(read_files_from(list)?);
+    }
+    Ok(filter)
+}
+
+/// The paths of a `--files-from` list (`-`: stdin): NUL-separated when it holds a NUL, else
+/// one per line, blank lines and lines starting with `#` or `;` left out, as rsync reads it.
+fn read_files_from(list: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let bytes = if list == Path::new("-") {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut bytes)
+            .context("reading the list of files from stdin")?;
+        bytes
+    } else {
+        std::fs::read(list)
+            .with_context(|| format!("reading the list of files {}", list.display()))?
+    };
+    let nul = bytes.contains(&0);
+    let lines = bytes.split(|&b| b == if nul { 0 } else { b'\n' });
+    Ok(lines
+        .map(|line| {
+            if nul {
+                line
+            } else {
+                line.strip_suffix(b"\r").unwrap_or(line)
+            }
+        })
+        .filter(|line| !line.is_empty() && (nul || !matches!(line[0], b'#' | b';')))
+        .map(|line| PathBuf::from(std::ffi::OsStr::from_bytes(line)))
+        .collect())
 }
 
 /// A transfer stopped by SIGINT (Ctrl-C) or SIGTERM: how far it got, and how to go on.

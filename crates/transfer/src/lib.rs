@@ -74,6 +74,7 @@ mod cause;
 mod direct_io;
 mod duration;
 pub mod external;
+pub mod filter;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod idle;

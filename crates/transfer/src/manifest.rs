@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::filter::{Filter, FilterError, Selection};
+
 /// Longest relative path accepted, in bytes (Linux's PATH_MAX).
 pub const MAX_PATH_LEN: usize = 4096;
 /// Largest file size accepted in a manifest: the most a file can hold (`off_t` is signed).
@@ -278,6 +280,9 @@ pub enum ScanError {
     /// A source has no usable name (such as `/`).
     #[error("source {0} has no file name to use at the destination")]
     NoName(String),
+    /// A pattern or listed path of the filter cannot be used.
+    #[error(transparent)]
+    Filter(#[from] FilterError),
 }
 
 /// A batch of the manifest plus where each of its files is on the sender's disk.
@@ -336,6 +341,11 @@ pub struct Scanner {
     walk: Option<(PathBuf, OsString, walkdir::IntoIter)>,
     /// Hash each file's content into its entry ([`FileEntry::content`]).
     by_content: bool,
+    /// Which files are sent and which directories read.
+    selection: Selection,
+    /// While a filter may leave files out: the directories above the walk's place not sent
+    /// yet (with their depths), sent only once a file under them is.
+    pending_dirs: Vec<(usize, DirEntry)>,
 }
 
 impl Scanner {
@@ -378,7 +388,33 @@ impl Scanner {
             sources: checked.into_iter(),
             walk: None,
             by_content: false,
+            selection: Filter::default().compile()?,
+            pending_dirs: Vec::new(),
         })
+    }
+
+    /// Sends only what `filter` selects ([`crate::filter`]); a pattern that is no glob, or a
+    /// listed path that leaves its source, is refused by name.
+    ///
+    /// ```
+    /// # let src = tempfile::tempdir().unwrap();
+    /// # let tree = src.path().join("run42");
+    /// # std::fs::create_dir_all(tree.join("scratch")).unwrap();
+    /// # std::fs::write(tree.join("scratch/tmp.bin"), [0; 10]).unwrap();
+    /// # std::fs::write(tree.join("a.h5"), [1; 100]).unwrap();
+    /// # std::fs::write(tree.join("notes.txt"), "calibrated").unwrap();
+    /// use transfer::filter::Filter;
+    /// use transfer::manifest::Scanner;
+    ///
+    /// let filter = Filter::default().exclude("scratch/").exclude("*.txt");
+    /// let batch = Scanner::new(&[tree]).unwrap().with_filter(&filter).unwrap().next_batch(64).unwrap().batch;
+    /// let files: Vec<_> = batch.files.iter().map(|f| String::from_utf8_lossy(&f.path).into_owned()).collect();
+    /// assert_eq!(files, ["run42/a.h5"]);
+    /// assert_eq!(batch.dirs.len(), 1, "run42 alone: scratch is not sent");
+    /// ```
+    pub fn with_filter(mut self, filter: &Filter) -> Result<Scanner, ScanError> {
+        self.selection = filter.compile()?;
+        Ok(self)
     }
 
     /// Hashes every file (BLAKE3) into its entry as it is scanned, so that the receiver keeps a
@@ -417,10 +453,30 @@ impl Scanner {
         let mut out = ScannedBatch::default();
         while out.batch.dirs.len() + out.batch.files.len() < max_entries.max(1) {
             if let Some((source, name, walk)) = &mut self.walk {
-                match walk.next() {
-                    Some(entry) => out.add_walked(source, name, entry, self.by_content)?,
-                    None => self.walk = None,
+                let Some(entry) = walk.next() else {
+                    self.walk = None;
+                    continue;
+                };
+                let entry = entry.map_err(|e| ScanError::Unreadable {
+                    path: e.path().unwrap_or(source).display().to_string(),
+                    error: e
+                        .into_io_error()
+                        .unwrap_or_else(|| std::io::Error::other("filesystem loop")),
+                })?;
+                let rel = (entry.path().strip_prefix(&*source))
+                    .expect("walkdir stays under its root")
+                    .to_path_buf();
+                if entry.depth() > 0 && entry.file_type().is_dir() && !self.selection.walks(&rel) {
+                    walk.skip_current_dir();
+                    continue;
                 }
+                let found = Found {
+                    entry,
+                    rel: &rel,
+                    selection: &self.selection,
+                    pending_dirs: &mut self.pending_dirs,
+                };
+                out.add_walked(name, found, self.by_content)?;
                 continue;
             }
             let Some((source, name, meta)) = self.sources.next() else {
@@ -428,7 +484,9 @@ impl Scanner {
                 break;
             };
             if meta.is_file() {
-                out.push_file(name.as_bytes().to_vec(), source, &meta, self.by_content)?;
+                if self.selection.sends(Path::new(&name)) {
+                    out.push_file(name.as_bytes().to_vec(), source, &meta, self.by_content)?;
+                }
             } else if meta.is_dir() {
                 let walk = walkdir::WalkDir::new(&source)
                     .follow_links(false)
@@ -446,25 +504,31 @@ impl Scanner {
     }
 }
 
+/// What the walk of a directory source found, with what decides whether it is sent.
+struct Found<'a> {
+    entry: walkdir::DirEntry,
+    /// Its path below the source.
+    rel: &'a Path,
+    selection: &'a Selection,
+    /// The directories above it not sent yet ([`Scanner::pending_dirs`]).
+    pending_dirs: &'a mut Vec<(usize, DirEntry)>,
+}
+
 impl ScannedBatch {
-    /// Adds what the walk of the directory `source` (named `name` at the destination) found.
+    /// Adds what the walk of a directory source (named `name` at the destination) found, if
+    /// the selection sends it; a file sent brings the directories above it not sent yet.
     fn add_walked(
         &mut self,
-        source: &Path,
         name: &OsStr,
-        entry: walkdir::Result<walkdir::DirEntry>,
+        found: Found<'_>,
         by_content: bool,
     ) -> Result<(), ScanError> {
-        let entry = entry.map_err(|e| ScanError::Unreadable {
-            path: e.path().unwrap_or(source).display().to_string(),
-            error: e
-                .into_io_error()
-                .unwrap_or_else(|| std::io::Error::other("filesystem loop")),
-        })?;
-        let rel = entry
-            .path()
-            .strip_prefix(source)
-            .expect("walkdir stays under its root");
+        let Found {
+            entry,
+            rel,
+            selection,
+            pending_dirs,
+        } = found;
         let mut path = name.as_bytes().to_vec();
         for comp in rel.components() {
             path.push(b'/');
@@ -483,17 +547,36 @@ impl ScannedBatch {
                 }
             })?)
         };
+        let depth = entry.depth();
         match meta {
-            Some(m) if kind.is_dir() => self.batch.dirs.push(DirEntry {
-                path,
-                mode: m.mode() & 0o777,
-                mtime: Timestamp::mtime_of(&m),
-            }),
-            Some(m) if kind.is_file() => self.push_file(path, entry.into_path(), &m, by_content)?,
-            _ => self.skipped.push(format!(
+            Some(m) if kind.is_dir() => {
+                let dir = DirEntry {
+                    path,
+                    mode: m.mode() & 0o777,
+                    mtime: Timestamp::mtime_of(&m),
+                };
+                if selection.filters() {
+                    pending_dirs.retain(|&(above, _)| above < depth);
+                    pending_dirs.push((depth, dir));
+                } else {
+                    self.batch.dirs.push(dir);
+                }
+            }
+            Some(m) if kind.is_file() => {
+                if !selection.sends(rel) {
+                    return Ok(());
+                }
+                pending_dirs.retain(|&(above, _)| above < depth);
+                self.batch
+                    .dirs
+                    .extend(pending_dirs.drain(..).map(|(_, dir)| dir));
+                self.push_file(path, entry.into_path(), &m, by_content)?;
+            }
+            _ if selection.sends(rel) => self.skipped.push(format!(
                 "{}: symbolic link or special file, skipped",
                 entry.path().display()
             )),
+            _ => {}
         }
         Ok(())
     }

@@ -9,6 +9,7 @@ mod chaos;
 mod common;
 mod daemon;
 mod faults;
+mod filters;
 mod load;
 mod mptcp;
 mod netns;

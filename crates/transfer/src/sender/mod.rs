@@ -995,7 +995,7 @@ impl Transfer {
         options.stall_timeout = options.stall_timeout.max(MIN_STALL_TIMEOUT);
         let (first_batch, source_data, scanner, dest, sink) = match source {
             SendSource::Paths { paths, destination } => {
-                let mut scanner = Scanner::new(&paths)?;
+                let mut scanner = Scanner::new(&paths)?.with_filter(&options.filter)?;
                 if options.checksum {
                     scanner = scanner.by_content();
                 }
@@ -1009,6 +1009,11 @@ impl Transfer {
                     destination.as_os_str().as_bytes().to_vec(),
                     SinkKind::Files,
                 )
+            }
+            SendSource::Memory { .. } if !options.filter.is_empty() => {
+                return Err(SendError::Settings(
+                    "a filter chooses among files: generated data has none".into(),
+                ));
             }
             SendSource::Memory { size } => {
                 let memory = ScannedBatch {

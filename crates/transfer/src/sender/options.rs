@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::SendError;
+use crate::filter::Filter;
 use crate::quic::Congestion;
 use crate::transport::Transport;
 use crate::wire;
@@ -68,6 +69,9 @@ pub struct SendOptions {
     /// Cap on each stream's sending rate in bytes per second (`SO_MAX_PACING_RATE`, enforced by
     /// TCP's own pacing), as paper 001 throttles each stream; `None`: no cap. TCP only.
     pub stream_rate_cap: Option<u64>,
+    /// Which of the source files are sent ([`crate::filter`]); the default sends them all.
+    /// Generated data (`SendSource::Memory`) takes none.
+    pub filter: Filter,
     /// One limit on the whole transfer's sending rate in bytes per second, however many
     /// streams share it (any transport): each stream waits its turn before it takes a unit;
     /// `None`: no limit. The controller keeps choosing the count within it.
@@ -112,6 +116,7 @@ impl Default for SendOptions {
             direct_io: false,
             stream_rate_cap: None,
             rate_limit: None,
+            filter: Filter::default(),
             unsent_limit: DEFAULT_UNSENT_LIMIT,
             encrypt: false,
             integrity: false,
@@ -156,6 +161,12 @@ impl SendOptions {
     /// Sets [`SendOptions::stream_rate_cap`].
     pub fn stream_rate_cap(mut self, bytes_per_second: Option<u64>) -> Self {
         self.stream_rate_cap = bytes_per_second;
+        self
+    }
+
+    /// Sets [`SendOptions::filter`].
+    pub fn filter(mut self, filter: Filter) -> Self {
+        self.filter = filter;
         self
     }
 
