@@ -21,7 +21,16 @@ use std::io::IsTerminal;
 use clap::{CommandFactory, FromArgMatches};
 
 fn main() {
-    let matches = args::Cli::command().get_matches();
+    // The revision and the built-in policy, so that a report names exactly what ran.
+    let version = format!(
+        "{} (revision {}; built-in policy {})",
+        env!("CARGO_PKG_VERSION"),
+        env!("XFER_REVISION"),
+        transfer::policy_source::builtin_summary()
+    );
+    // Made once, for the life of the process (clap takes a version of `'static` text).
+    let version: &'static str = Box::leak(version.into_boxed_str());
+    let matches = args::Cli::command().version(version).get_matches();
     let mut cli = args::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let (args::Command::Send(send), Some(("send", sent))) =
         (&mut cli.command, matches.subcommand())

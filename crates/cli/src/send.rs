@@ -302,7 +302,7 @@ fn read_files_from(list: &Path) -> anyhow::Result<Vec<PathBuf>> {
 pub struct Interrupted {
     /// The signal that stopped it.
     pub signal: Signal,
-    /// Bytes the receiver had acknowledged at the last progress report.
+    /// Bytes the receiver had acknowledged as the transfer stopped.
     sent: u64,
     /// Bytes of the whole transfer.
     total: u64,

@@ -209,10 +209,12 @@ pub enum SendEvent {
     /// (links, special files), why the default optimiser is `gd`.
     Notice(String),
     /// Bytes, files and streams so far, every `progress_every` (a reader that falls
-    /// behind misses some; the next one is newer).
+    /// behind misses some; the next one is newer), and once more as the transfer ends (before
+    /// [`SendEvent::Finished`]: what a cancelled or failed transfer got done).
     Progress(Progress),
     /// Each open stream's counters ([`Transfer::sample_streams`]), read right after the
-    /// [`SendEvent::Progress`] it follows: the two always come together, or neither does.
+    /// [`SendEvent::Progress`] it follows: the two always come together, or neither does,
+    /// but for the last progress, which no streams follow.
     Streams(Vec<StreamSample>),
     /// One monitoring interval: its signals and the controller's decision.
     Decision(Box<MiRecord>),
@@ -653,8 +655,12 @@ impl Run {
                     .try_send(SendEvent::Streams(transfer.sample_streams()));
             }
         }
+        // The last snapshot, as the transfer ended (what a stopped one got done), taken before
+        // `wait` consumes the transfer and sent after its last decisions, just before the end.
+        let last = transfer.progress();
         let result = transfer.wait();
         decisions();
+        self.send(SendEvent::Progress(last));
         result
     }
 }

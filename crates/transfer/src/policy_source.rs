@@ -24,6 +24,34 @@ const DEFAULT_GOLDEN: &str = include_str!("../builtin-policy/golden.json");
 #[cfg(feature = "tch")]
 const DEFAULT_TORCHSCRIPT: &[u8] = include_bytes!("../builtin-policy/policy.pt");
 
+/// What the built-in policy is, in one line for `xfer --version`: how it was trained, from
+/// which revision, and a hash of its network, so that two builds can be told apart by the
+/// policy they carry.
+///
+/// ```
+/// let line = transfer::policy_source::builtin_summary();
+/// assert!(line.starts_with("models/default: PPO"), "{line}");
+/// assert!(line.contains("network blake3 "), "{line}");
+/// ```
+pub fn builtin_summary() -> String {
+    let metadata: serde_json::Value = serde_json::from_str(DEFAULT_METADATA).unwrap_or_default();
+    let training = &metadata["training"];
+    let algorithm = training["algorithm"].as_str().unwrap_or("a policy");
+    let steps = training["steps"]
+        .as_u64()
+        .map_or(String::new(), |steps| format!(", {steps} steps"));
+    let revision = training["source_revision"]
+        .as_str()
+        .map_or(String::new(), |rev| {
+            format!(", trained at revision {}", &rev[..rev.len().min(12)])
+        });
+    let network = blake3::hash(DEFAULT_ONNX).to_hex();
+    format!(
+        "models/default: {algorithm}{steps}{revision}, network blake3 {}",
+        &network[..12]
+    )
+}
+
 /// Why a policy could not be loaded, checked or run. Each names the policy's files.
 ///
 /// ```

@@ -82,7 +82,26 @@ fn a_job_from_a_config_file_sends_a_tree_byte_identical_and_reports_what_it_does
         .collect();
     assert!(progress.len() >= 2, "{} progress events", progress.len());
     assert!(progress.windows(2).all(|w| w[0] <= w[1]), "{progress:?}");
-    // Each progress snapshot comes with its streams' counters, and only with it.
+    // Each progress snapshot comes with its streams' counters, and only with it, but for the
+    // last, as the transfer ended, which comes just before the end.
+    let last_progress = events
+        .iter()
+        .rposition(|e| matches!(e, SendEvent::Progress(_)))
+        .unwrap();
+    assert!(
+        matches!(
+            events.get(last_progress + 1),
+            Some(SendEvent::Finished(Ok(_)))
+        ),
+        "{:?}",
+        &events[last_progress..]
+    );
+    if let SendEvent::Progress(p) = &events[last_progress] {
+        assert_eq!(
+            p.bytes_acked, p.bytes_total,
+            "the last snapshot is of the end"
+        );
+    }
     for (i, event) in events.iter().enumerate() {
         let follows_progress = i > 0 && matches!(events[i - 1], SendEvent::Progress(_));
         match event {
@@ -93,7 +112,7 @@ fn a_job_from_a_config_file_sends_a_tree_byte_identical_and_reports_what_it_does
                     "{streams:?}"
                 );
             }
-            SendEvent::Progress(_) => {
+            SendEvent::Progress(_) if i != last_progress => {
                 assert!(matches!(events.get(i + 1), Some(SendEvent::Streams(_))))
             }
             _ => {}

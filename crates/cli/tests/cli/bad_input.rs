@@ -384,3 +384,24 @@ fn a_destination_without_its_port_says_how_to_name_a_running_receiver() {
     assert!(stderr.contains("ssh to 127.0.0.1 failed"), "{stderr}");
     assert!(stderr.contains("127.0.0.1:PORT:incoming"), "{stderr}");
 }
+
+/// `xfer --version` names the revision it was built from and the policy built into it, with a
+/// hash of the policy's network, so that a report says exactly what ran.
+#[test]
+fn the_version_names_the_revision_and_the_built_in_policy() {
+    let out = xfer().arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let line = String::from_utf8(out.stdout).unwrap();
+    let network = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../models/default/policy.onnx"
+    ))
+    .unwrap();
+    let hash = blake3::hash(&network).to_hex();
+    assert!(
+        line.starts_with(&format!("xfer {} (revision ", env!("CARGO_PKG_VERSION")))
+            && line.contains("built-in policy models/default: PPO")
+            && line.contains(&format!("network blake3 {}", &hash[..12])),
+        "{line}"
+    );
+}
