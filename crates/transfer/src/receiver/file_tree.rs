@@ -697,7 +697,6 @@ impl TreeFile {
         self.open_with(name, &part_options(create, false))
     }
 
-    /// [`TreeFile::open`] with the given options.
     /// Opens the file under its final name for reading, never through a link or into a FIFO.
     fn read_final(&self) -> std::io::Result<File> {
         let mut options = OpenOptions::new();
@@ -707,6 +706,7 @@ impl TreeFile {
         self.open_with(Path::new(&self.name), &options)
     }
 
+    /// [`TreeFile::open`] with the given options.
     fn open_with(&self, name: &Path, options: &OpenOptions) -> std::io::Result<File> {
         if let Ok(meta) = self.dir.symlink_metadata(name) {
             if !meta.is_file() {
