@@ -12,7 +12,7 @@ use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use transfer::auth::SessionKey;
-use transfer::filter::{Filter, Rule};
+use transfer::filter::Filter;
 use transfer::job::{SendEvent, SendJob, SenderSettings};
 use transfer::mptcp_info::Subflow;
 use transfer::optimizer::ControllerSpec;
@@ -258,12 +258,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
 /// The filter `--include`, `--exclude` and `--files-from` describe.
 fn filter(args: &SendArgs) -> anyhow::Result<Filter> {
     let mut filter = Filter::default();
-    for rule in &args.rules {
-        filter = match rule {
-            Rule::Include(pattern) => filter.include(pattern),
-            Rule::Exclude(pattern) => filter.exclude(pattern),
-        };
-    }
+    filter.rules = args.rules.clone();
     if let Some(list) = &args.files_from {
         filter = filter.files_from(read_files_from(list)?);
     }

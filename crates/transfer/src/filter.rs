@@ -117,7 +117,6 @@ impl Filter {
                 && self.rules.iter().all(|r| matches!(r, Rule::Include(_))),
             rules,
             listed,
-            active: !self.is_empty(),
         })
     }
 }
@@ -201,20 +200,20 @@ impl CompiledRule {
     }
 }
 
-/// A [`Filter`] ready to judge paths (relative to their source).
-#[derive(Debug)]
+/// A [`Filter`] ready to judge paths (relative to their source); the default selects
+/// everything.
+#[derive(Debug, Default)]
 pub struct Selection {
     rules: Vec<CompiledRule>,
     /// Every rule is an include: a file none matches is left out.
     only_included: bool,
     listed: Option<BTreeSet<PathBuf>>,
-    active: bool,
 }
 
 impl Selection {
     /// Whether it may leave anything out (else every file and directory is sent as found).
     pub fn filters(&self) -> bool {
-        self.active
+        !self.rules.is_empty() || self.listed.is_some()
     }
 
     /// Whether the file at `path` is sent.

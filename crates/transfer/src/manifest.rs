@@ -388,7 +388,7 @@ impl Scanner {
             sources: checked.into_iter(),
             walk: None,
             by_content: false,
-            selection: Filter::default().compile()?,
+            selection: Selection::default(),
             pending_dirs: Vec::new(),
         })
     }

@@ -368,9 +368,12 @@ fn next_paced_unit(shared: &Shared, handle: &StreamHandle) -> Option<Unit> {
     let Some(limit) = &shared.rate_limit else {
         return shared.next_unit(handle.id, &handle.retire);
     };
-    let turn = limit.reserve(limit.unit(), Instant::now());
-    // Over meanwhile: the next unit is none.
-    shared.wait_over_until(turn);
+    let now = Instant::now();
+    let turn = limit.reserve(limit.unit(), now);
+    if turn > now {
+        // Over meanwhile: the next unit is none.
+        shared.wait_over_until(turn);
+    }
     let unit = shared.next_unit(handle.id, &handle.retire);
     limit.give_back(limit.unit() - unit.map_or(0, |u| u64::from(u.len)));
     unit
