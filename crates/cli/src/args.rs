@@ -57,6 +57,29 @@ pub enum Command {
     /// Show a learned policy's metadata, check it against its golden vectors and time its
     /// decisions.
     Model(ModelArgs),
+    /// Write the manual pages or a shell's completion script, generated from this command
+    /// line's definition (the Debian package ships both: scripts/package-deb).
+    #[command(subcommand)]
+    Generate(GenerateArgs),
+}
+
+/// `xfer generate`.
+#[derive(Debug, Subcommand)]
+pub enum GenerateArgs {
+    /// Write one manual page per command (xfer.1, xfer-send.1, xfer-recv.1, ...) into DIR.
+    #[command(after_help = "Example:\n  xfer generate man /usr/local/share/man/man1")]
+    Man {
+        /// Where the pages go (made if missing).
+        dir: PathBuf,
+    },
+    /// Print the completion script of a shell on stdout.
+    #[command(
+        after_help = "Examples:\n  xfer generate completions bash > /etc/bash_completion.d/xfer\n  xfer generate completions zsh > ~/.zfunc/_xfer"
+    )]
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
 }
 
 /// `xfer sim`.

@@ -8,6 +8,7 @@
 mod args;
 mod controllers;
 mod env;
+mod generate;
 mod metrics_endpoint;
 mod model;
 mod recv;
@@ -30,7 +31,8 @@ fn main() {
     );
     // Made once, for the life of the process (clap takes a version of `'static` text).
     let version: &'static str = Box::leak(version.into_boxed_str());
-    let matches = args::Cli::command().version(version).get_matches();
+    let command = args::Cli::command().version(version);
+    let matches = command.clone().get_matches();
     let mut cli = args::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let (args::Command::Send(send), Some(("send", sent))) =
         (&mut cli.command, matches.subcommand())
@@ -68,6 +70,7 @@ fn main() {
         args::Command::Sim(a) => sim::run(a),
         args::Command::Env(a) => env::run(a),
         args::Command::Model(a) => model::run(a),
+        args::Command::Generate(a) => generate::run(a, command),
     };
     if let Err(e) = result {
         // Stopped by the user, not failed: said as such, with the status a shell expects.

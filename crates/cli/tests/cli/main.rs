@@ -1,8 +1,8 @@
 //! End-to-end tests of the `xfer` binary over loopback: whole trees byte-identical, live stream
 //! count changes, resume after SIGKILL of either side, every bad input with its error, the
 //! receiver started over ssh (an sshd in a network namespace), the receiver as a daemon
-//! (configuration file, SIGTERM, metrics) under load, one limit on a transfer's rate, and the
-//! fault-injection suite.
+//! (configuration file, SIGTERM, metrics) under load, one limit on a transfer's rate, the Debian
+//! package installed in a container-like root, and the fault-injection suite.
 
 mod bad_input;
 mod chaos;
@@ -15,6 +15,7 @@ mod mptcp;
 mod netns;
 mod odd_sizes;
 mod optimize;
+mod package;
 mod quic;
 mod rate_limit;
 mod resume;
