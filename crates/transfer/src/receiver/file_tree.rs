@@ -564,18 +564,32 @@ impl Claim {
         self.file.written.notify_all();
     }
 
+    /// Whether another stream's verified copy detached this claim's window.
+    fn was_detached(&self, state: &PartState) -> bool {
+        state
+            .writing
+            .iter()
+            .any(|w| w.claim == self.number && w.detached)
+    }
+
     /// Records the range as verified (and journals it), once its bytes are in the part file.
-    /// Returns whether the range is verified: when the claim was detached, only if the copy
-    /// that detached it has been recorded.
+    /// Returns whether the range is verified: when the claim was detached, whether the copy
+    /// that detached it was recorded (waiting for it while it is written).
     fn commit(&self, checksum: u64) -> Result<bool, DestinationError> {
         let f = &self.file;
         let (start, end) = (self.range.start, self.range.end);
         let mut state = f.state.lock().expect("part lock");
-        if state
-            .writing
-            .iter()
-            .any(|w| w.claim == self.number && w.detached)
-        {
+        if self.was_detached(&state) {
+            // The verified copy that detached this window may still be writing: its outcome,
+            // not these bytes, says whether the range is verified.
+            while state.verified.gaps(&self.range).next().is_some()
+                && state
+                    .writing
+                    .iter()
+                    .any(|w| w.claim != self.number && w.blocks(&self.range))
+            {
+                state = f.written.wait(state).expect("part lock");
+            }
             return Ok(state.verified.gaps(&self.range).next().is_none());
         }
         if state.journaled {
@@ -626,7 +640,13 @@ impl MappedChunk {
             .window
             .guard(|bytes| check.matches(bytes))
             .map_err(|Truncated| self.claim.file.truncated())?;
-        if !matched {
+        // Bytes that went partly to the memory a detach mapped over the window do not match,
+        // and are no fault of the path: the detaching copy decides.
+        let detached = || {
+            self.claim
+                .was_detached(&self.claim.file.state.lock().expect("part lock"))
+        };
+        if !matched && !detached() {
             return Ok(false);
         }
         self.claim.commit(check.checksum)
@@ -1062,5 +1082,39 @@ mod tests {
         tree.seal(0, Some(*blake3::hash(b"abcdef").as_bytes()))
             .unwrap();
         assert!(tree.seal(0, None).is_err(), "settled: sealed once");
+    }
+
+    /// A chunk being received into a mapped window, overtaken by a verified copy of the same
+    /// range (a straggler's unit sent again on another stream): the detach leaves the window's
+    /// bytes half in memory, and the chunk is answered as verified by the copy, not refused as
+    /// a checksum failure that would make the sender send it a third time.
+    #[test]
+    fn a_mapped_chunk_overtaken_by_a_verified_copy_is_verified_by_it() {
+        crate::sys::mapped::enable();
+        let root = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..MAPPED_MIN).map(|i| (i * 7 % 251) as u8).collect();
+        let mtime = Timestamp { secs: 1, nanos: 0 };
+        let active = Arc::default();
+        let tree = tree_at(root.path(), &active, false);
+        let batch = one_file(b"big.bin", data.len() as u64, mtime);
+        assert_eq!(
+            tree.add_batch(&batch).unwrap(),
+            (0, vec![FileStatus::Missing])
+        );
+        let mut slow = tree.map_chunk(0, 0, data.len()).unwrap().expect("mapped");
+        let half = data.len() / 2;
+        slow.bytes()[..half].copy_from_slice(&data[..half]);
+
+        let checksum = crate::wire::chunk_checksum(&data);
+        tree.write(0, 0, &data, checksum).unwrap();
+        slow.bytes()[half..].copy_from_slice(&data[half..]);
+        let check = ChunkCheck {
+            checksum,
+            seal: None,
+        };
+        assert!(slow.commit(&check).unwrap(), "verified by the copy");
+
+        tree.seal(0, None).unwrap();
+        assert_eq!(std::fs::read(root.path().join("big.bin")).unwrap(), data);
     }
 }
