@@ -1,6 +1,7 @@
 //! Command-line arguments and the parsers for destinations, sizes and times.
 
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
 
 use crate::controllers::OptimizerList;
@@ -17,8 +18,9 @@ use transfer::receiver::{
     DEFAULT_MAX_HANDSHAKES, DEFAULT_MAX_HANDSHAKES_PER_SOURCE, DEFAULT_MAX_SESSIONS,
     DEFAULT_MAX_STREAMS,
 };
-use transfer::sender::{DEFAULT_UNSENT_LIMIT, MIN_STALL_TIMEOUT};
+use transfer::sender::{RateSchedule, DEFAULT_UNSENT_LIMIT, MIN_STALL_TIMEOUT};
 use transfer::transport::Transport;
+use transfer::units::parse_size;
 
 /// Move data fast between sites over parallel TCP streams.
 #[derive(Debug, Parser)]
@@ -344,7 +346,7 @@ pub struct SendArgs {
     #[arg(skip)]
     pub rules: Vec<Rule>,
     /// Send SIZE bytes of generated data to a discarding sink (memory-to-memory benchmark).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub mem: Option<u64>,
     /// Also compare a BLAKE3 hash of every whole file end to end.
     #[arg(long, conflicts_with = "mem")]
@@ -384,10 +386,11 @@ pub struct SendArgs {
     #[arg(long, value_name = "MBIT_PER_S")]
     pub stream_rate_cap: Option<f64>,
     /// One limit on the whole transfer's rate, however many streams it uses (any transport):
-    /// in bits (300Mbit, 10Gbit/s) or bytes per second (50MB/s, 40MiB/s). The optimiser keeps
-    /// choosing the stream count within it.
-    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
-    pub rate_limit: Option<u64>,
+    /// in bits (300Mbit, 10Gbit/s) or bytes per second (50MB/s, 40MiB/s), or a timetable over
+    /// the day in this host's local time, "HH:MM,RATE ..." with off for none (e.g.
+    /// "08:00,300Mbit 18:00,off"). The optimiser keeps choosing the stream count within it.
+    #[arg(long, value_name = "RATE", value_parser = RateSchedule::from_str)]
+    pub rate_limit: Option<RateSchedule>,
     /// Largest work unit (chunk) size.
     #[arg(long, default_value = "4MiB", value_parser = parse_unit_size)]
     pub unit_size: u32,
@@ -472,7 +475,7 @@ pub struct RecvArgs {
     pub max_sessions: u64,
     /// Most memory of chunk buffers one session may hold (each stream holds up to one chunk of
     /// 16 MiB): below 4 GiB it lowers the streams a session may open.
-    #[arg(long, value_name = "SIZE", default_value = "4GiB", value_parser = parse_size_arg)]
+    #[arg(long, value_name = "SIZE", default_value = "4GiB", value_parser = parse_size)]
     pub session_memory: u64,
     /// Close a session when none of its connections has received a byte for this long.
     #[arg(long, default_value = "5m", value_parser = parse_positive_time)]
@@ -572,19 +575,6 @@ pub fn parse_destination(s: &str) -> anyhow::Result<Destination> {
     })
 }
 
-/// A size as GNU coreutils reads one: `GB` is 10^9 bytes, `GiB` 2^30, and a lone letter
-/// (`G`) binary too, as in `dd` and `sort -S`.
-fn parse_size_arg(s: &str) -> Result<u64, String> {
-    let unit = s.trim_start_matches(|c: char| c.is_ascii_digit() || matches!(c, '.' | '_' | ' '));
-    let config = match unit.len() {
-        1 => parse_size::Config::new().with_binary(),
-        _ => parse_size::Config::new(),
-    };
-    config.parse_size(s).map_err(|e| {
-        format!("{s:?} is not a size ({e}); examples: 10GiB or 10G (2^30 bytes each), 10GB (10^9), 4096")
-    })
-}
-
 /// The --include and --exclude rules of `xfer send`'s `matches`, in command-line order.
 pub fn filter_rules(matches: &clap::ArgMatches) -> Vec<Rule> {
     let mut rules = Vec::new();
@@ -606,46 +596,9 @@ pub fn filter_rules(matches: &clap::ArgMatches) -> Vec<Rule> {
     rules.into_iter().map(|(_, rule)| rule).collect()
 }
 
-/// A rate in bytes per second, from bits (`300Mbit`, `10Gbit/s`: decimal prefixes, as links
-/// are rated) or bytes per second (`50MB/s`, `40MiB/s`, read as sizes are). A bare number, or
-/// one with a prefix alone (`300M`, which iperf3 reads as bits and a size as bytes), is
-/// refused: bits or bytes is too easy to get wrong by a factor of 8.
-fn parse_rate(s: &str) -> Result<u64, String> {
-    let bad = |why: String| {
-        format!("{s:?} is not a rate ({why}); examples: 300Mbit, 10Gbit/s, 50MB/s, 40MiB/s")
-    };
-    let text = s.trim();
-    let text = text.strip_suffix("/s").unwrap_or(text);
-    let rate = if let Some(bits) = text.strip_suffix("bit") {
-        let bits = bits.trim();
-        let digits = (bits.find(|c: char| !(c.is_ascii_digit() || c == '.'))).unwrap_or(bits.len());
-        let (number, prefix) = (&bits[..digits], bits[digits..].trim());
-        let scale = match prefix {
-            "" => 1.0,
-            "K" | "k" => 1e3,
-            "M" => 1e6,
-            "G" => 1e9,
-            "T" => 1e12,
-            other => return Err(bad(format!("{other:?} is no prefix of bits: K, M, G or T"))),
-        };
-        let number: f64 = number
-            .parse()
-            .map_err(|_| bad(format!("{number:?} is not a number")))?;
-        number * scale / 8.0
-    } else if text.ends_with('B') {
-        parse_size_arg(text).map_err(|_| bad("a size per second, or bits".into()))? as f64
-    } else {
-        return Err(bad("say bits or bytes per second".into()));
-    };
-    if !(rate.is_finite() && rate >= 1.0) {
-        return Err(bad("it must be at least 8 bit/s".into()));
-    }
-    Ok(rate as u64)
-}
-
 /// A size of 1 byte to `max` bytes (named `max_text` in errors), as a `u32`.
 fn parse_bounded_size(s: &str, what: &str, max: u32, max_text: &str) -> Result<u32, String> {
-    let size = parse_size_arg(s)?;
+    let size = parse_size(s)?;
     if !(1..=u64::from(max)).contains(&size) {
         return Err(format!(
             "{what} must be between 1 byte and {max_text}, not {size}"
@@ -685,36 +638,6 @@ fn parse_stall_timeout(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_read_decimal_units_as_decimal() {
-        let size = |s| parse_size_arg(s).unwrap();
-        assert_eq!(size("10GB"), 10_000_000_000);
-        assert_eq!(size("10GiB"), 10 << 30);
-        assert_eq!(size("10G"), 10 << 30);
-        assert_eq!(size("512M"), 512 << 20);
-        assert_eq!(size("512MB"), 512_000_000);
-        assert_eq!(size("1.5KiB"), 1536);
-        assert_eq!(size("100TiB"), 100 << 40);
-        assert_eq!(size("4096"), 4096);
-        let err = parse_size_arg("10 gigs").unwrap_err();
-        assert!(err.contains("10GB (10^9)"), "{err}");
-    }
-
-    #[test]
-    fn rates_read_as_bits_with_decimal_prefixes_or_as_sizes_per_second() {
-        let rate = |s| parse_rate(s).unwrap();
-        assert_eq!(rate("300Mbit"), 37_500_000);
-        assert_eq!(rate("10Gbit/s"), 1_250_000_000);
-        assert_eq!(rate("1.5 Gbit"), 187_500_000);
-        assert_eq!(rate("800kbit"), 100_000);
-        assert_eq!(rate("50MB/s"), 50_000_000);
-        assert_eq!(rate("40MiB/s"), 40 << 20);
-        for bad in ["300", "300M", "fast", "0Mbit", "3Xbit", "Mbit"] {
-            let err = parse_rate(bad).unwrap_err();
-            assert!(err.contains("examples: 300Mbit"), "{bad}: {err}");
-        }
-    }
 
     #[test]
     fn destinations() {

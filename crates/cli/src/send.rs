@@ -171,7 +171,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         .checksum(args.checksum)
         .direct_io(args.direct_io)
         .stream_rate_cap(stream_rate_cap)
-        .rate_limit(args.rate_limit)
+        .rate_limit(args.rate_limit.clone())
         .unsent_limit(args.unsent_limit)
         .encrypt(args.encrypt)
         .integrity(args.integrity)

@@ -104,6 +104,7 @@ pub mod telemetry;
 #[doc(hidden)]
 pub mod tls;
 pub mod transport;
+pub mod units;
 #[doc(hidden)]
 pub mod wire;
 

@@ -64,6 +64,7 @@ pub use options::{
     SendOptions, DEFAULT_STALL_TIMEOUT, DEFAULT_STREAMS, DEFAULT_UNIT_SIZE, DEFAULT_UNSENT_LIMIT,
     MIN_STALL_TIMEOUT,
 };
+pub use rate_limit::{RateSchedule, RateStep};
 use serde::{Deserialize, Serialize};
 use source::{SourceData, SourceFile};
 use stream::StreamHandle;
@@ -1073,8 +1074,8 @@ impl Transfer {
         let max_streams = limits.max_streams.max(1) as usize;
         // Largest unit in bytes: the configured size within the receiver's limit.
         let unit_size = config.options.unit_size.clamp(1, limits.max_chunk);
-        let rate_limit =
-            (config.options.rate_limit).map(|limit| rate_limit::RateLimit::new(limit, unit_size));
+        let rate_limit = (config.options.rate_limit.clone())
+            .map(|schedule| rate_limit::RateLimit::new(schedule, unit_size));
         let shared = Arc::new(Shared {
             target: AtomicUsize::new(config.options.streams.clamp(1, max_streams)),
             config,

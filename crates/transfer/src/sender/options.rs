@@ -72,10 +72,12 @@ pub struct SendOptions {
     /// Which of the source files are sent ([`crate::filter`]); the default sends them all.
     /// Generated data (`SendSource::Memory`) takes none.
     pub filter: Filter,
-    /// One limit on the whole transfer's sending rate in bytes per second, however many
-    /// streams share it (any transport): each stream waits its turn before it takes a unit;
-    /// `None`: no limit. The controller keeps choosing the count within it.
-    pub rate_limit: Option<u64>,
+    /// One limit on the whole transfer's sending rate, however many streams share it (any
+    /// transport), constant or on a timetable over the day: each stream waits its turn before
+    /// it takes a unit; `None`: no limit. The controller keeps choosing the count within it.
+    /// In a configuration file, as the command line reads it: `rate_limit = "300Mbit"` or
+    /// `rate_limit = "08:00,300Mbit 18:00,off"`.
+    pub rate_limit: Option<super::RateSchedule>,
     /// Fewest bytes each stream may keep queued in its socket but not yet sent
     /// (`TCP_NOTSENT_LOWAT`; data already in flight is not counted, so this does not limit the
     /// window). A stream starts with this queue and, on a long path, grows it to twice the
@@ -171,8 +173,8 @@ impl SendOptions {
     }
 
     /// Sets [`SendOptions::rate_limit`].
-    pub fn rate_limit(mut self, bytes_per_second: Option<u64>) -> Self {
-        self.rate_limit = bytes_per_second;
+    pub fn rate_limit(mut self, schedule: Option<super::RateSchedule>) -> Self {
+        self.rate_limit = schedule;
         self
     }
 
@@ -228,7 +230,8 @@ impl SendOptions {
         if self.streams == 0 {
             return Err(SendError::Settings("streams must be at least 1".into()));
         }
-        if self.rate_limit == Some(0) {
+        let steps = self.rate_limit.iter().flat_map(|s| s.steps());
+        if steps.clone().any(|step| step.bytes_per_second == Some(0)) {
             return Err(SendError::Settings(
                 "a rate limit must be above 0 bytes per second".into(),
             ));
