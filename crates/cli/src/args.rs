@@ -351,6 +351,10 @@ pub struct SendArgs {
     /// Also compare a BLAKE3 hash of every whole file end to end.
     #[arg(long, conflicts_with = "mem")]
     pub verify: bool,
+    /// List what a run would send, resume and skip, file by file with sizes and a total, as
+    /// the receiver plans it now; nothing is sent, and nothing changes at the receiver.
+    #[arg(short = 'n', long, conflicts_with_all = ["mem", "mi_log"])]
+    pub dry_run: bool,
     /// Compare files already at the destination by content (BLAKE3, hashed on both sides), not
     /// by size and mtime: one rewritten with the same size and mtime is sent again, one of the
     /// same content is kept (with the source's mode and mtime). Every source file is read once

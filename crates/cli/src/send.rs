@@ -19,7 +19,8 @@ use transfer::optimizer::ControllerSpec;
 use transfer::optimizer_choice::OptimizerChoice;
 use transfer::quic::Congestion;
 use transfer::sender::{
-    MiRecord, Progress, SendOptions, SendSource, StreamSample, Summary, DEFAULT_STREAMS,
+    MiRecord, Preview, PreviewAction, PreviewFile, Progress, SendOptions, SendSource, StreamSample,
+    Summary, DEFAULT_STREAMS,
 };
 use transfer::tcp_info::TcpInfo;
 use transfer::transport::Transport;
@@ -186,6 +187,14 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
             (remote.addr.to_string(), remote.key.clone(), Some(remote))
         }
     };
+    if args.dry_run {
+        let seen = transfer::sender::preview(&addr, key, source, options)?;
+        if let Some(remote) = remote {
+            remote.finish()?;
+        }
+        return print_preview(&args, &seen, &mut std::io::stdout().lock())
+            .context("writing the dry run");
+    }
     if let Some(addr) = args.metrics {
         crate::metrics_endpoint::serve(addr)?;
     }
@@ -523,6 +532,64 @@ fn bar_message(phase: Phase, p: &Progress, verify: bool) -> String {
         Phase::Finishing if verify => format!("all sent; verifying and placing {files}"),
         Phase::Finishing => format!("all sent; placing {files}"),
     }
+}
+
+/// Prints what a dry run found: a line per file and a total, or one JSON object.
+fn print_preview(args: &SendArgs, seen: &Preview, out: &mut impl Write) -> std::io::Result<()> {
+    for skipped in &seen.skipped_sources {
+        if !args.quiet {
+            eprintln!("xfer: warning: {skipped}");
+        }
+    }
+    if args.json {
+        let report = PreviewReport {
+            r#type: "dry_run",
+            bytes_to_send: seen.bytes_to_send(),
+            bytes_total: seen.bytes_total(),
+            files: &seen.files,
+        };
+        serde_json::to_writer(&mut *out, &report)?;
+        return writeln!(out);
+    }
+    if args.quiet {
+        return Ok(());
+    }
+    let count = |action| seen.files.iter().filter(|f| f.action == action).count();
+    for file in &seen.files {
+        // indicatif's sizes take no width: padded as text.
+        let size = indicatif::BinaryBytes(file.size).to_string();
+        let (action, shown, note) = match file.action {
+            PreviewAction::Send => ("send", size, String::new()),
+            PreviewAction::Resume => (
+                "resume",
+                indicatif::BinaryBytes(file.to_send).to_string(),
+                format!(" (of {size})"),
+            ),
+            PreviewAction::Skip => ("skip", size, " (already there)".into()),
+            _ => ("?", size, String::new()),
+        };
+        writeln!(out, "{action:<7} {shown:>11}  {}{note}", file.path)?;
+    }
+    writeln!(
+        out,
+        "dry run: a run would send {} of {} ({} file{} whole, {} resumed, {} skipped); nothing was \
+         sent or changed",
+        indicatif::BinaryBytes(seen.bytes_to_send()),
+        indicatif::BinaryBytes(seen.bytes_total()),
+        count(PreviewAction::Send),
+        if count(PreviewAction::Send) == 1 { "" } else { "s" },
+        count(PreviewAction::Resume),
+        count(PreviewAction::Skip),
+    )
+}
+
+/// `--dry-run --json`'s one object.
+#[derive(Serialize)]
+struct PreviewReport<'a> {
+    r#type: &'static str,
+    bytes_to_send: u64,
+    bytes_total: u64,
+    files: &'a [PreviewFile],
 }
 
 fn print_summary(args: &SendArgs, summary: &Summary, out: &mut impl Write) -> std::io::Result<()> {

@@ -304,6 +304,30 @@ impl Journal {
         part: &File,
         identity: SourceIdentity,
     ) -> Option<(Journal, RangeSet<u64>)> {
+        let (verified, keep) = Journal::read_verified(&mut file, part, identity)?;
+        // Drop a torn tail so that new records stay aligned.
+        file.set_len(keep).ok()?;
+        file.seek(SeekFrom::Start(keep)).ok()?;
+        let journal = Journal { file };
+        Some((journal, verified))
+    }
+
+    /// What [`Journal::resume`] would find verified, changing nothing (a dry run's plan).
+    pub fn verified(
+        mut file: File,
+        part: &File,
+        identity: SourceIdentity,
+    ) -> Option<RangeSet<u64>> {
+        Journal::read_verified(&mut file, part, identity).map(|(verified, _)| verified)
+    }
+
+    /// The ranges a journal read from its start records and the part file still holds, and
+    /// the length of its whole records; `None` for a journal of another source version.
+    fn read_verified(
+        file: &mut File,
+        part: &File,
+        identity: SourceIdentity,
+    ) -> Option<(RangeSet<u64>, u64)> {
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).ok()?;
         if bytes.len() < HEADER_LEN || &bytes[..8] != MAGIC {
@@ -330,12 +354,8 @@ impl Journal {
                 verified.insert(offset..end);
             }
         }
-        // Drop a torn tail so that new records stay aligned.
         let keep = HEADER_LEN + (bytes.len() - HEADER_LEN) / RECORD_LEN * RECORD_LEN;
-        file.set_len(keep as u64).ok()?;
-        file.seek(SeekFrom::Start(keep as u64)).ok()?;
-        let journal = Journal { file };
-        Some((journal, verified))
+        Some((verified, keep as u64))
     }
 }
 

@@ -171,6 +171,9 @@ pub enum SinkKind {
     Files,
     /// Generated data that the receiver verifies and discards (memory-to-memory benchmark).
     Discard,
+    /// A dry run over files under the receiver's root: each batch is planned as `Files` would
+    /// plan it, and nothing is made, written, removed or claimed.
+    Preview,
 }
 
 /// One part of the manifest, which the sender streams in batches while data already flows.

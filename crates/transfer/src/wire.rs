@@ -28,7 +28,7 @@ use crate::seal::{tags_match, ChunkSeal, FrameKey, FrameWrite, TAG_LEN};
 /// First bytes of every connection's `Hello`, so a stray client is refused at once.
 pub const MAGIC: [u8; 4] = *b"XFR1";
 /// Version of this protocol; peers with another version are refused with a clear error.
-pub const PROTOCOL_VERSION: u16 = 8;
+pub const PROTOCOL_VERSION: u16 = 9;
 /// Largest control message body accepted.
 pub const MAX_MESSAGE_LEN: usize = 64 << 20;
 /// Most entries (directories and files) a sender puts in one [`ManifestBatch`]: with paths of

@@ -5,6 +5,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// The `xfer` binary under test.
 pub fn xfer() -> Command {
@@ -119,6 +120,20 @@ pub fn kill_at_first_ack(mut send: Command) {
     }
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+/// Waits until the receiver has logged the end of the interrupted session.
+pub fn wait_for_session_end(receiver: &Receiver) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !receiver.stderr.lock().unwrap().contains("ended early") {
+        assert!(
+            Instant::now() < deadline,
+            "receiver never noticed the killed sender: {}",
+            receiver.stderr.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
 }
 
 /// Runs `xfer send ARGS...` with the receiver's key in `XFER_KEY` to completion.

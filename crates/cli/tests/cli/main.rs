@@ -8,6 +8,7 @@ mod bad_input;
 mod chaos;
 mod common;
 mod daemon;
+mod dry_run;
 mod faults;
 mod filters;
 mod load;

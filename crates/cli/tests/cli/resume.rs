@@ -98,20 +98,6 @@ fn bytes_held(tree: &Path, dest: &Path) -> u64 {
     held
 }
 
-/// Waits until the receiver has logged the end of the interrupted session.
-fn wait_for_session_end(receiver: &Receiver) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !receiver.stderr.lock().unwrap().contains("ended early") {
-        assert!(
-            Instant::now() < deadline,
-            "receiver never noticed the killed sender: {}",
-            receiver.stderr.lock().unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(200));
-}
-
 /// Re-runs the send with units of `unit_size` (at most [`UNIT`]) and the `extra` options, and
 /// checks it moved only what was missing and ended identical.
 fn rerun_and_check(

@@ -121,8 +121,9 @@ impl ActivePaths {
 /// A session's destination.
 #[non_exhaustive]
 pub enum Destination {
-    /// Files under the root.
-    Files(FileTree),
+    /// Files under the root (or a dry run's plan of them); boxed, as it is many times the
+    /// sink's size.
+    Files(Box<FileTree>),
     /// Verify and discard.
     Discard(DiscardSink),
 }
@@ -155,7 +156,8 @@ impl Destination {
             SinkKind::Discard => Destination::Discard(DiscardSink {
                 received: Announced::new(placement.max_unsealed, placement.budget.clone()),
             }),
-            SinkKind::Files => Destination::Files(FileTree::open(placement)?),
+            SinkKind::Files => Destination::Files(Box::new(FileTree::open(placement, false)?)),
+            SinkKind::Preview => Destination::Files(Box::new(FileTree::open(placement, true)?)),
         })
     }
 

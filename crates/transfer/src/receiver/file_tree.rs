@@ -136,6 +136,11 @@ pub struct FileTree {
     verify_present: bool,
     /// Write with direct I/O.
     direct: bool,
+    /// A dry run ([`crate::manifest::SinkKind::Preview`]): batches are planned and nothing
+    /// is made, written, removed or claimed.
+    preview: bool,
+    /// Files a dry run planned so far (the number of the next batch's first).
+    previewed: Mutex<u32>,
 }
 
 impl Drop for FileTree {
@@ -163,8 +168,12 @@ fn io_at(path: &Path) -> impl Fn(std::io::Error) -> DestinationError + '_ {
 }
 
 impl FileTree {
-    /// Checks the destination directory and creates it if it is missing.
-    pub(super) fn open(placement: Placement<'_>) -> Result<FileTree, DestinationError> {
+    /// Checks the destination directory and creates it if it is missing (a `preview` only
+    /// looks: what is missing is planned as missing).
+    pub(super) fn open(
+        placement: Placement<'_>,
+        preview: bool,
+    ) -> Result<FileTree, DestinationError> {
         let dest: PathBuf = split_relative(placement.dest, true)
             .map_err(refused)?
             .into_iter()
@@ -172,7 +181,11 @@ impl FileTree {
         let root = Dir::open_ambient_dir(placement.root, cap_std::ambient_authority())
             .map_err(io_at(Path::new(".")))?;
         let mut checker = DirChecker::default();
-        checker.ensure(&root, &dest)?;
+        if preview {
+            checker.look(&root, &dest)?;
+        } else {
+            checker.ensure(&root, &dest)?;
+        }
         Ok(FileTree {
             root,
             dest,
@@ -183,6 +196,8 @@ impl FileTree {
             active: placement.active.clone(),
             direct: placement.direct_io,
             verify_present: placement.verify_present,
+            preview,
+            previewed: Mutex::new(0),
         })
     }
 
@@ -211,6 +226,9 @@ impl FileTree {
             rels.push(rel);
         }
         self.check_kinds(batch, &rels)?;
+        if self.preview {
+            return self.preview_batch(batch, &rels);
+        }
         let room = self.files.reserve(rels.len())?;
         // Claim before touching anything, so that leftovers another session is writing are
         // never taken for stale ones.
@@ -306,30 +324,60 @@ impl FileTree {
             let dir = checker.ensure(&self.root, parent)?;
             // Nothing of an earlier attempt can be in a directory this session made.
             let fresh = checker.made(parent);
-            let name = rel
-                .file_name()
-                .expect("a checked file path ends in a name")
-                .to_owned();
-            let names = PartPaths::for_final(Path::new(&name));
-            let file = TreeFile {
-                entry: entry.clone(),
-                rel: rel.clone(),
-                dir,
-                name,
-                names,
-                state: Mutex::default(),
-                written: Condvar::new(),
-                direct: self.direct,
-            };
+            let file = self.tree_file(entry, rel, dir);
             if fresh {
                 prepared.push((FileStatus::Missing, file));
             } else {
-                let (status, state) = file.resume_state()?;
+                let (status, state) = file.resume_state(false)?;
                 *file.state.lock().expect("part lock") = state;
                 prepared.push((status, file));
             }
         }
         Ok(prepared)
+    }
+
+    /// A file of the manifest at `rel`, in the directory `dir`, with nothing of it received yet.
+    fn tree_file(&self, entry: &FileEntry, rel: &Path, dir: Arc<Dir>) -> TreeFile {
+        let name = rel
+            .file_name()
+            .expect("a checked file path ends in a name")
+            .to_owned();
+        let names = PartPaths::for_final(Path::new(&name));
+        TreeFile {
+            entry: entry.clone(),
+            rel: rel.to_path_buf(),
+            dir,
+            name,
+            names,
+            state: Mutex::default(),
+            written: Condvar::new(),
+            direct: self.direct,
+        }
+    }
+
+    /// A dry run's plan of a batch: what [`FileTree::add_batch`] would answer, found by
+    /// looking only (a file under a directory that is missing is missing).
+    fn preview_batch(
+        &self,
+        batch: &ManifestBatch,
+        rels: &[PathBuf],
+    ) -> Result<(u32, Vec<FileStatus>), DestinationError> {
+        let mut checker = self.checker.lock().expect("directory checker lock");
+        for dir in &batch.dirs {
+            checker.look(&self.root, &under(&self.dest, &dir.path)?)?;
+        }
+        let mut plan = Vec::with_capacity(rels.len());
+        for (entry, rel) in batch.files.iter().zip(rels) {
+            let parent = rel.parent().unwrap_or(Path::new(""));
+            plan.push(match checker.look(&self.root, parent)? {
+                Some(dir) => self.tree_file(entry, rel, dir).resume_state(true)?.0,
+                None => FileStatus::Missing,
+            });
+        }
+        let mut previewed = self.previewed.lock().expect("preview lock");
+        let first = *previewed;
+        *previewed = previewed.saturating_add(plan.len() as u32);
+        Ok((first, plan))
     }
 
     /// Writes a verified chunk at its offset and journals it; a chunk that already verified is
@@ -407,6 +455,11 @@ impl FileTree {
         file: u32,
         expected: Option<[u8; 32]>,
     ) -> Result<(), DestinationError> {
+        if self.preview {
+            return Err(DestinationError::Protocol(
+                "a seal in a dry run, which places nothing".into(),
+            ));
+        }
         let f = self.files.to_seal(file)?;
         let io = io_at(&f.rel);
         let mut state = f.state.lock().expect("part lock");
@@ -494,6 +547,9 @@ impl FileTree {
     /// Sets directory modes and mtimes (deepest first, after their contents arrived) and flushes
     /// the filesystem.
     pub(super) fn finish(&self) -> Result<(), DestinationError> {
+        if self.preview {
+            return Ok(());
+        }
         for (rel, dir) in self.dirs.lock().expect("directories lock").iter().rev() {
             let io = io_at(rel);
             let handle = open_dir_for_metadata(&self.root, rel).map_err(&io)?;
@@ -719,11 +775,27 @@ impl TreeFile {
 
     /// Opens the file under its final name for reading, never through a link or into a FIFO.
     fn read_final(&self) -> std::io::Result<File> {
+        self.open_read(Path::new(&self.name))
+    }
+
+    /// Opens `name` in the file's directory for reading only, never through a link or into a
+    /// FIFO.
+    fn open_read(&self, name: &Path) -> std::io::Result<File> {
         let mut options = OpenOptions::new();
         options
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
-        self.open_with(Path::new(&self.name), &options)
+        self.open_with(name, &options)
+    }
+
+    /// Opens an earlier attempt's part file or journal: to resume it, or, in a `preview`,
+    /// only to read it.
+    fn open_leftover(&self, name: &Path, preview: bool) -> std::io::Result<File> {
+        if preview {
+            self.open_read(name)
+        } else {
+            self.open(name, false)
+        }
     }
 
     /// [`TreeFile::open`] with the given options.
@@ -805,8 +877,10 @@ impl TreeFile {
         SourceIdentity::of(&self.entry)
     }
 
-    /// What survives of an earlier attempt, and the state to continue from.
-    fn resume_state(&self) -> Result<(FileStatus, PartState), DestinationError> {
+    /// What survives of an earlier attempt, and the state to continue from. A `preview`
+    /// (dry run) finds the same and changes nothing: stale leftovers stay, and a file kept
+    /// by its content keeps its mode and mtime.
+    fn resume_state(&self, preview: bool) -> Result<(FileStatus, PartState), DestinationError> {
         if let Ok(meta) = self.dir.symlink_metadata(&self.name) {
             if meta.is_dir() {
                 return Err(DestinationError::Refused(format!(
@@ -820,23 +894,35 @@ impl TreeFile {
                     self.rel.display()
                 )));
             }
-            if meta.is_file() && meta.len() == self.entry.size && self.holds_entry(&meta)? {
-                // A journal may outlive its rename when the receiver died in between.
-                self.remove_leftovers()?;
+            if meta.is_file()
+                && meta.len() == self.entry.size
+                && self.holds_entry(&meta, preview)?
+            {
+                if !preview {
+                    // A journal may outlive its rename when the receiver died in between.
+                    self.remove_leftovers()?;
+                }
                 return Ok((FileStatus::Complete, PartState::default()));
             }
         }
         // Both are closed again here: they reopen when the file's next chunk arrives.
-        let resumed = self.open(&self.names.part, false).ok().and_then(|part| {
-            let journal = self.open(&self.names.journal, false).ok()?;
-            let (_, verified) = Journal::resume(journal, &part, self.identity())?;
-            Some(PartState {
-                started: true,
-                journaled: true,
-                verified,
-                ..PartState::default()
-            })
-        });
+        let resumed = self
+            .open_leftover(&self.names.part, preview)
+            .ok()
+            .and_then(|part| {
+                let journal = self.open_leftover(&self.names.journal, preview).ok()?;
+                let verified = if preview {
+                    Journal::verified(journal, &part, self.identity())?
+                } else {
+                    Journal::resume(journal, &part, self.identity())?.1
+                };
+                Some(PartState {
+                    started: true,
+                    journaled: true,
+                    verified,
+                    ..PartState::default()
+                })
+            });
         match resumed {
             Some(state) if !state.verified.is_empty() => {
                 let ranges = state
@@ -849,7 +935,9 @@ impl TreeFile {
             Some(state) => Ok((FileStatus::Missing, state)),
             None => {
                 // Stale or foreign leftovers of another version: start over.
-                self.remove_leftovers()?;
+                if !preview {
+                    self.remove_leftovers()?;
+                }
                 Ok((FileStatus::Missing, PartState::default()))
             }
         }
@@ -858,8 +946,12 @@ impl TreeFile {
     /// Whether the file already under the final name, of the entry's size, is the entry's:
     /// the same content when the sender compares content ([`FileEntry::content`]; its mode
     /// and mtime are then made the source's, so that a later plain run finds it complete too),
-    /// else the same mtime.
-    fn holds_entry(&self, meta: &cap_std::fs::Metadata) -> Result<bool, DestinationError> {
+    /// else the same mtime. A `preview` leaves mode and mtime as they are.
+    fn holds_entry(
+        &self,
+        meta: &cap_std::fs::Metadata,
+        preview: bool,
+    ) -> Result<bool, DestinationError> {
         let Some(content) = self.entry.content else {
             let mtime = Timestamp {
                 secs: meta.mtime(),
@@ -871,6 +963,9 @@ impl TreeFile {
         let file = self.read_final().map_err(&io)?;
         if direct_io::blake3_of(&file, false).map_err(&io)? != blake3::Hash::from(content) {
             return Ok(false);
+        }
+        if preview {
+            return Ok(true);
         }
         file.set_permissions(std::fs::Permissions::from_mode(self.entry.mode & 0o777))
             .map_err(&io)?;
@@ -916,9 +1011,28 @@ struct DirChecker {
 }
 
 impl DirChecker {
+    /// The directory `rel`, made with what is missing above it.
     fn ensure(&mut self, root: &Dir, rel: &Path) -> Result<Arc<Dir>, DestinationError> {
+        let made = self.walk(root, rel, true)?;
+        Ok(made.expect("a directory made where it was missing"))
+    }
+
+    /// The directory `rel` if it exists, making nothing (a dry run); refused as
+    /// [`DirChecker::ensure`] would refuse it.
+    fn look(&mut self, root: &Dir, rel: &Path) -> Result<Option<Arc<Dir>>, DestinationError> {
+        self.walk(root, rel, false)
+    }
+
+    /// Walks down to `rel` refusing links and non-directories, making what is missing when
+    /// `create`, else stopping there (`None`).
+    fn walk(
+        &mut self,
+        root: &Dir,
+        rel: &Path,
+        create: bool,
+    ) -> Result<Option<Arc<Dir>>, DestinationError> {
         if let Some(handle) = self.handles.get(rel) {
-            return Ok(handle.clone());
+            return Ok(Some(handle.clone()));
         }
         let mut path = PathBuf::new();
         for comp in rel.components() {
@@ -941,6 +1055,9 @@ impl DirChecker {
                         path.display()
                     )))
                 }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !create => {
+                    return Ok(None);
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     match root.create_dir(&path) {
                         Ok(()) => {
@@ -960,7 +1077,7 @@ impl DirChecker {
         };
         let handle = Arc::new(handle.map_err(io_at(rel))?);
         self.handles.insert(rel.to_path_buf(), handle.clone());
-        Ok(handle)
+        Ok(Some(handle))
     }
 
     /// Whether `rel` is a directory this checker has made sure of.
@@ -999,16 +1116,19 @@ mod tests {
 
     /// A session's tree at `root`, room for one file unsealed.
     fn tree_at(root: &Path, active: &Arc<ActivePaths>, verify_present: bool) -> FileTree {
-        FileTree::open(Placement {
-            root,
-            dest: b"",
-            owner: [0; 16],
-            active,
-            max_unsealed: 1,
-            budget: &Budget::new(1),
-            direct_io: false,
-            verify_present,
-        })
+        FileTree::open(
+            Placement {
+                root,
+                dest: b"",
+                owner: [0; 16],
+                active,
+                max_unsealed: 1,
+                budget: &Budget::new(1),
+                direct_io: false,
+                verify_present,
+            },
+            false,
+        )
         .unwrap()
     }
 
@@ -1116,5 +1236,48 @@ mod tests {
 
         tree.seal(0, None).unwrap();
         assert_eq!(std::fs::read(root.path().join("big.bin")).unwrap(), data);
+    }
+
+    /// A dry run's tree plans what a run's would and leaves everything as it is: the stale
+    /// leftovers of another version stay, no directory is made, and a seal is refused.
+    #[test]
+    fn a_preview_plans_as_a_run_and_changes_nothing() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("old.bin.xfer-part"), b"stale").unwrap();
+        std::fs::write(root.path().join("old.bin.xfer-journal"), b"not a journal").unwrap();
+        let mtime = Timestamp { secs: 1, nanos: 0 };
+        let mut batch = one_file(b"old.bin", 5, mtime);
+        batch.files.push(FileEntry {
+            path: b"new/deep/file.bin".to_vec(),
+            ..batch.files[0].clone()
+        });
+        let active = Arc::default();
+        let placement = Placement {
+            root: root.path(),
+            dest: b"",
+            owner: [0; 16],
+            active: &active,
+            max_unsealed: 1,
+            budget: &Budget::new(1),
+            direct_io: false,
+            verify_present: false,
+        };
+        let tree = FileTree::open(placement, true).unwrap();
+        let plan = tree.add_batch(&batch).unwrap();
+        assert_eq!(plan, (0, vec![FileStatus::Missing, FileStatus::Missing]));
+        assert!(
+            root.path().join("old.bin.xfer-part").exists(),
+            "leftovers stay"
+        );
+        assert!(!root.path().join("new").exists(), "no directory made");
+        assert!(matches!(
+            tree.seal(0, None),
+            Err(DestinationError::Protocol(_))
+        ));
+        // Beyond the one file a run would hold unsealed: a preview holds none.
+        assert_eq!(
+            tree.add_batch(&one_file(b"more.bin", 1, mtime)).unwrap().0,
+            2
+        );
     }
 }

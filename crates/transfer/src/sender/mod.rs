@@ -24,6 +24,7 @@ mod manifest_stream;
 mod meter;
 mod optimize;
 mod options;
+mod preview;
 mod quic_stream;
 mod rate_limit;
 mod source;
@@ -64,6 +65,7 @@ pub use options::{
     SendOptions, DEFAULT_STALL_TIMEOUT, DEFAULT_STREAMS, DEFAULT_UNIT_SIZE, DEFAULT_UNSENT_LIMIT,
     MIN_STALL_TIMEOUT,
 };
+pub use preview::{preview, Preview, PreviewAction, PreviewFile};
 pub use rate_limit::{RateSchedule, RateStep};
 use serde::{Deserialize, Serialize};
 use source::{SourceData, SourceFile};

@@ -1,0 +1,189 @@
+//! A dry run ([`preview`]): the receiver plans the whole manifest as it would for a transfer
+//! ([`SinkKind::Preview`]: nothing is made, written, removed or claimed there), and the sender
+//! reads from the plans what a run would send, resume and keep, sending no data.
+
+use std::os::unix::ffi::OsStrExt;
+
+use serde::Serialize;
+
+use super::control_session::ranges_to_send;
+use super::SendError;
+use super::{open_control, read_answer, resolve, Config, ControlLink, SendOptions, SendSource};
+use crate::auth::{self, SessionKey};
+use crate::manifest::{Scanner, SinkKind};
+use crate::wire::{self, FileStatus, Message};
+
+/// What a run of the same transfer would do, file by file, as a dry run found it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Preview {
+    /// Every file of the manifest, in the order a run announces them.
+    pub files: Vec<PreviewFile>,
+    /// Sources a run leaves out (links, special files), with why.
+    pub skipped_sources: Vec<String>,
+}
+
+impl Preview {
+    /// Bytes a run would send.
+    pub fn bytes_to_send(&self) -> u64 {
+        self.files.iter().map(|f| f.to_send).sum()
+    }
+
+    /// Bytes of all the files.
+    pub fn bytes_total(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+}
+
+/// One file of a [`Preview`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct PreviewFile {
+    /// Where it lands, relative to the destination directory.
+    pub path: String,
+    /// Its size.
+    pub size: u64,
+    /// What a run would do with it.
+    pub action: PreviewAction,
+    /// Bytes of it a run would send.
+    pub to_send: u64,
+}
+
+/// What a run would do with one file ([`PreviewFile::action`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum PreviewAction {
+    /// Send it whole: the receiver holds nothing of it.
+    Send,
+    /// Send what an earlier, interrupted run left out (`to_send` may be 0: it is only put in
+    /// place).
+    Resume,
+    /// Keep the receiver's copy: it is the source's (by size and mtime, or by content with
+    /// [`SendOptions::checksum`]).
+    Skip,
+}
+
+/// Asks the receiver at `receiver` how it would take `source` with these `options`, without
+/// sending or changing anything: the plan of every file, as a run would find it now.
+///
+/// ```
+/// # use transfer::sender::{preview, PreviewAction, SendOptions, SendSource};
+/// # let root = tempfile::tempdir()?;
+/// # let (key_text, key) = transfer::auth::SessionKey::generate();
+/// # let settings = transfer::receiver::ReceiverSettings::new(root.path().into(), key.clone());
+/// # let receiver = transfer::receiver::Receiver::bind(&settings.listen("127.0.0.1:0"))?;
+/// # let addr = receiver.local_addr()?.to_string();
+/// # std::thread::spawn(move || receiver.serve(None));
+/// let src = tempfile::tempdir()?;
+/// std::fs::write(src.path().join("data"), b"payload")?;
+/// let source = SendSource::Paths { paths: vec![src.path().join("data")], destination: "in".into() };
+/// let seen = preview(&addr, key, source, SendOptions::default())?;
+/// assert_eq!(seen.files[0].action, PreviewAction::Send);
+/// assert_eq!(seen.bytes_to_send(), 7);
+/// assert!(!root.path().join("in").exists(), "nothing made at the receiver");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn preview(
+    receiver: &str,
+    key: SessionKey,
+    source: SendSource,
+    options: SendOptions,
+) -> Result<Preview, SendError> {
+    options.check()?;
+    source.check()?;
+    let SendSource::Paths { paths, destination } = source else {
+        return Err(SendError::Settings(
+            "a dry run lists the files a run would send: generated data has none".into(),
+        ));
+    };
+    let mut scanner = Scanner::new(&paths)?.with_filter(&options.filter)?;
+    if options.checksum {
+        scanner = scanner.by_content();
+    }
+    let config = Config {
+        addr: receiver.to_string(),
+        key,
+        options,
+    };
+    let ControlLink {
+        mut reader,
+        mut writer,
+        ..
+    } = open_control(&resolve(&config.addr)?, &config)?;
+    let start = Message::Start {
+        dest: destination.as_os_str().as_bytes().to_vec(),
+        sink: SinkKind::Preview,
+        verify_present: false,
+    };
+    wire::write_message(&mut writer, &start).map_err(|e| config.lost(e))?;
+    let mut preview = Preview::default();
+    loop {
+        let scanned = scanner.next_batch(wire::BATCH_ENTRIES)?;
+        preview.skipped_sources.extend(scanned.skipped);
+        let batch = scanned.batch;
+        let (first, last) = (preview.files.len(), batch.last);
+        let files: Vec<(String, u64)> = (batch.files.iter())
+            .map(|f| (String::from_utf8_lossy(&f.path).into_owned(), f.size))
+            .collect();
+        wire::write_message(&mut writer, &Message::Entries(batch)).map_err(|e| config.lost(e))?;
+        let plan = match read_answer(&mut reader, &config)? {
+            Message::Plan {
+                first: planned,
+                files: plan,
+                last: plan_last,
+            } if planned as usize == first && plan.len() == files.len() && plan_last == last => {
+                plan
+            }
+            Message::Plan {
+                first: planned,
+                files: plan,
+                ..
+            } => {
+                return Err(SendError::Protocol(format!(
+                    "a plan of files {planned}..{} answered the batch of files {first}..{}",
+                    planned as usize + plan.len(),
+                    first + files.len()
+                )))
+            }
+            other => return Err(refusal(other)),
+        };
+        for ((path, size), status) in files.into_iter().zip(plan) {
+            let to_send = (ranges_to_send(size, &status)?.iter())
+                .map(|r| r.end - r.start)
+                .sum();
+            let action = match status {
+                FileStatus::Missing => PreviewAction::Send,
+                FileStatus::Partial(_) => PreviewAction::Resume,
+                FileStatus::Complete => PreviewAction::Skip,
+            };
+            preview.files.push(PreviewFile {
+                path,
+                size,
+                action,
+                to_send,
+            });
+        }
+        if last {
+            break;
+        }
+    }
+    wire::write_message(&mut writer, &Message::Finish).map_err(|e| config.lost(e))?;
+    match read_answer(&mut reader, &config)? {
+        Message::Done => Ok(preview),
+        other => Err(refusal(other)),
+    }
+}
+
+/// The error for an answer that is not the one the dry run waits for.
+fn refusal(message: Message) -> SendError {
+    match message {
+        Message::Error { message } | Message::Refused { reason: message } => {
+            SendError::refused(message)
+        }
+        other => SendError::Protocol(format!(
+            "unexpected {} on the control connection of a dry run",
+            auth::name(&other)
+        )),
+    }
+}
