@@ -456,6 +456,10 @@ pub struct RecvArgs {
     /// one-time key, and exit as soon as the ssh channel (stdin) closes.
     #[arg(long, conflicts_with = "key_file")]
     pub over_ssh: bool,
+    /// With --over-ssh, for `xfer send --dry-run`: make no directory; a root that is missing
+    /// is served from the nearest directory above it that exists, announced as `dest PATH`.
+    #[arg(long, requires = "over_ssh", hide = true)]
+    pub dry_run: bool,
     /// Serve only encrypted sessions (xfer send --encrypt); without it both are served.
     #[arg(long)]
     pub encrypt: bool,

@@ -41,7 +41,9 @@ mod tests {
             let page = dir.path().join(format!("xfer-{}.1", sub.get_name()));
             let page = std::fs::read_to_string(&page)
                 .unwrap_or_else(|e| panic!("{}: {e}", page.display()));
-            for long in sub.get_arguments().filter_map(|a| a.get_long()) {
+            // A hidden flag (one xfer passes itself, as recv's --dry-run) has no place there.
+            let shown = sub.get_arguments().filter(|a| !a.is_hide_set());
+            for long in shown.filter_map(|a| a.get_long()) {
                 // roff escapes the hyphens of a flag (\-\-rate\-limit).
                 let flag = format!("--{long}").replace('-', "\\-");
                 assert!(

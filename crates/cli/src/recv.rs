@@ -3,7 +3,7 @@
 //! running finish (for `shutdown_grace`), a second one ends them at once.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use transfer::auth::{KeySetting, SessionKey};
@@ -13,13 +13,20 @@ use crate::args::RecvArgs;
 
 /// Binds, prints the address and key on stdout, and serves.
 pub fn run(args: RecvArgs) -> anyhow::Result<()> {
-    let settings = match &args.config {
+    let mut settings = match &args.config {
         Some(path) => read_settings(path)?,
         None => settings_from_flags(&args)?,
     };
-    if args.over_ssh {
+    let mut dest = None;
+    if args.over_ssh && args.dry_run {
+        let (existing, missing) = nearest_existing(&settings.root);
+        settings.root = existing;
+        dest = Some(missing);
+    } else if args.over_ssh {
         std::fs::create_dir_all(&settings.root)
             .with_context(|| format!("creating {}", settings.root.display()))?;
+    }
+    if args.over_ssh {
         exit_when_stdin_closes();
     }
     let grace = settings.shutdown_grace;
@@ -36,6 +43,9 @@ pub fn run(args: RecvArgs) -> anyhow::Result<()> {
     stop_on_signals(receiver.stopper(), grace)?;
     let addr = receiver.local_addr().context("reading the bound address")?;
     let mut out = std::io::stdout().lock();
+    if let Some(dest) = dest {
+        writeln!(out, "dest {}", dest.display())?;
+    }
     writeln!(out, "listening on {addr}")?;
     match (&settings.key, &args.config) {
         (KeySetting::File(path), _) => writeln!(out, "key from {}", path.display())?,
@@ -103,6 +113,28 @@ fn stop_on_signals(stopper: Stopper, grace: std::time::Duration) -> anyhow::Resu
     })
 }
 
+/// The nearest directory at or above `root` that exists, and the path from it down to `root`
+/// (empty when `root` exists): a dry run plans under a directory a run would make, and makes
+/// none.
+fn nearest_existing(root: &Path) -> (PathBuf, PathBuf) {
+    let mut missing = Vec::new();
+    let mut at = root;
+    while !at.is_dir() {
+        match (at.parent(), at.file_name()) {
+            (Some(parent), Some(name)) => {
+                missing.push(name);
+                at = if parent.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    parent
+                };
+            }
+            _ => break,
+        }
+    }
+    (at.to_path_buf(), missing.iter().rev().collect())
+}
+
 /// Over ssh, stdin is the sender's lifeline: it closes when the sender ends (also when it was
 /// killed), and a receiver left behind would only hold a port. Exiting mid-session is safe:
 /// verified chunks are journaled, and the next run resumes from them.
@@ -147,6 +179,24 @@ mod tests {
         assert!(
             stop_timeout > settings.shutdown_grace.as_secs_f64() + 5.0,
             "systemd must wait longer than the grace period and the 2 s close"
+        );
+    }
+
+    #[test]
+    fn a_dry_run_over_ssh_is_served_from_the_nearest_directory_that_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let wanted = dir.path().join("remote/in coming");
+        assert_eq!(
+            nearest_existing(&wanted),
+            (dir.path().to_path_buf(), PathBuf::from("remote/in coming"))
+        );
+        assert_eq!(
+            nearest_existing(dir.path()),
+            (dir.path().to_path_buf(), PathBuf::new())
+        );
+        assert_eq!(
+            nearest_existing(Path::new("surely-not-here-xfer/x")),
+            (PathBuf::from("."), PathBuf::from("surely-not-here-xfer/x"))
         );
     }
 

@@ -101,6 +101,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
                 remote_xfer: args.remote_xfer.clone(),
                 transport: args.transport,
                 direct_io: args.direct_io,
+                dry_run: args.dry_run,
             };
             (Receiver::OverSsh(start), dir, String::new())
         }
@@ -180,10 +181,14 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         .transport(args.transport)
         .congestion(congestion);
     options.check()?;
+    let mut source = source;
     let (addr, key, remote) = match receiver {
         Receiver::Running(addr) => (addr, session_key(&args)?, None),
         Receiver::OverSsh(start) => {
             let remote = start.start()?;
+            if let SendSource::Paths { destination, .. } = &mut source {
+                *destination = remote.dest.clone().into();
+            }
             (remote.addr.to_string(), remote.key.clone(), Some(remote))
         }
     };

@@ -33,6 +33,8 @@ pub struct SshStart {
     pub transport: Transport,
     /// The remote receiver writes with direct I/O.
     pub direct_io: bool,
+    /// The remote receiver serves a dry run: it makes no directory.
+    pub dry_run: bool,
 }
 
 /// A receiver started over ssh for one session.
@@ -42,6 +44,9 @@ pub struct RemoteReceiver {
     pub addr: SocketAddr,
     /// The remote receiver's one-time key.
     pub key: SessionKey,
+    /// Where the files land, relative to the remote receiver's root: empty, unless a dry run
+    /// found the directory missing and was served from the nearest one above it.
+    pub dest: String,
 }
 
 /// The running ssh client; stopped when dropped.
@@ -105,8 +110,9 @@ impl SshStart {
         };
         let dir = if self.dir.is_empty() { "." } else { &self.dir };
         let direct = if self.direct_io { " --direct-io" } else { "" };
+        let dry_run = if self.dry_run { " --dry-run" } else { "" };
         format!(
-            "{} recv --over-ssh --listen {listen} --transport {}{direct} --root {}",
+            "{} recv --over-ssh{dry_run} --listen {listen} --transport {}{direct} --root {}",
             self.remote_xfer,
             self.transport,
             shell_words::quote(dir)
@@ -130,10 +136,11 @@ impl SshStart {
             child,
         };
         match read_announcement(stdout) {
-            Ok((port, key)) => Ok(RemoteReceiver {
+            Ok((port, key, dest)) => Ok(RemoteReceiver {
                 ssh,
                 addr: SocketAddr::new(host, port),
                 key,
+                dest,
             }),
             Err(e) => {
                 let why = match ssh.stop().map(|status| status.code()) {
@@ -161,15 +168,18 @@ impl SshStart {
     }
 }
 
-/// Reads what `xfer recv` prints once it listens (`listening on ADDR`, `key KEY`), skipping
-/// anything a login script printed before, then passes its later output on to stderr.
+/// Reads what `xfer recv` prints once it listens (`listening on ADDR`, `key KEY`, and for a
+/// dry run `dest DIR` before them), skipping anything a login script printed before, then
+/// passes its later output on to stderr.
 fn read_announcement(
     mut lines: Lines<BufReader<ChildStdout>>,
-) -> anyhow::Result<(u16, SessionKey)> {
-    let mut port = None;
+) -> anyhow::Result<(u16, SessionKey, String)> {
+    let (mut port, mut dest) = (None, String::new());
     for line in lines.by_ref() {
         let line = line.context("reading from ssh")?;
-        if let Some(addr) = line.strip_prefix("listening on ") {
+        if let Some(rest) = line.strip_prefix("dest ") {
+            dest = rest.to_string();
+        } else if let Some(addr) = line.strip_prefix("listening on ") {
             let addr: SocketAddr = addr
                 .parse()
                 .with_context(|| format!("the remote receiver announced {addr:?}"))?;
@@ -181,7 +191,7 @@ fn read_announcement(
                     eprintln!("xfer recv: {line}");
                 }
             });
-            return Ok((port, key));
+            return Ok((port, key, dest));
         }
     }
     bail!("ssh ended before the remote receiver announced its port and key")
@@ -256,6 +266,7 @@ mod tests {
             remote_xfer: remote_xfer.into(),
             transport: Transport::Tcp,
             direct_io: false,
+            dry_run: false,
         }
     }
 

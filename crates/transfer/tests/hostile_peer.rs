@@ -815,15 +815,22 @@ fn copies_of_a_large_chunk_that_fail_their_checksum_never_land_over_good_ones() 
     a.write_all(&damaged(first, 0)).unwrap();
     assert_eq!(a_reader.read_message().unwrap(), nack(0));
 
-    // Stream B is halfway through a damaged copy when A's good copy arrives: A's waits for B's
-    // to be checked, and is written after it.
+    // Stream B is halfway through a damaged copy when A's good copy arrives. Received through
+    // memory (the library's default), B's is checked first and nacked, and A's written after
+    // it; received into a mapped window (once another test of this binary enabled them), A's
+    // detaches B's window and is written, B's bytes go nowhere, and B's copy is answered as
+    // the range is: verified. Either way the good copy is what the file holds.
     let frame = damaged(second, MIB as u64);
     b.write_all(&frame[..frame.len() / 2]).unwrap();
     std::thread::sleep(Duration::from_millis(200));
     write_chunk(&mut a, &chunk(second, MIB as u64), second, None).unwrap();
     std::thread::sleep(Duration::from_millis(200));
     b.write_all(&frame[frame.len() / 2..]).unwrap();
-    assert_eq!(b_reader.read_message().unwrap(), nack(MIB as u64));
+    let answer = b_reader.read_message().unwrap();
+    assert!(
+        answer == nack(MIB as u64) || answer == ack(MIB as u64),
+        "{answer:?}"
+    );
     assert_eq!(a_reader.read_message().unwrap(), ack(MIB as u64));
 
     assert_eq!(

@@ -196,6 +196,15 @@ fn ssh_start_sends_a_tree_resumes_and_leaves_nothing_running() {
     let remote_dir = peer.path("remote/incoming");
     let dest = format!("root@{ALIAS}:{}", remote_dir.display());
     let tree_arg = tree.to_str().unwrap();
+    // A dry run first lists everything, and makes no directory there.
+    let dry = ok(peer.run(&[tree_arg, &dest, "--dry-run", "--json"]));
+    let dry: serde_json::Value = serde_json::from_str(dry.trim()).unwrap();
+    assert_eq!(dry["bytes_to_send"], (9 << 20) + 1000, "{dry}");
+    assert!(
+        !peer.path("remote").exists(),
+        "a dry run made the remote directory"
+    );
+    peer.assert_remote_side_ends("a dry run", Duration::from_secs(5));
     let first = summary(&ok(peer.run(&[
         tree_arg,
         &dest,
@@ -217,6 +226,11 @@ fn ssh_start_sends_a_tree_resumes_and_leaves_nothing_running() {
         "--json",
     ])));
     assert_eq!(again["bytes_skipped"], (9 << 20) + 1000);
+    let dry = ok(peer.run(&[tree_arg, &dest, "--dry-run"]));
+    assert!(
+        dry.contains("skip       9.00 MiB  tree/big.bin (already there)\n"),
+        "{dry}"
+    );
     assert_eq!(again["transport"], "mptcp", "{again}");
     assert_same_tree(&tree, &remote_dir.join("tree"));
     peer.assert_remote_side_ends("a transfer with nothing to send", Duration::from_secs(5));
