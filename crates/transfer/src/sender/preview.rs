@@ -1,6 +1,6 @@
 //! A dry run ([`preview`]): the receiver plans the whole manifest as it would for a transfer
 //! ([`SinkKind::Preview`]: nothing is made, written, removed or claimed there), and the sender
-//! reads from the plans what a run would send, resume and keep, sending no data.
+//! reads from the plans what a run would send, resume and skip, sending no data.
 
 use std::os::unix::ffi::OsStrExt;
 
