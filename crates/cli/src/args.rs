@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use optimizer::env::{InitialStreams, RewardKind};
 use optimizer::policy::ObservationLayout;
 use optimizer::{parse_time, RewardParams, UtilityParams};
+use serde::{Deserialize, Serialize};
 use transfer::filter::Rule;
 use transfer::optimizer_choice::{OptimizerChoice, Tuning};
 use transfer::policy_source::PolicyRuntime;
@@ -206,7 +207,7 @@ pub struct ModelArgs {
 }
 
 /// How the stream-count optimiser measures and judges, for `send` and `sim` alike.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args, Serialize, Deserialize)]
 pub struct TuningArgs {
     /// Monitoring interval: how often the controller sees the signals and decides.
     #[arg(long, default_value = "1s", value_parser = parse_positive_time)]
@@ -268,15 +269,33 @@ impl TuningArgs {
                   every user of the machine could read it.\n\n\
                   Examples:\n  \
                   XFER_KEY=KEY xfer send data/ results.h5 host:9000:incoming --streams 8\n  \
-                  xfer send --mem 10GiB 127.0.0.1:9000 --key-file ~/.xfer-key --json"
+                  xfer send --mem 10GiB 127.0.0.1:9000 --key-file ~/.xfer-key --json\n  \
+                  xfer send user@dtn1:/data/run7 results/        (pull: dtn1 sends here)\n  \
+                  xfer send dtn1:/data/run7 dtn2:/archive        (third-party: dtn1 sends to dtn2)"
 )]
+// Serialized as the request to a sender started over ssh (`remote_send`), which runs with
+// the options given here.
+#[derive(Clone, Serialize, Deserialize)]
 pub struct SendArgs {
     /// Files and directories to send, then the destination: HOST:PORT[:DEST] for a running
     /// receiver (DEST is a directory under its root; IPv6 hosts in brackets: [::1]:9000), or
     /// [USER@]HOST:[DIR] to start a receiver on HOST over ssh for this transfer (DIR is
-    /// absolute or under the remote home, and is created if missing).
-    #[arg(required = true, num_args = 1.., value_name = "PATH... DESTINATION")]
+    /// absolute or under the remote home, and is created if missing). Sources named
+    /// [USER@]HOST:PATH are sent by HOST, started over ssh: to a local directory (a pull), or
+    /// to another host (a third-party transfer, whose data goes from HOST to it directly). A
+    /// name is remote when a colon comes before any slash (./a:b is a local file).
+    #[arg(required_unless_present = "over_ssh", num_args = 1.., value_name = "PATH... DESTINATION")]
     pub args: Vec<String>,
+    /// Started by another xfer over ssh to send from this host: the transfer comes as JSON on
+    /// stdin, the reports go back as JSON lines on stdout, and the sender exits as soon as the
+    /// ssh channel (stdin) closes.
+    #[arg(long, hide = true)]
+    pub over_ssh: bool,
+    /// For a pull: the address and port this host's receiver listens on for the remote
+    /// sender's streams, which connect to it directly [default: any free port, on the address
+    /// the ssh connection comes from].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<std::net::SocketAddr>,
     /// Not accepted: a key on the command line is visible to every user in `ps`. Kept only to
     /// say so clearly.
     #[arg(long, hide = true)]
@@ -583,6 +602,28 @@ pub fn parse_destination(s: &str) -> anyhow::Result<Destination> {
     })
 }
 
+/// A name of `xfer send` is on another host when a colon comes before any slash, as rsync
+/// reads it (`dtn1:data`, `alice@[::1]:/data`, `host:9000:in`); `./a:b` and `/x/a:b` are
+/// local files.
+pub fn is_remote(name: &str) -> bool {
+    match (name.find(':'), name.find('/')) {
+        (Some(colon), Some(slash)) => colon < slash,
+        (colon, _) => colon.is_some(),
+    }
+}
+
+/// A remote source of `xfer send`, `[USER@]HOST:PATH`: the host (`[USER@]HOST` as given to
+/// ssh) and the path there (absolute, or under the remote home; empty: the home).
+pub fn parse_remote_source(name: &str) -> anyhow::Result<(String, String)> {
+    match parse_destination(name)? {
+        Destination::Ssh { target, dir } => Ok((target, dir)),
+        Destination::Direct { addr, .. } => bail!(
+            "{name:?} names a running receiver ({addr}), which receives and does not send: to \
+             fetch from a host, name it as [USER@]HOST:PATH, and xfer starts its sender over ssh"
+        ),
+    }
+}
+
 /// The --include and --exclude rules of `xfer send`'s `matches`, in command-line order.
 pub fn filter_rules(matches: &clap::ArgMatches) -> Vec<Rule> {
     let mut rules = Vec::new();
@@ -674,6 +715,28 @@ mod tests {
         assert!(parse_destination("@host:x").is_err());
         assert!(parse_destination("host:0").is_err());
         assert!(parse_destination("host:70000").is_err());
+    }
+
+    #[test]
+    fn names_with_a_colon_before_any_slash_are_remote() {
+        for remote in [
+            "dtn1:data",
+            "alice@dtn1:/data/run 7",
+            "[::1]:9000:in",
+            "bob@[fe80::1]:x",
+            "host:",
+        ] {
+            assert!(is_remote(remote), "{remote}");
+        }
+        for local in ["data", "./a:b", "/srv/a:b", "run/7:00", "", "results/"] {
+            assert!(!is_remote(local), "{local}");
+        }
+        assert_eq!(
+            parse_remote_source("alice@dtn1:/data/run7").unwrap(),
+            ("alice@dtn1".into(), "/data/run7".into())
+        );
+        let err = parse_remote_source("dtn1:9000:in").unwrap_err().to_string();
+        assert!(err.contains("running receiver"), "{err}");
     }
 
     #[test]

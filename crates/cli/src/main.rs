@@ -12,6 +12,8 @@ mod generate;
 mod metrics_endpoint;
 mod model;
 mod recv;
+mod remote_send;
+mod report;
 mod send;
 mod signals;
 mod sim;

@@ -27,7 +27,7 @@ pub fn run(args: RecvArgs) -> anyhow::Result<()> {
             .with_context(|| format!("creating {}", settings.root.display()))?;
     }
     if args.over_ssh {
-        exit_when_stdin_closes();
+        crate::ssh_start::exit_when_stdin_closes("sender");
     }
     let grace = settings.shutdown_grace;
     let receiver = Receiver::bind(&settings)?;
@@ -116,7 +116,7 @@ fn stop_on_signals(stopper: Stopper, grace: std::time::Duration) -> anyhow::Resu
 /// The nearest directory at or above `root` that exists, and the path from it down to `root`
 /// (empty when `root` exists): a dry run plans under a directory a run would make, and makes
 /// none.
-fn nearest_existing(root: &Path) -> (PathBuf, PathBuf) {
+pub fn nearest_existing(root: &Path) -> (PathBuf, PathBuf) {
     let mut missing = Vec::new();
     let mut at = root;
     while !at.is_dir() {
@@ -133,17 +133,6 @@ fn nearest_existing(root: &Path) -> (PathBuf, PathBuf) {
         }
     }
     (at.to_path_buf(), missing.iter().rev().collect())
-}
-
-/// Over ssh, stdin is the sender's lifeline: it closes when the sender ends (also when it was
-/// killed), and a receiver left behind would only hold a port. Exiting mid-session is safe:
-/// verified chunks are journaled, and the next run resumes from them.
-fn exit_when_stdin_closes() {
-    std::thread::spawn(|| {
-        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
-        tracing::warn!("the ssh channel to the sender closed before the session ended: exiting");
-        std::process::exit(1);
-    });
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! SIGTERM and SIGINT, which stop `xfer send` and `xfer recv` gracefully: each command says
 //! what a signal does, and a second one ends it at once.
 
+use std::sync::{Arc, OnceLock};
+
 use anyhow::Context;
 use signal_hook::consts::{SIGINT, SIGTERM};
 
@@ -18,6 +20,22 @@ pub fn on_stop_signals(mut on_signal: impl FnMut(Signal) + Send + 'static) -> an
         })
         .context("starting the signal thread")?;
     Ok(())
+}
+
+/// From now on, the first SIGINT or SIGTERM runs `stop`, and the next ends xfer at once. The
+/// signal that ran it, once one has.
+pub fn stop_on_first(stop: impl Fn() + Send + 'static) -> anyhow::Result<Arc<OnceLock<Signal>>> {
+    let received = Arc::new(OnceLock::new());
+    let first = received.clone();
+    on_stop_signals(move |signal| {
+        if first.set(signal).is_ok() {
+            stop();
+        } else {
+            eprintln!("xfer: {signal} again: stopping at once");
+            std::process::exit(signal.exit_code());
+        }
+    })?;
+    Ok(received)
 }
 
 /// A stopping signal received.

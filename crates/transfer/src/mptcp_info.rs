@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::sys::socket_info;
 use crate::tcp_info::TcpInfo;
@@ -22,7 +22,7 @@ use crate::tcp_info::TcpInfo;
 /// }
 /// # let _ = by_path;
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Subflow {
     /// The subflow's id within its connection (never reused while the connection lives).
     pub id: u32,

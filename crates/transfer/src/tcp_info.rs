@@ -6,7 +6,7 @@
 
 use std::os::fd::AsRawFd;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::sys::socket_info::{self, KernelTcpInfo};
 
@@ -20,7 +20,7 @@ use crate::sys::socket_info::{self, KernelTcpInfo};
 /// let loss = f64::from(after.total_retrans - before.total_retrans) / f64::from(after.data_segs_out - before.data_segs_out);
 /// assert_eq!(loss, 0.005);
 /// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TcpInfo {
     /// Smoothed RTT in microseconds.
     pub rtt_us: u32,

@@ -1,7 +1,9 @@
-//! `xfer send PATH... USER@HOST:DIR` starting its receiver over ssh, for real: OpenSSH's server
-//! runs in a network namespace of the test with a generated host key and client key pair, the
-//! sender runs in a second namespace joined to it by a veth pair, and reaches it through a host
-//! alias of an ssh config file (so the user's ssh config is what names the address).
+//! `xfer send PATH... USER@HOST:DIR` starting its receiver over ssh, and `xfer send
+//! USER@HOST:PATH...` starting its sender there (a pull, a third-party transfer), for real:
+//! OpenSSH's server runs in a network namespace of the test with a generated host key and
+//! client key pair, xfer runs in a second namespace joined to it by a veth pair, and reaches
+//! it through a host alias of an ssh config file (so the user's ssh config is what names the
+//! address).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -21,6 +23,8 @@ const ALIAS: &str = "xfer-test-peer";
 /// config for the alias. Everything is removed when dropped, also when the test fails.
 struct SshPeer {
     sshd: Option<Child>,
+    /// The veth device of the sender's namespace, whose counters show what crossed it.
+    sender_dev: String,
     // Dropped in this order: sshd is stopped first (in `drop`), then whatever still runs in
     // the namespaces, and the directory goes last.
     hosts: Namespaces,
@@ -46,9 +50,10 @@ impl SshPeer {
     /// sshd need it.
     fn start() -> Option<SshPeer> {
         let hosts = Namespaces::new(2, "the ssh start test")?;
-        hosts.link(0, (SENDER, "10.204.0.1/30"), (REMOTE, "10.204.0.2/30"));
+        let [sender_dev, _] = hosts.link(0, (SENDER, "10.204.0.1/30"), (REMOTE, "10.204.0.2/30"));
         let mut peer = SshPeer {
             sshd: None,
+            sender_dev,
             hosts,
             dir: tempfile::tempdir().unwrap(),
         };
@@ -135,6 +140,29 @@ impl SshPeer {
         self.send(args, env!("CARGO_BIN_EXE_xfer"))
             .output()
             .expect("run xfer send")
+    }
+
+    /// Bytes received and sent so far through the sender's namespace's link.
+    fn sender_link_bytes(&self) -> u64 {
+        ["rx_bytes", "tx_bytes"]
+            .iter()
+            .map(|counter| {
+                let out = self
+                    .hosts
+                    .command(SENDER, "cat")
+                    .arg(format!(
+                        "/sys/class/net/{}/statistics/{counter}",
+                        self.sender_dev
+                    ))
+                    .output()
+                    .unwrap();
+                String::from_utf8(out.stdout)
+                    .unwrap()
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap()
+            })
+            .sum()
     }
 
     /// Processes in the remote namespace other than sshd's listener.
@@ -351,4 +379,149 @@ fn the_remote_receiver_ends_with_its_sender_or_its_ssh_channel() {
     peer.assert_remote_side_ends("its ssh client was killed", Duration::from_secs(10));
     sender.kill().unwrap();
     sender.wait().unwrap();
+}
+
+#[test]
+fn a_pull_fetches_a_tree_identical_after_a_dry_run_that_makes_nothing_here() {
+    let Some(peer) = SshPeer::start() else { return };
+    let tree = peer.path("remote/data/tree");
+    build_tree(&tree);
+    std::fs::create_dir_all(tree.join("empty dir")).unwrap();
+    let total = (9u64 << 20) + 1000;
+    let source = format!("root@{ALIAS}:{}", tree.display());
+    let here_dir = tempfile::tempdir().unwrap();
+    let here = here_dir.path().join("fetched");
+    let here_arg = here.to_str().unwrap();
+
+    let dry = ok(peer.run(&[&source, here_arg, "--dry-run"]));
+    assert!(dry.contains("send       9.00 MiB  tree/big.bin\n"), "{dry}");
+    assert!(
+        dry.contains("dry run: a run would send 9.00 MiB of 9.00 MiB"),
+        "{dry}"
+    );
+    assert!(!here.exists(), "a dry run made the local directory");
+    peer.assert_remote_side_ends("a dry run", Duration::from_secs(5));
+
+    // The remote sender's reports come back: progress, the JSON summary, and the MI log
+    // written here (the limit makes the transfer last a few intervals).
+    let mi_log = here_dir.path().join("mi.jsonl");
+    let first = ok(peer.run(&[
+        &source,
+        here_arg,
+        "--rate-limit",
+        "40Mbit",
+        "--optimizer",
+        "gd",
+        "--mi",
+        "100ms",
+        "--mi-log",
+        mi_log.to_str().unwrap(),
+        "--json",
+    ]));
+    assert!(
+        json_lines(&first).iter().any(|l| l["type"] == "progress"),
+        "{first}"
+    );
+    assert_eq!(summary(&first)["bytes"], total, "{first}");
+    assert_same_tree(&tree, &here.join("tree"));
+    let log = std::fs::read_to_string(&mi_log).unwrap();
+    assert!(!log.is_empty(), "the MI log of a pull is empty");
+    for line in log.lines() {
+        let record: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(
+            record["streams"].as_u64().is_some() && record["controller"] == "gd",
+            "{line}"
+        );
+    }
+    peer.assert_remote_side_ends("a pull", Duration::from_secs(5));
+
+    // Again, as text: nothing to fetch.
+    let again = ok(peer.run(&[&source, here_arg]));
+    assert!(
+        again.starts_with("received 0 B in ") && again.contains("9.00 MiB already at the receiver"),
+        "{again}"
+    );
+    peer.assert_remote_side_ends("a pull with nothing to fetch", Duration::from_secs(5));
+
+    // A file more, over QUIC (the receiver here serves the sender's transport): only it comes.
+    write_data(&tree.join("sub dir/added.bin"), 2 << 20, 7);
+    let quic = summary(&ok(peer.run(&[
+        &source,
+        here_arg,
+        "--transport",
+        "quic",
+        "--streams",
+        "2",
+        "--json",
+    ])));
+    assert_eq!(quic["bytes"], 2 << 20, "{quic}");
+    assert_eq!(quic["transport"], "quic", "{quic}");
+    assert_same_tree(&tree, &here.join("tree"));
+
+    // Refusals that name the way out, before anything starts.
+    let err = fails(peer.run(&[&source, tree.to_str().unwrap(), here_arg]));
+    assert!(err.contains("some sources are on another host"), "{err}");
+    let err = fails(peer.run(&[tree.to_str().unwrap(), here_arg]));
+    assert!(err.contains("is a directory on this host"), "{err}");
+}
+
+#[test]
+fn a_third_party_transfer_goes_directly_and_resumes_after_a_kill() {
+    let Some(peer) = SshPeer::start() else { return };
+    let tree = peer.path("a/tree");
+    build_tree(&tree);
+    write_data(&tree.join("large.bin"), 24 << 20, 6);
+    let total = (33u64 << 20) + 1000;
+    let source = format!("root@{ALIAS}:{}", tree.display());
+    let dest_dir = peer.path("b/incoming");
+    let dest = format!("root@{ALIAS}:{}", dest_dir.display());
+    let crossed = peer.sender_link_bytes();
+
+    // Stopped by SIGTERM once data moves (the limit keeps it running for seconds).
+    let mut first = peer
+        .send(
+            &[&source, &dest, "--rate-limit", "30Mbit", "--json"],
+            env!("CARGO_BIN_EXE_xfer"),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(first.stdout.take().unwrap()).lines();
+    let moving = lines.by_ref().map_while(Result::ok).any(|line| {
+        serde_json::from_str::<serde_json::Value>(&line)
+            .is_ok_and(|l| l["type"] == "progress" && l["bytes_acked"].as_u64() > Some(0))
+    });
+    assert!(moving, "no progress came back from the sender");
+    let pid = first.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let stopped = first.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&stopped.stderr);
+    assert_eq!(stopped.status.code(), Some(143), "{err}");
+    assert!(err.contains("run the same command again"), "{err}");
+    peer.assert_remote_side_ends("a stopped third-party transfer", Duration::from_secs(10));
+
+    let second = summary(&ok(peer.run(&[&source, &dest, "--json"])));
+    let sent = second["bytes"].as_u64().unwrap();
+    assert!(
+        sent < total,
+        "the second run sent everything again: {second}"
+    );
+    assert_eq!(
+        sent + second["bytes_skipped"].as_u64().unwrap(),
+        total,
+        "{second}"
+    );
+    assert_same_tree(&tree, &dest_dir.join("tree"));
+    peer.assert_remote_side_ends("a third-party transfer", Duration::from_secs(5));
+    // Only ssh's control traffic and the reports crossed the host that asked.
+    let crossed = peer.sender_link_bytes() - crossed;
+    assert!(
+        crossed < total / 16,
+        "{crossed} bytes crossed the asking host's link for a {total}-byte transfer"
+    );
 }

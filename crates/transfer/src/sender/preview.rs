@@ -4,7 +4,7 @@
 
 use std::os::unix::ffi::OsStrExt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::control_session::ranges_to_send;
 use super::SendError;
@@ -14,7 +14,7 @@ use crate::manifest::{Scanner, SinkKind};
 use crate::wire::{self, FileStatus, Message};
 
 /// What a run of the same transfer would do, file by file, as a dry run found it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Preview {
     /// Every file of the manifest, in the order a run announces them.
@@ -36,7 +36,7 @@ impl Preview {
 }
 
 /// One file of a [`Preview`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct PreviewFile {
     /// Where it lands, relative to the destination directory.
@@ -50,7 +50,7 @@ pub struct PreviewFile {
 }
 
 /// What a run would do with one file ([`PreviewFile::action`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum PreviewAction {

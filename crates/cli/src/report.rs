@@ -1,0 +1,653 @@
+//! How `xfer send` shows a transfer: the live progress bar, per-second JSON, the MI log and
+//! the summary, or, for a sender started over ssh by another xfer, JSON lines that xfer reads
+//! back ([`Style::Relay`]). A transfer whose sender runs here and one whose sender runs on
+//! another host (a pull, a third-party transfer) are shown by the same [`Shown`] from the same
+//! reports, so both look alike.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::time::Duration;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use transfer::mptcp_info::Subflow;
+use transfer::sender::{MiRecord, Preview, PreviewAction, PreviewFile, Progress, StreamSample};
+use transfer::tcp_info::TcpInfo;
+use transfer::transport::Transport;
+
+use crate::args::SendArgs;
+
+/// One progress report: once a second with `--json`, at every update of the bar otherwise.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ProgressReport {
+    /// `progress`.
+    pub r#type: String,
+    /// Seconds since the transfer started.
+    pub t: f64,
+    /// Bytes the receiver acknowledged.
+    pub bytes_acked: u64,
+    /// Bytes this run sends.
+    pub bytes_total: u64,
+    /// Bytes the receiver already had.
+    pub bytes_skipped: u64,
+    /// The rate since the previous report.
+    pub gbit_per_s: f64,
+    /// Files in place.
+    pub files_done: u64,
+    /// Files announced so far.
+    pub files_total: u64,
+    /// Streams open or opening.
+    pub streams: usize,
+    /// The stream count asked for.
+    pub streams_target: usize,
+    /// Each stream's counters.
+    pub tcp: Vec<StreamReport>,
+}
+
+impl ProgressReport {
+    /// The report of `progress`, with the rate since the report before (`since`: its time and
+    /// bytes) and each stream's counters.
+    pub fn new(progress: &Progress, since: (Duration, u64), streams: Vec<StreamSample>) -> Self {
+        let dt = progress.elapsed.saturating_sub(since.0).as_secs_f64();
+        let gbit_per_s = if dt > 0.0 {
+            progress.bytes_acked.saturating_sub(since.1) as f64 * 8.0 / dt / 1e9
+        } else {
+            0.0
+        };
+        let tcp = streams
+            .into_iter()
+            .map(|s| StreamReport {
+                stream: s.stream,
+                retiring: s.retiring,
+                tcp: s.tcp,
+                subflows: s.subflows,
+            })
+            .collect();
+        ProgressReport {
+            r#type: "progress".into(),
+            t: progress.elapsed.as_secs_f64(),
+            bytes_acked: progress.bytes_acked,
+            bytes_total: progress.bytes_total,
+            bytes_skipped: progress.bytes_skipped,
+            gbit_per_s,
+            files_done: progress.files_done,
+            files_total: progress.files_total,
+            streams: progress.streams_active,
+            streams_target: progress.streams_target,
+            tcp,
+        }
+    }
+
+    /// The progress it reports, as the bar shows it.
+    pub fn progress(&self) -> Progress {
+        Progress {
+            elapsed: Duration::try_from_secs_f64(self.t).unwrap_or_default(),
+            bytes_total: self.bytes_total,
+            bytes_skipped: self.bytes_skipped,
+            bytes_acked: self.bytes_acked,
+            files_total: self.files_total,
+            files_done: self.files_done,
+            streams_active: self.streams,
+            streams_target: self.streams_target,
+            ..Progress::default()
+        }
+    }
+}
+
+/// One stream's counters in a report.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StreamReport {
+    stream: u64,
+    retiring: bool,
+    #[serde(flatten)]
+    tcp: TcpInfo,
+    /// An MPTCP stream's subflows.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    subflows: Vec<Subflow>,
+}
+
+/// The summary of a finished transfer, as `--json` prints it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SummaryReport {
+    /// `summary`.
+    pub r#type: String,
+    /// Bytes acknowledged in this run.
+    pub bytes: u64,
+    /// Bytes the receiver already had.
+    pub bytes_skipped: u64,
+    /// Files in the manifest.
+    pub files: u64,
+    /// Wall time of the transfer.
+    pub seconds: f64,
+    /// Mean goodput.
+    pub gbit_per_s: f64,
+    /// `(seconds since start, streams)` at each change of the count.
+    pub streams_timeline: Vec<(f64, usize)>,
+    /// TCP segments retransmitted over all streams.
+    pub retransmits: u64,
+    /// The transport the streams used.
+    pub transport: Transport,
+    /// The sender's peak resident memory.
+    pub peak_rss_bytes: u64,
+    /// Every file was verified end to end (`--verify`), those already at the receiver too.
+    pub verified: bool,
+}
+
+/// What a dry run found, as `--dry-run --json` prints it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DryRunReport {
+    /// `dry_run`.
+    pub r#type: String,
+    /// Bytes a run would send.
+    pub bytes_to_send: u64,
+    /// Bytes of all the files.
+    pub bytes_total: u64,
+    /// Every file, with what a run would do with it.
+    pub files: Vec<PreviewFile>,
+}
+
+impl DryRunReport {
+    /// The report of `seen`.
+    pub fn new(seen: &Preview) -> Self {
+        DryRunReport {
+            r#type: "dry_run".into(),
+            bytes_to_send: seen.bytes_to_send(),
+            bytes_total: seen.bytes_total(),
+            files: seen.files.clone(),
+        }
+    }
+}
+
+/// One line a sender started over ssh prints for the xfer that started it, besides the
+/// progress, summary and dry-run reports: a monitoring interval (its MI-log record and the
+/// line `--verbose` shows), or a warning.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RelayLine {
+    /// One monitoring interval.
+    Interval {
+        /// Its MI-log record, as the sender wrote it.
+        record: serde_json::Value,
+        /// What `--verbose` prints for it.
+        line: String,
+    },
+    /// A warning, without the `xfer: warning: ` before it.
+    Notice {
+        /// The warning.
+        text: String,
+    },
+}
+
+/// How a transfer is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    /// A progress bar on stderr; with `verbose`, a line per monitoring interval above it.
+    Bar {
+        /// `--verbose`.
+        verbose: bool,
+    },
+    /// A JSON object per second and a JSON summary on stdout (`--json`).
+    Json,
+    /// Nothing but errors (`--quiet`).
+    Quiet,
+    /// JSON lines on stdout for the xfer that started this sender over ssh.
+    Relay,
+}
+
+/// Shows one transfer in a [`Style`], and writes its MI log.
+pub struct Shown {
+    style: Style,
+    /// `--verify`: the summary says what was verified.
+    verify: bool,
+    bar: Option<Bar>,
+    mi_log: Option<BufWriter<File>>,
+    /// Said of the bytes in the summary: `sent`, or `received` where the sender is remote.
+    verb: &'static str,
+}
+
+impl Shown {
+    /// Shows the transfer of `args` (creating its MI log now, before anything starts), or
+    /// relays it.
+    pub fn new(args: &SendArgs, relay: bool, verb: &'static str) -> anyhow::Result<Shown> {
+        let style = if relay {
+            Style::Relay
+        } else if args.json {
+            Style::Json
+        } else if args.quiet {
+            Style::Quiet
+        } else {
+            Style::Bar {
+                verbose: args.verbose,
+            }
+        };
+        let mi_log = match (&args.mi_log, relay) {
+            (Some(path), false) => {
+                Some(BufWriter::new(File::create(path).with_context(|| {
+                    format!("cannot create {}", path.display())
+                })?))
+            }
+            _ => None,
+        };
+        Ok(Shown {
+            style,
+            verify: args.verify,
+            bar: None,
+            mi_log,
+            verb,
+        })
+    }
+
+    /// The transfer started: the bar appears.
+    pub fn started(&mut self) {
+        if matches!(self.style, Style::Bar { .. }) && self.bar.is_none() {
+            self.bar = Some(Bar::new(self.verify));
+        }
+    }
+
+    /// A warning.
+    pub fn notice(&mut self, text: &str) -> anyhow::Result<()> {
+        match self.style {
+            Style::Quiet => Ok(()),
+            Style::Relay => relay(&RelayLine::Notice { text: text.into() }),
+            _ => {
+                self.above_bar(&format!("xfer: warning: {text}"));
+                Ok(())
+            }
+        }
+    }
+
+    /// Progress: the bar moves, or the report is printed.
+    pub fn progress(&mut self, report: &ProgressReport) -> anyhow::Result<()> {
+        match self.style {
+            Style::Bar { .. } => {
+                self.started();
+                if let Some(bar) = &mut self.bar {
+                    bar.show(&report.progress());
+                }
+                Ok(())
+            }
+            Style::Json | Style::Relay => print_json(report),
+            Style::Quiet => Ok(()),
+        }
+    }
+
+    /// One monitoring interval, made here.
+    pub fn decision(&mut self, record: &MiRecord) -> anyhow::Result<()> {
+        let value = serde_json::to_value(record).context("writing an MI record")?;
+        self.interval(value, interval_line(record))
+    }
+
+    /// One monitoring interval: its MI-log record and its `--verbose` line.
+    pub fn interval(&mut self, record: serde_json::Value, line: String) -> anyhow::Result<()> {
+        if let Some(out) = &mut self.mi_log {
+            // Flushed at every line, so a killed transfer leaves a usable log.
+            serde_json::to_writer(&mut *out, &record)?;
+            writeln!(out)?;
+            out.flush().context("writing the MI log")?;
+        }
+        match self.style {
+            Style::Bar { verbose: true } => self.above_bar(&line),
+            Style::Relay => relay(&RelayLine::Interval { record, line })?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The transfer is over: the bar goes.
+    pub fn finish(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.bar.finish_and_clear();
+        }
+    }
+
+    /// Prints the summary.
+    pub fn summary(&mut self, summary: &SummaryReport) -> anyhow::Result<()> {
+        self.finish();
+        match self.style {
+            Style::Json | Style::Relay => print_json(summary),
+            Style::Quiet => Ok(()),
+            Style::Bar { .. } => {
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "{}", summary_line(summary, self.verb))?;
+                if self.verify {
+                    writeln!(out, "{}", verified_line(summary))?;
+                }
+                out.flush().context("writing the summary")
+            }
+        }
+    }
+
+    /// Prints what a dry run found: a line per file and a total, or one JSON object.
+    pub fn dry_run(&mut self, report: &DryRunReport) -> anyhow::Result<()> {
+        match self.style {
+            Style::Json | Style::Relay => print_json(report),
+            Style::Quiet => Ok(()),
+            Style::Bar { .. } => {
+                let mut out = std::io::stdout().lock();
+                write_dry_run(report, &mut out).context("writing the dry run")
+            }
+        }
+    }
+
+    /// Prints `line` on stderr, above the progress bar if there is one.
+    fn above_bar(&self, line: &str) {
+        let print = || eprintln!("{line}");
+        match &self.bar {
+            Some(bar) => bar.bar.suspend(print),
+            None => print(),
+        }
+    }
+}
+
+/// Prints `value` as one JSON line on stdout, flushed.
+fn print_json(value: &impl Serialize) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer(&mut out, value)?;
+    writeln!(out)?;
+    out.flush().context("writing to stdout")
+}
+
+/// Prints one [`RelayLine`].
+fn relay(line: &RelayLine) -> anyhow::Result<()> {
+    print_json(line)
+}
+
+/// One monitoring interval as `--verbose` prints it: when it ended, its streams, rate, loss,
+/// RTT (and over the smallest seen), utility, and what was chosen from it, by whom and why
+/// control changed hands if it did.
+fn interval_line(record: &MiRecord) -> String {
+    let o = &record.observation;
+    let chosen = match (record.decision, &record.acting) {
+        (None, _) => "no decision".to_string(),
+        (Some(n), None) => format!("-> {n} ({})", record.controller),
+        (Some(n), Some(acting)) => match &acting.switch {
+            Some(why) => format!("-> {n} ({}: {why})", acting.controller),
+            None => format!("-> {n} ({})", acting.controller),
+        },
+    };
+    format!(
+        "{:7.1} s {:4} streams {:8.3} Gbit/s  loss {:.3} %  RTT {:.2} ms (x{:.2})  utility {:.3} Gbit/s  {chosen}",
+        o.time,
+        o.streams,
+        o.throughput / 1e9,
+        o.loss * 100.0,
+        o.rtt * 1e3,
+        o.rtt_ratio,
+        o.utility / 1e9,
+    )
+}
+
+/// What a transfer is doing, as the progress bar shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Nothing acknowledged yet: streams connecting, the first chunks on their way (no rate,
+    /// so no time left to show).
+    Starting,
+    /// Data moving.
+    Sending,
+    /// Every byte acknowledged: the receiver is verifying the last files and putting them in
+    /// place.
+    Finishing,
+}
+
+impl Phase {
+    fn of(p: &Progress) -> Phase {
+        if p.bytes_acked >= p.bytes_total && p.files_total > 0 {
+            Phase::Finishing
+        } else if p.bytes_acked == 0 {
+            Phase::Starting
+        } else {
+            Phase::Sending
+        }
+    }
+}
+
+/// The progress bar, whose look follows the phase.
+struct Bar {
+    bar: ProgressBar,
+    phase: Option<Phase>,
+    verify: bool,
+}
+
+impl Bar {
+    fn new(verify: bool) -> Bar {
+        let bar = ProgressBar::new(0);
+        bar.enable_steady_tick(Duration::from_millis(250));
+        Bar {
+            bar,
+            phase: None,
+            verify,
+        }
+    }
+
+    /// Shows `progress`.
+    fn show(&mut self, progress: &Progress) {
+        let phase = Phase::of(progress);
+        if self.phase != Some(phase) {
+            // The rate and time left only while data moves: before it, there is no rate.
+            let template = match phase {
+                Phase::Sending => {
+                    "{bar:30.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}  {msg}"
+                }
+                Phase::Starting | Phase::Finishing => {
+                    "{bar:30.cyan/blue} {bytes}/{total_bytes} {spinner} {msg}"
+                }
+            };
+            self.bar.set_style(
+                ProgressStyle::with_template(template)
+                    .expect("valid template")
+                    .progress_chars("=> "),
+            );
+            self.phase = Some(phase);
+        }
+        self.bar.set_length(progress.bytes_total);
+        self.bar.set_position(progress.bytes_acked);
+        self.bar
+            .set_message(bar_message(phase, progress, self.verify));
+    }
+}
+
+/// The words after the bar.
+fn bar_message(phase: Phase, p: &Progress, verify: bool) -> String {
+    let files = format!("files {}/{}", p.files_done, p.files_total);
+    match phase {
+        Phase::Starting => format!("starting: {} streams  {files}", p.streams_active),
+        Phase::Sending => format!("{files}  streams {}", p.streams_active),
+        Phase::Finishing if verify => format!("all sent; verifying and placing {files}"),
+        Phase::Finishing => format!("all sent; placing {files}"),
+    }
+}
+
+/// A dry run as text: a line per file and a total.
+fn write_dry_run(seen: &DryRunReport, out: &mut impl Write) -> std::io::Result<()> {
+    let count = |action| seen.files.iter().filter(|f| f.action == action).count();
+    for file in &seen.files {
+        // indicatif's sizes take no width: padded as text.
+        let size = indicatif::BinaryBytes(file.size).to_string();
+        let (action, shown, note) = match file.action {
+            PreviewAction::Send => ("send", size, String::new()),
+            PreviewAction::Resume => (
+                "resume",
+                indicatif::BinaryBytes(file.to_send).to_string(),
+                format!(" (of {size})"),
+            ),
+            PreviewAction::Skip => ("skip", size, " (already there)".into()),
+            _ => ("?", size, String::new()),
+        };
+        writeln!(out, "{action:<7} {shown:>11}  {}{note}", file.path)?;
+    }
+    let sent = count(PreviewAction::Send);
+    writeln!(
+        out,
+        "dry run: a run would send {} of {} ({sent} file{} whole, {} resumed, {} skipped); \
+         nothing was sent or changed",
+        indicatif::BinaryBytes(seen.bytes_to_send),
+        indicatif::BinaryBytes(seen.bytes_total),
+        if sent == 1 { "" } else { "s" },
+        count(PreviewAction::Resume),
+        count(PreviewAction::Skip),
+    )?;
+    out.flush()
+}
+
+/// The summary as one line of text.
+fn summary_line(summary: &SummaryReport, verb: &str) -> String {
+    let max_streams = summary
+        .streams_timeline
+        .iter()
+        .map(|&(_, n)| n)
+        .max()
+        .unwrap_or(0);
+    let present = if summary.bytes_skipped > 0 {
+        format!(
+            ", {} already at the receiver",
+            indicatif::BinaryBytes(summary.bytes_skipped)
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "{verb} {} in {:.2} s: {:.2} Gbit/s mean, {} file{}, up to {} streams, {} retransmits{present}",
+        indicatif::BinaryBytes(summary.bytes),
+        summary.seconds,
+        summary.gbit_per_s,
+        summary.files,
+        if summary.files == 1 { "" } else { "s" },
+        max_streams,
+        summary.retransmits,
+    )
+}
+
+/// What `--verify` confirms once the transfer succeeded: every file, sent or already there,
+/// hashed on both sides and found the same.
+fn verified_line(summary: &SummaryReport) -> String {
+    let already = if summary.bytes_skipped > 0 {
+        " (those already at the receiver too)"
+    } else {
+        ""
+    };
+    match summary.files {
+        0 => "verified end to end (BLAKE3): no file to verify".to_string(),
+        1 => format!("verified end to end (BLAKE3): the file is identical{already}"),
+        n => format!("verified end to end (BLAKE3): all {n} files are identical{already}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use transfer::optimizer::Acting;
+
+    fn progress(acked: u64, total: u64, files: (u64, u64)) -> Progress {
+        Progress {
+            bytes_acked: acked,
+            bytes_total: total,
+            files_done: files.0,
+            files_total: files.1,
+            streams_active: 4,
+            ..Progress::default()
+        }
+    }
+
+    #[test]
+    fn the_bar_names_the_phase_before_data_moves_and_after_it_all_arrived() {
+        let starting = progress(0, 100, (0, 3));
+        assert_eq!(Phase::of(&starting), Phase::Starting);
+        assert_eq!(
+            bar_message(Phase::Starting, &starting, false),
+            "starting: 4 streams  files 0/3"
+        );
+        assert_eq!(Phase::of(&progress(40, 100, (1, 3))), Phase::Sending);
+        let finishing = progress(100, 100, (2, 3));
+        assert_eq!(Phase::of(&finishing), Phase::Finishing);
+        assert_eq!(
+            bar_message(Phase::Finishing, &finishing, true),
+            "all sent; verifying and placing files 2/3"
+        );
+        // Before the manifest announced anything, nothing is finishing.
+        assert_eq!(Phase::of(&progress(0, 0, (0, 0))), Phase::Starting);
+        // A re-run whose files are all at the receiver already: nothing to send, only to place.
+        assert_eq!(Phase::of(&progress(0, 0, (0, 5))), Phase::Finishing);
+    }
+
+    #[test]
+    fn a_relayed_progress_report_reads_back_as_the_progress_it_reported() {
+        let mut sent = progress(300, 1000, (1, 3));
+        sent.elapsed = Duration::from_millis(2500);
+        sent.bytes_skipped = 7;
+        sent.streams_target = 6;
+        let report = ProgressReport::new(&sent, (Duration::from_millis(1500), 100), Vec::new());
+        assert!((report.gbit_per_s - 200.0 * 8.0 / 1e9).abs() < 1e-12);
+        let line = serde_json::to_string(&report).unwrap();
+        let back: ProgressReport = serde_json::from_str(&line).unwrap();
+        assert_eq!(back.progress(), sent);
+        assert_eq!(serde_json::to_string(&back).unwrap(), line);
+    }
+
+    #[test]
+    fn the_summary_line_names_what_moved_and_what_verify_confirmed() {
+        let summary = SummaryReport {
+            r#type: "summary".into(),
+            bytes: 3 << 20,
+            bytes_skipped: 1 << 20,
+            files: 2,
+            seconds: 1.5,
+            gbit_per_s: 0.02,
+            streams_timeline: vec![(0.0, 4), (1.0, 7), (1.2, 2)],
+            retransmits: 5,
+            transport: Transport::Tcp,
+            peak_rss_bytes: 0,
+            verified: true,
+        };
+        assert_eq!(
+            summary_line(&summary, "received"),
+            "received 3.00 MiB in 1.50 s: 0.02 Gbit/s mean, 2 files, up to 7 streams, 5 \
+             retransmits, 1.00 MiB already at the receiver"
+        );
+        assert_eq!(
+            verified_line(&summary),
+            "verified end to end (BLAKE3): all 2 files are identical (those already at the \
+             receiver too)"
+        );
+    }
+
+    #[test]
+    fn a_verbose_interval_line_shows_the_rate_the_choice_and_why_control_moved() {
+        use optimizer::{MiStats, RewardParams, SignalTracker, UtilityParams};
+        // 2.5 Gbit/s over 1 s on 4 streams, one segment in 10,000 retransmitted, judged with
+        // no cost per stream or for loss.
+        let stats = MiStats {
+            end: 3.0,
+            duration: 1.0,
+            bytes_acked: 312_500_000,
+            data_segs_out: 10_000,
+            retrans_segs: 1,
+            rtt: Some(0.0012),
+            streams: 4,
+            ..MiStats::default()
+        };
+        let utility = UtilityParams { k: 1.0, b: 0.0 };
+        let observation = SignalTracker::new(utility, RewardParams::default(), 8).observe(&stats);
+        let mut record = MiRecord {
+            observation,
+            controller: "auto".into(),
+            decision: Some(9),
+            decision_latency: Some(0.001),
+            acting: Some(Acting {
+                controller: "tuner",
+                switch: Some("the policy holds 4".into()),
+            }),
+            paths: Vec::new(),
+        };
+        assert_eq!(
+            interval_line(&record),
+            "    3.0 s    4 streams    2.500 Gbit/s  loss 0.010 %  RTT 1.20 ms (x1.00)  \
+             utility 2.500 Gbit/s  -> 9 (tuner: the policy holds 4)"
+        );
+        record.acting = None;
+        assert!(interval_line(&record).ends_with("-> 9 (auto)"));
+        record.decision = None;
+        assert!(interval_line(&record).ends_with("no decision"));
+    }
+}
