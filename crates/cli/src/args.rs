@@ -16,7 +16,7 @@ use transfer::optimizer_choice::{OptimizerChoice, Tuning};
 use transfer::policy_source::PolicyRuntime;
 use transfer::quic::Congestion;
 use transfer::receiver::{
-    DEFAULT_MAX_HANDSHAKES, DEFAULT_MAX_HANDSHAKES_PER_SOURCE, DEFAULT_MAX_SESSIONS,
+    Access, DEFAULT_MAX_HANDSHAKES, DEFAULT_MAX_HANDSHAKES_PER_SOURCE, DEFAULT_MAX_SESSIONS,
     DEFAULT_MAX_STREAMS,
 };
 use transfer::sender::{RateSchedule, DEFAULT_UNSENT_LIMIT, MIN_STALL_TIMEOUT};
@@ -302,9 +302,15 @@ pub struct SendArgs {
     pub key: Option<String>,
     /// Read the receiver's session key from this file (only its owner may read it: mode 600).
     /// Otherwise it comes from XFER_KEY, or the terminal asks for it. Not used when xfer
-    /// starts the receiver over ssh: its key comes back over the ssh channel.
+    /// starts the receiver over ssh: its key comes back over the ssh channel. For a pull from a
+    /// daemon (HOST:PORT:PATH... DIR), the daemon's key.
     #[arg(long)]
     pub key_file: Option<PathBuf>,
+    /// For a transfer from one daemon to another (HOSTA:PORT:PATH... HOSTB:PORT:DEST): read
+    /// the source daemon's key from this file; otherwise from XFER_SOURCE_KEY. The
+    /// destination's key is --key-file's (or XFER_KEY), as for a push.
+    #[arg(long)]
+    pub source_key_file: Option<PathBuf>,
     /// The ssh client that starts a receiver for [USER@]HOST:DIR, with any options, split as a
     /// shell would (e.g. "ssh -p 2222 -F ~/.ssh/xfer_config"). The user's ssh config applies.
     #[arg(long, env = "XFER_SSH", default_value = "ssh")]
@@ -380,6 +386,12 @@ pub struct SendArgs {
     /// more to hash it.
     #[arg(long, conflicts_with = "mem")]
     pub checksum: bool,
+    /// Mirror: once every file is in place, remove what the directories sent hold at the
+    /// destination and the sources do not (as rsync's --delete), keeping what --include,
+    /// --exclude and --files-from leave out. A file sent alone removes nothing beside it. See
+    /// first what it would remove with --dry-run --delete.
+    #[arg(long, conflicts_with = "mem")]
+    pub delete: bool,
     /// Read the files with direct I/O (O_DIRECT), bypassing the page cache: for parallel file
     /// systems, and to keep the page cache for other work. A receiver this command starts over
     /// ssh writes with direct I/O too.
@@ -456,7 +468,8 @@ pub struct RecvArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "listen", "root", "key_file", "encrypt", "integrity", "transport", "no_quic", "max_streams",
         "max_sessions", "session_memory", "idle_timeout", "direct_io", "handshake_timeout",
-        "max_handshakes", "max_handshakes_per_source", "shutdown_grace", "over_ssh",
+        "max_handshakes", "max_handshakes_per_source", "shutdown_grace", "over_ssh", "access",
+        "third_party",
     ])]
     pub config: Option<PathBuf>,
     /// Address and port to listen on (one port serves control and all data streams).
@@ -468,6 +481,15 @@ pub struct RecvArgs {
     /// Read the session key from this file instead of generating a one-time key.
     #[arg(long)]
     pub key_file: Option<PathBuf>,
+    /// What holders of the key may do under the root: send files there (write), fetch files
+    /// from it (read: `xfer send HOST:PORT:PATH... DIR`), or both (read-write).
+    #[arg(long, value_name = "write|read|read-write", default_value = "write", value_parser = parse_access)]
+    pub access: Access,
+    /// Let a fetch name another receiver to send to (a third-party transfer, HOSTA:PORT:PATH
+    /// HOSTB:PORT:DEST, with a one-time credential that receiver granted); otherwise a fetch's
+    /// files go only to the host that asks.
+    #[arg(long)]
+    pub third_party: bool,
     /// Exit after serving one session.
     #[arg(long)]
     pub once: bool,
@@ -612,18 +634,6 @@ pub fn is_remote(name: &str) -> bool {
     }
 }
 
-/// A remote source of `xfer send`, `[USER@]HOST:PATH`: the host (`[USER@]HOST` as given to
-/// ssh) and the path there (absolute, or under the remote home; empty: the home).
-pub fn parse_remote_source(name: &str) -> anyhow::Result<(String, String)> {
-    match parse_destination(name)? {
-        Destination::Ssh { target, dir } => Ok((target, dir)),
-        Destination::Direct { addr, .. } => bail!(
-            "{name:?} names a running receiver ({addr}), which receives and does not send: to \
-             fetch from a host, name it as [USER@]HOST:PATH, and xfer starts its sender over ssh"
-        ),
-    }
-}
-
 /// The --include and --exclude rules of `xfer send`'s `matches`, in command-line order.
 pub fn filter_rules(matches: &clap::ArgMatches) -> Vec<Rule> {
     let mut rules = Vec::new();
@@ -643,6 +653,12 @@ pub fn filter_rules(matches: &clap::ArgMatches) -> Vec<Rule> {
     }
     rules.sort_by_key(|&(at, _)| at);
     rules.into_iter().map(|(_, rule)| rule).collect()
+}
+
+/// A key's access, as a configuration file names it.
+fn parse_access(s: &str) -> Result<Access, String> {
+    serde_json::from_value(serde_json::Value::String(s.into()))
+        .map_err(|_| format!("{s:?} is not an access: write, read or read-write"))
 }
 
 /// A size of 1 byte to `max` bytes (named `max_text` in errors), as a `u32`.
@@ -731,12 +747,6 @@ mod tests {
         for local in ["data", "./a:b", "/srv/a:b", "run/7:00", "", "results/"] {
             assert!(!is_remote(local), "{local}");
         }
-        assert_eq!(
-            parse_remote_source("alice@dtn1:/data/run7").unwrap(),
-            ("alice@dtn1".into(), "/data/run7".into())
-        );
-        let err = parse_remote_source("dtn1:9000:in").unwrap_err().to_string();
-        assert!(err.contains("running receiver"), "{err}");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 mod args;
 mod controllers;
 mod env;
+mod fetch;
 mod generate;
 mod metrics_endpoint;
 mod model;

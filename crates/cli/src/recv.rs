@@ -85,6 +85,8 @@ fn settings_from_flags(args: &RecvArgs) -> anyhow::Result<ReceiverSettings> {
     };
     let mut settings = ReceiverSettings::new(root, key);
     settings.listen = args.listen.clone();
+    settings.access = args.access;
+    settings.options.third_party = args.third_party;
     settings.options.max_streams = args.max_streams;
     settings.options.max_sessions = usize::try_from(args.max_sessions).unwrap_or(usize::MAX);
     settings.options.session_memory = args.session_memory;

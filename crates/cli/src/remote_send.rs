@@ -68,22 +68,14 @@ pub fn run(
     paths: Vec<String>,
     destination: &str,
 ) -> anyhow::Result<()> {
-    if args.mem.is_some() {
-        bail!("--mem sends generated data from this host; do not also name remote files");
-    }
     if args.key_file.is_some() {
         bail!(
             "--key-file is for a running receiver; the receiver of a transfer from {source} is \
              started for it with a one-time key"
         );
     }
-    if args.metrics.is_some() {
-        bail!("--metrics serves the sender's metrics, and the sender runs on {source}");
-    }
     // Checked here before anything starts, and once more by the sender there.
-    send::optimizer_and_tuning(args)?;
-    send::send_options(args, 1)?.check()?;
-    let filter = send::filter(args)?;
+    let filter = send::remote_sending(args, &source)?.2.filter;
     let source = SshHost {
         ssh_command: args.ssh_command.clone(),
         target: source,
@@ -151,13 +143,7 @@ pub fn run(
     let status = sender.exit_status()?;
     let done = summary.is_some() || dry_run;
     if let (Some(&signal), false) = (interrupted.get(), done) {
-        return Err(Interrupted {
-            signal,
-            sent: latest.bytes_acked,
-            total: latest.bytes_total,
-            resumable: true,
-        }
-        .into());
+        return Err(Interrupted::at(signal, &latest, true).into());
     }
     if !status.success() || !done {
         bail!(
@@ -243,7 +229,8 @@ impl Receiving {
     /// `[USER@]HOST:DIR`.
     fn start(args: &SendArgs, source: &SshHost, destination: &str) -> anyhow::Result<Receiving> {
         if !is_remote(destination) {
-            let local = LocalReceiver::start(args, source, PathBuf::from(destination))?;
+            let family = source.host_address()?.1;
+            let local = LocalReceiver::start(args, family, PathBuf::from(destination))?;
             return Ok(Receiving::Here(local));
         }
         let (target, dir) = match parse_destination(destination)? {
@@ -316,28 +303,29 @@ impl Receiving {
 }
 
 /// A pull's receiver, serving one session in this process.
-struct LocalReceiver {
+pub struct LocalReceiver {
     serving: JoinHandle<std::io::Result<()>>,
-    port: u16,
+    /// Its port.
+    pub port: u16,
     /// The address the remote sender connects to, when `--listen` names one; none: the
-    /// address the ssh connection comes from.
-    connect_to: Option<IpAddr>,
+    /// address the sender's host reached this one from.
+    pub connect_to: Option<IpAddr>,
     /// Directory under the root the files go to: empty, unless a dry run found the directory
     /// missing and is served from the nearest one above it.
-    dest: String,
+    pub dest: String,
     /// Its one-time key.
-    key: String,
+    pub key: String,
 }
 
 impl LocalReceiver {
     /// Binds a receiver for one session under `dir` (made if missing, but not for a dry run)
-    /// on `--listen`, or on any port of every address of the family by which `source` is
-    /// reached.
-    fn start(args: &SendArgs, source: &SshHost, dir: PathBuf) -> anyhow::Result<LocalReceiver> {
+    /// on `--listen`, or on any port of every address of the family of `source` (the
+    /// sender's host).
+    pub fn start(args: &SendArgs, source: IpAddr, dir: PathBuf) -> anyhow::Result<LocalReceiver> {
         let listen = match args.listen {
             Some(addr) => addr,
             None => {
-                let any: IpAddr = match source.host_address()?.1 {
+                let any: IpAddr = match source {
                     IpAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
                     IpAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
                 };
@@ -378,7 +366,7 @@ impl LocalReceiver {
     }
 
     /// Waits, for at most [`CLOSE_GRACE`], for the receiver to end its session.
-    fn finish(self) -> anyhow::Result<()> {
+    pub fn finish(self) -> anyhow::Result<()> {
         let deadline = Instant::now() + CLOSE_GRACE;
         while !self.serving.is_finished() {
             if Instant::now() >= deadline {

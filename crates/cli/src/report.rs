@@ -12,9 +12,12 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use transfer::mptcp_info::Subflow;
-use transfer::sender::{MiRecord, Preview, PreviewAction, PreviewFile, Progress, StreamSample};
+use transfer::sender::{
+    MiRecord, Preview, PreviewAction, PreviewFile, Progress, StreamSample, Summary,
+};
 use transfer::tcp_info::TcpInfo;
 use transfer::transport::Transport;
+use transfer::wire::Removal;
 
 use crate::args::SendArgs;
 
@@ -128,10 +131,35 @@ pub struct SummaryReport {
     pub retransmits: u64,
     /// The transport the streams used.
     pub transport: Transport,
-    /// The sender's peak resident memory.
+    /// The sender's peak resident memory (0 when the sender is a daemon's, whose memory is
+    /// the daemon's).
     pub peak_rss_bytes: u64,
     /// Every file was verified end to end (`--verify`), those already at the receiver too.
     pub verified: bool,
+    /// What the receiver removed because the sources do not hold it (`--delete`).
+    #[serde(default)]
+    pub removed: RemovalReport,
+}
+
+impl SummaryReport {
+    /// The report of `summary`, whose files were all verified end to end if `verified`, by
+    /// a sender whose peak resident memory is `peak_rss_bytes`.
+    pub fn new(summary: Summary, verified: bool, peak_rss_bytes: u64) -> Self {
+        SummaryReport {
+            r#type: "summary".into(),
+            bytes: summary.bytes,
+            bytes_skipped: summary.bytes_skipped,
+            files: summary.files,
+            seconds: summary.seconds,
+            gbit_per_s: summary.gbit_per_s(),
+            retransmits: summary.retransmits,
+            transport: summary.transport,
+            peak_rss_bytes,
+            verified,
+            removed: RemovalReport::from(&summary.removed),
+            streams_timeline: summary.streams_timeline,
+        }
+    }
 }
 
 /// What a dry run found, as `--dry-run --json` prints it.
@@ -145,6 +173,57 @@ pub struct DryRunReport {
     pub bytes_total: u64,
     /// Every file, with what a run would do with it.
     pub files: Vec<PreviewFile>,
+    /// What a run would remove at the receiver (`--delete`).
+    #[serde(default)]
+    pub removed: RemovalReport,
+}
+
+/// What a mirroring run removed, or would (`--delete`), as `--json` prints it.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct RemovalReport {
+    /// Files (and links) removed.
+    pub files: u64,
+    /// Directories removed.
+    pub dirs: u64,
+    /// Bytes of the files removed.
+    pub bytes: u64,
+    /// The entries, contents before their directory, at most the first 10,000.
+    pub listed: Vec<RemovedReport>,
+}
+
+/// One entry of a [`RemovalReport`].
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RemovedReport {
+    /// Its path relative to the destination directory (not UTF-8: replaced characters).
+    pub path: String,
+    /// Its size (0 for a directory).
+    pub size: u64,
+    /// A directory.
+    pub dir: bool,
+}
+
+impl From<&Removal> for RemovalReport {
+    fn from(removal: &Removal) -> Self {
+        RemovalReport {
+            files: removal.files,
+            dirs: removal.dirs,
+            bytes: removal.bytes,
+            listed: (removal.listed.iter())
+                .map(|r| RemovedReport {
+                    path: String::from_utf8_lossy(&r.path).into_owned(),
+                    size: r.size,
+                    dir: r.dir,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl RemovalReport {
+    /// Whether nothing was removed.
+    fn is_empty(&self) -> bool {
+        self.files == 0 && self.dirs == 0
+    }
 }
 
 impl DryRunReport {
@@ -155,6 +234,7 @@ impl DryRunReport {
             bytes_to_send: seen.bytes_to_send(),
             bytes_total: seen.bytes_total(),
             files: seen.files.clone(),
+            removed: RemovalReport::from(&seen.removed),
         }
     }
 }
@@ -275,7 +355,7 @@ impl Shown {
     /// One monitoring interval, made here.
     pub fn decision(&mut self, record: &MiRecord) -> anyhow::Result<()> {
         let value = serde_json::to_value(record).context("writing an MI record")?;
-        self.interval(value, interval_line(record))
+        self.interval(value, record.line())
     }
 
     /// One monitoring interval: its MI-log record and its `--verbose` line.
@@ -310,6 +390,9 @@ impl Shown {
             Style::Bar { .. } => {
                 let mut out = std::io::stdout().lock();
                 writeln!(out, "{}", summary_line(summary, self.verb))?;
+                if !summary.removed.is_empty() {
+                    writeln!(out, "removed {}", removal_line(&summary.removed))?;
+                }
                 if self.verify {
                     writeln!(out, "{}", verified_line(summary))?;
                 }
@@ -351,31 +434,6 @@ fn print_json(value: &impl Serialize) -> anyhow::Result<()> {
 /// Prints one [`RelayLine`].
 fn relay(line: &RelayLine) -> anyhow::Result<()> {
     print_json(line)
-}
-
-/// One monitoring interval as `--verbose` prints it: when it ended, its streams, rate, loss,
-/// RTT (and over the smallest seen), utility, and what was chosen from it, by whom and why
-/// control changed hands if it did.
-fn interval_line(record: &MiRecord) -> String {
-    let o = &record.observation;
-    let chosen = match (record.decision, &record.acting) {
-        (None, _) => "no decision".to_string(),
-        (Some(n), None) => format!("-> {n} ({})", record.controller),
-        (Some(n), Some(acting)) => match &acting.switch {
-            Some(why) => format!("-> {n} ({}: {why})", acting.controller),
-            None => format!("-> {n} ({})", acting.controller),
-        },
-    };
-    format!(
-        "{:7.1} s {:4} streams {:8.3} Gbit/s  loss {:.3} %  RTT {:.2} ms (x{:.2})  utility {:.3} Gbit/s  {chosen}",
-        o.time,
-        o.streams,
-        o.throughput / 1e9,
-        o.loss * 100.0,
-        o.rtt * 1e3,
-        o.rtt_ratio,
-        o.utility / 1e9,
-    )
 }
 
 /// What a transfer is doing, as the progress bar shows it.
@@ -477,18 +535,52 @@ fn write_dry_run(seen: &DryRunReport, out: &mut impl Write) -> std::io::Result<(
         };
         writeln!(out, "{action:<7} {shown:>11}  {}{note}", file.path)?;
     }
+    for removed in &seen.removed.listed {
+        let path = &removed.path;
+        match removed.dir {
+            true => writeln!(out, "{:<7} {:>11}  {path}/", "delete", "")?,
+            false => writeln!(out, "{:<7} {:>11}  {path}", "delete", size(removed.size))?,
+        }
+    }
+    let unlisted = (seen.removed.files + seen.removed.dirs) as usize - seen.removed.listed.len();
+    if unlisted > 0 {
+        writeln!(out, "{:<7} {:>11}  and {unlisted} more", "delete", "")?;
+    }
     let sent = count(PreviewAction::Send);
+    let removal = match seen.removed.is_empty() {
+        true => String::new(),
+        false => format!(" and remove {}", removal_line(&seen.removed)),
+    };
     writeln!(
         out,
-        "dry run: a run would send {} of {} ({sent} file{} whole, {} resumed, {} skipped); \
-         nothing was sent or changed",
-        indicatif::BinaryBytes(seen.bytes_to_send),
-        indicatif::BinaryBytes(seen.bytes_total),
+        "dry run: a run would send {} of {} ({sent} file{} whole, {} resumed, {} \
+         skipped){removal}; nothing was sent or changed",
+        size(seen.bytes_to_send),
+        size(seen.bytes_total),
         if sent == 1 { "" } else { "s" },
         count(PreviewAction::Resume),
         count(PreviewAction::Skip),
     )?;
     out.flush()
+}
+
+/// A size as the reports show it.
+fn size(bytes: u64) -> String {
+    indicatif::BinaryBytes(bytes).to_string()
+}
+
+/// What a mirroring run removed (or would): its files with their bytes, and its directories.
+fn removal_line(removed: &RemovalReport) -> String {
+    let plural = |n: u64, one: &str, many: &str| match n {
+        1 => format!("1 {one}"),
+        n => format!("{n} {many}"),
+    };
+    format!(
+        "{} ({}) and {} the sources do not hold",
+        plural(removed.files, "file", "files"),
+        size(removed.bytes),
+        plural(removed.dirs, "directory", "directories"),
+    )
 }
 
 /// The summary as one line of text.
@@ -599,6 +691,7 @@ mod tests {
             transport: Transport::Tcp,
             peak_rss_bytes: 0,
             verified: true,
+            removed: RemovalReport::default(),
         };
         assert_eq!(
             summary_line(&summary, "received"),
@@ -641,13 +734,13 @@ mod tests {
             paths: Vec::new(),
         };
         assert_eq!(
-            interval_line(&record),
+            record.line(),
             "    3.0 s    4 streams    2.500 Gbit/s  loss 0.010 %  RTT 1.20 ms (x1.00)  \
              utility 2.500 Gbit/s  -> 9 (tuner: the policy holds 4)"
         );
         record.acting = None;
-        assert!(interval_line(&record).ends_with("-> 9 (auto)"));
+        assert!(record.line().ends_with("-> 9 (auto)"));
         record.decision = None;
-        assert!(interval_line(&record).ends_with("no decision"));
+        assert!(record.line().ends_with("no decision"));
     }
 }

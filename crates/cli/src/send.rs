@@ -17,7 +17,7 @@ use transfer::quic::Congestion;
 use transfer::sender::{Progress, SendOptions, SendSource, DEFAULT_STREAMS};
 use transfer::transport::Transport;
 
-use crate::args::{is_remote, parse_destination, parse_remote_source, Destination, SendArgs};
+use crate::args::{is_remote, parse_destination, Destination, SendArgs};
 use crate::controllers;
 use crate::report::{DryRunReport, ProgressReport, Shown, SummaryReport};
 use crate::signals::{self, Signal};
@@ -54,21 +54,28 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
              one host, so send each side's files with a command of its own"
         );
     }
+    // Each remote source is `[USER@]HOST:PATH` (a sender started over ssh) or
+    // `HOST:PORT:PATH` (a running daemon, which sends from under its root).
     let mut host = None;
     let mut paths = Vec::new();
     for source in sources {
-        let (target, path) = parse_remote_source(source)?;
+        let (daemon, at, path) = match parse_destination(source)? {
+            Destination::Direct { addr, dest } => (true, addr, dest),
+            Destination::Ssh { target, dir } => (false, target, dir),
+        };
         match &host {
-            Some(first) if *first != target => bail!(
-                "the sources are on two hosts ({first} and {target}): one transfer sends from \
-                 one host"
+            Some((_, first)) if *first != at => bail!(
+                "the sources are on two hosts ({first} and {at}): one transfer sends from one \
+                 host"
             ),
-            _ => host = Some(target),
+            _ => host = Some((daemon, at)),
         }
         paths.push(path);
     }
-    let host = host.expect("there is a remote source");
-    crate::remote_send::run(&args, host, paths, destination)
+    match host.expect("there is a remote source") {
+        (true, daemon) => crate::fetch::run(&args, daemon, paths, destination),
+        (false, target) => crate::remote_send::run(&args, target, paths, destination),
+    }
 }
 
 /// What the xfer that started this sender over ssh gave it besides the options: the key of
@@ -201,31 +208,41 @@ pub fn push(
     // A transfer the signal stopped says so (the error the cancel gave, or one of a receiver
     // over ssh that the same Ctrl-C ended); one that finished before it did is reported as any.
     if let (Some(&signal), Err(_)) = (interrupted.get(), &result) {
-        return Err(Interrupted {
-            signal,
-            sent: latest.bytes_acked,
-            total: latest.bytes_total,
-            resumable,
-        }
-        .into());
+        return Err(Interrupted::at(signal, &latest, resumable).into());
     }
     let summary = result?;
     if let Some(remote) = remote {
         remote.finish()?;
     }
-    shown.summary(&SummaryReport {
-        r#type: "summary".into(),
-        bytes: summary.bytes,
-        bytes_skipped: summary.bytes_skipped,
-        files: summary.files,
-        seconds: summary.seconds,
-        gbit_per_s: summary.gbit_per_s(),
-        streams_timeline: summary.streams_timeline,
-        retransmits: summary.retransmits,
-        transport: summary.transport,
-        peak_rss_bytes: crate::peak_rss_bytes(),
-        verified: args.verify,
-    })
+    shown.summary(&SummaryReport::new(
+        summary,
+        args.verify,
+        crate::peak_rss_bytes(),
+    ))
+}
+
+/// How the sender on `host` is to send the files named there, as the flags choose it, checked
+/// here before anything starts: the controller, its tuning and the options (with the filter).
+/// `--mem` and `--metrics` belong to a sender on this host, and are refused.
+pub fn remote_sending(
+    args: &SendArgs,
+    host: &str,
+) -> anyhow::Result<(
+    OptimizerChoice,
+    transfer::optimizer_choice::Tuning,
+    SendOptions,
+)> {
+    if args.mem.is_some() {
+        bail!("--mem sends generated data from this host; do not also name remote files");
+    }
+    if args.metrics.is_some() {
+        bail!("--metrics serves the sender's metrics, and the sender runs on {host}");
+    }
+    let (optimizer, tuning) = optimizer_and_tuning(args)?;
+    let initial = args.streams.map_or(DEFAULT_STREAMS, |n| n as usize);
+    let options = send_options(args, initial)?.filter(filter(args)?);
+    options.check()?;
+    Ok((optimizer, tuning, options))
 }
 
 /// The controller and tuning the flags choose, checked before anything starts (a receiver
@@ -269,6 +286,7 @@ pub fn send_options(args: &SendArgs, initial: usize) -> anyhow::Result<SendOptio
         .unit_size(args.unit_size)
         .verify(args.verify)
         .checksum(args.checksum)
+        .delete(args.delete)
         .direct_io(args.direct_io)
         .stream_rate_cap(stream_rate_cap)
         .rate_limit(args.rate_limit.clone())
@@ -323,11 +341,23 @@ pub struct Interrupted {
     /// The signal that stopped it.
     pub signal: Signal,
     /// Bytes the receiver had acknowledged as the transfer stopped.
-    pub sent: u64,
+    sent: u64,
     /// Bytes of the whole transfer.
-    pub total: u64,
+    total: u64,
     /// Files are sent (what the receiver verified is kept), not generated data.
-    pub resumable: bool,
+    resumable: bool,
+}
+
+impl Interrupted {
+    /// A transfer `signal` stopped as far as `latest` got; of files if `resumable`.
+    pub fn at(signal: Signal, latest: &Progress, resumable: bool) -> Interrupted {
+        Interrupted {
+            signal,
+            sent: latest.bytes_acked,
+            total: latest.bytes_total,
+            resumable,
+        }
+    }
 }
 
 impl std::fmt::Display for Interrupted {

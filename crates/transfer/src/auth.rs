@@ -939,7 +939,11 @@ pub fn name(msg: &Message) -> &'static str {
         Message::Seal { .. } => "Seal",
         Message::Finalized { .. } => "Finalized",
         Message::Finish => "Finish",
-        Message::Done => "Done",
+        Message::Done { .. } => "Done",
+        Message::Fetch { .. } => "Fetch",
+        Message::Fetched { .. } => "Fetched",
+        Message::Grant { .. } => "Grant",
+        Message::Granted { .. } => "Granted",
         Message::Working => "Working",
         Message::Ack { .. } => "Ack",
         Message::Nack { .. } => "Nack",
@@ -1317,7 +1321,15 @@ mod tests {
             Err("no such role".into()),
         );
         assert_eq!(role.as_deref(), Some("no such role"));
-        assert_eq!(refuse(Ok(Message::Done), Ok(key.clone())), None);
+        assert_eq!(
+            refuse(
+                Ok(Message::Done {
+                    removed: Default::default()
+                }),
+                Ok(key.clone())
+            ),
+            None
+        );
     }
 
     /// Both sides' rules against each other, with no connection: each message goes from one

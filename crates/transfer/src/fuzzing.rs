@@ -112,7 +112,7 @@ pub fn sender_rules(
                     assert!(!finishing, "finish asked twice");
                     finishing = true;
                 }
-                Action::Complete => assert!(finishing, "complete before the finish"),
+                Action::Complete(_) => assert!(finishing, "complete before the finish"),
                 Action::Count { .. } | Action::CloseQueue => {}
             }
         }

@@ -164,6 +164,22 @@ impl PartPaths {
             journal: dir.join(format!("{stem}.xfer-journal")),
         }
     }
+
+    /// Whether `name` is one [`PartPaths::for_final`] makes: a part file or a journal.
+    ///
+    /// ```
+    /// use std::path::Path;
+    /// use transfer::journal::PartPaths;
+    ///
+    /// let paths = PartPaths::for_final(Path::new("run42/data.h5"));
+    /// assert!(PartPaths::is_part_name(paths.journal.file_name().unwrap()));
+    /// assert!(!PartPaths::is_part_name("data.h5".as_ref()));
+    /// ```
+    pub fn is_part_name(name: &std::ffi::OsStr) -> bool {
+        let name = name.as_encoded_bytes();
+        name.starts_with(b".")
+            && (name.ends_with(b".xfer-part") || name.ends_with(b".xfer-journal"))
+    }
 }
 
 /// An open journal that records verified chunks.

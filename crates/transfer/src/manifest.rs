@@ -161,7 +161,7 @@ pub struct FileEntry {
 /// use transfer::wire::Message;
 ///
 /// // A memory-to-memory benchmark's session starts so.
-/// let start = Message::Start { dest: Vec::new(), sink: SinkKind::Discard, verify_present: false };
+/// let start = Message::Start { dest: Vec::new(), sink: SinkKind::Discard, verify_present: false, delete: None };
 /// # let _ = start;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

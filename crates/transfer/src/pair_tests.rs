@@ -164,7 +164,7 @@ fn run(
                 Action::Settle(file) => run.settled.push(file),
                 Action::Seal(file) => outbox.push_back(Message::Seal { file, blake3: None }),
                 Action::Finish => outbox.push_back(Message::Finish),
-                Action::Complete => run.sender = Ok(()),
+                Action::Complete(_) => run.sender = Ok(()),
             }
         }
         // The scanner announces the next batch once the previous one is planned.
@@ -254,7 +254,9 @@ fn a_receiver_that_lies_is_refused_by_the_sender() {
             "said done before the sender finished",
             // A receiver that claims the transfer done after the first plan.
             Box::new(|m| match m {
-                Message::Finalized { .. } => Some(Message::Done),
+                Message::Finalized { .. } => Some(Message::Done {
+                    removed: Default::default(),
+                }),
                 other => Some(other),
             }),
         ),

@@ -315,7 +315,13 @@ mod tests {
         };
         write_message(&mut writer, &Message::Working).unwrap();
         write_chunk(&mut writer, &header, &data, None).unwrap();
-        write_message(&mut writer, &Message::Done).unwrap();
+        write_message(
+            &mut writer,
+            &Message::Done {
+                removed: Default::default(),
+            },
+        )
+        .unwrap();
         let bytes = writer.get_ref().clone();
 
         let mut reader = FrameReader::new(&bytes[..], 1 << 20);
@@ -330,7 +336,12 @@ mod tests {
         let seal = seal.unwrap();
         assert!(seal.matches(&blake3::hash(&data)));
         assert!(!seal.matches(&blake3::hash(b"other bytes")));
-        assert_eq!(reader.read_message().unwrap(), Message::Done);
+        assert_eq!(
+            reader.read_message().unwrap(),
+            Message::Done {
+                removed: Default::default()
+            }
+        );
 
         let mut other = FrameReader::new(&bytes[..], 1 << 20);
         other.open_sealed(FrameKey::new([6; 32]));

@@ -22,13 +22,14 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::filter::Filter;
 use crate::manifest::{ManifestBatch, SinkKind};
 use crate::seal::{tags_match, ChunkSeal, FrameKey, FrameWrite, TAG_LEN};
 
 /// First bytes of every connection's `Hello`, so a stray client is refused at once.
 pub const MAGIC: [u8; 4] = *b"XFR1";
 /// Version of this protocol; peers with another version are refused with a clear error.
-pub const PROTOCOL_VERSION: u16 = 9;
+pub const PROTOCOL_VERSION: u16 = 10;
 /// Largest control message body accepted.
 pub const MAX_MESSAGE_LEN: usize = 64 << 20;
 /// Most entries (directories and files) a sender puts in one [`ManifestBatch`]: with paths of
@@ -240,6 +241,68 @@ pub enum FileStatus {
     Complete,
 }
 
+/// How long a credential a receiver granted ([`Message::Granted`]) may wait for its session.
+pub const GRANT_LIFETIME: Duration = Duration::from_secs(120);
+
+/// Most removed entries a [`Removal`] names one by one; its counts cover the rest.
+pub const MAX_LISTED_REMOVALS: usize = 10_000;
+
+/// What a mirroring session removed from its destination, or a dry run found it would: the
+/// files and directories under the directories it sent that its manifest does not hold.
+///
+/// ```
+/// use transfer::wire::{Removal, Removed};
+///
+/// let mut removal = Removal::default();
+/// removal.add(Removed { path: b"run42/old.h5".to_vec(), size: 4096, dir: false });
+/// removal.add(Removed { path: b"run42/old".to_vec(), size: 0, dir: true });
+/// assert_eq!((removal.files, removal.dirs, removal.bytes), (1, 1, 4096));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Removal {
+    /// The entries, in the order they were removed (contents before their directory), at most
+    /// [`MAX_LISTED_REMOVALS`] of them.
+    pub listed: Vec<Removed>,
+    /// Files (and links, and anything else that is not a directory) removed.
+    pub files: u64,
+    /// Directories removed.
+    pub dirs: u64,
+    /// Bytes of the files removed.
+    pub bytes: u64,
+}
+
+impl Removal {
+    /// Counts one entry removed, and lists it while the list has room.
+    pub fn add(&mut self, removed: Removed) {
+        if removed.dir {
+            self.dirs += 1;
+        } else {
+            self.files += 1;
+            self.bytes = self.bytes.saturating_add(removed.size);
+        }
+        if self.listed.len() < MAX_LISTED_REMOVALS {
+            self.listed.push(removed);
+        }
+    }
+
+    /// Whether nothing was removed.
+    pub fn is_empty(&self) -> bool {
+        self.files == 0 && self.dirs == 0
+    }
+}
+
+/// One entry of a [`Removal`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Removed {
+    /// Its path relative to the destination directory, `/`-separated raw bytes.
+    pub path: Vec<u8>,
+    /// Its size (0 for a directory).
+    pub size: u64,
+    /// A directory (removed once empty).
+    pub dir: bool,
+}
+
 /// Control and acknowledgement messages.
 ///
 /// ```
@@ -308,6 +371,10 @@ pub enum Message {
         /// compares its copy's. Off when they are compared by content in the plan already
         /// ([`crate::manifest::FileEntry::content`]).
         verify_present: bool,
+        /// Mirror (`--delete`): once every file is in place, remove what the directories the
+        /// session sends hold and its manifest does not, except what this filter (the
+        /// sender's, paths relative to each source) leaves out. `None`: remove nothing.
+        delete: Option<Filter>,
     },
     /// The next batch of the manifest (control, sender to receiver); answered by a `Plan`.
     Entries(ManifestBatch),
@@ -337,7 +404,11 @@ pub enum Message {
     /// The sender is done: set directory metadata, flush, and end the session.
     Finish,
     /// The session ended; everything is durable on the receiver.
-    Done,
+    Done {
+        /// What a mirroring session removed (a dry run: would remove); empty without
+        /// [`Message::Start`]'s `delete`.
+        removed: Removal,
+    },
     /// The receiver's heartbeat on the control connection (every [`HEARTBEAT`]): it is alive and
     /// working for the session, even while it has nothing else to say.
     Working,
@@ -378,6 +449,32 @@ pub enum Message {
     Limited {
         /// Which limit.
         limit: Limit,
+    },
+    /// The client asks the receiver to send files from under its key's root (control, first
+    /// after `Welcome`, instead of `Start`; a key with read access only): answered by
+    /// `Fetched` reports, or `Refused`.
+    Fetch {
+        /// A [`crate::sender::FetchRequest`] as JSON.
+        request: String,
+    },
+    /// A report of the transfer the receiver runs for a `Fetch` (control, receiver to
+    /// client); the connection closes after the last.
+    Fetched {
+        /// A [`crate::sender::FetchReport`] as JSON.
+        report: String,
+    },
+    /// The client asks for a one-time credential with which another host may send one session
+    /// of files to `dest` (control, first after `Welcome`, instead of `Start`; a key with
+    /// write access only): answered by `Granted`, or `Refused`.
+    Grant {
+        /// The directory under the key's root the session must write to.
+        dest: Vec<u8>,
+    },
+    /// The credential: a key the receiver accepts for one session to the granted directory,
+    /// within [`GRANT_LIFETIME`] (control, receiver to client; the connection then closes).
+    Granted {
+        /// The key, as text.
+        key: String,
     },
 }
 
@@ -847,11 +944,11 @@ impl<R: Read> FrameReader<io::BufReader<R>> {
     ///
     /// ```
     /// use std::io::BufReader;
-    /// use transfer::wire::{write_message, FrameReader, Message};
+    /// use transfer::wire::{write_message, FrameReader, Message, Removal};
     ///
     /// let mut bytes = Vec::new();
     /// write_message(&mut bytes, &Message::Working).unwrap();
-    /// write_message(&mut bytes, &Message::Done).unwrap();
+    /// write_message(&mut bytes, &Message::Done { removed: Removal::default() }).unwrap();
     /// let mut reader = FrameReader::new(BufReader::new(&bytes[..]), 0);
     /// reader.read_message().unwrap();
     /// assert!(reader.next_frame_buffered(), "Done arrived with Working");
@@ -1074,6 +1171,19 @@ mod tests {
                 dest: b"d/e".to_vec(),
                 sink: SinkKind::Files,
                 verify_present: true,
+                delete: Some(Filter::default().exclude("*.tmp")),
+            },
+            Message::Done {
+                removed: Removal {
+                    listed: vec![Removed {
+                        path: b"run/old".to_vec(),
+                        size: 12,
+                        dir: false,
+                    }],
+                    files: 1,
+                    dirs: 0,
+                    bytes: 12,
+                },
             },
             Message::Entries(ManifestBatch::memory(5)),
             Message::Ack {

@@ -149,6 +149,7 @@ fn a_receiver_that_requires_encryption_refuses_plain_sessions_and_streams() {
         dest: Vec::new(),
         sink: SinkKind::Discard,
         verify_present: false,
+        delete: None,
     };
     write_message(&mut control_writer, &start).unwrap();
     let batch = Message::Entries(ManifestBatch::memory(10));

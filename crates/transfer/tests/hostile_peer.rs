@@ -11,6 +11,7 @@ mod common;
 use common::raw_peer::*;
 
 use transfer::auth::SessionKey;
+use transfer::filter::Filter;
 use transfer::journal::PartPaths;
 use transfer::manifest::{DirEntry, ManifestBatch, SinkKind, Timestamp};
 use transfer::receiver::Receiver;
@@ -551,6 +552,7 @@ fn a_manifest_over_the_limit_is_refused() {
         dest: Vec::new(),
         sink: SinkKind::Files,
         verify_present: false,
+        delete: None,
     };
     write_message(&mut writer, &start).unwrap();
     write_message(&mut writer, &Message::Entries(manifest(files, vec![]))).unwrap();
@@ -568,6 +570,46 @@ fn a_manifest_over_the_limit_is_refused() {
     assert!(reader.read_message().is_err(), "the session ended");
     let (_c, _, plan) = open_session(&addr, manifest(vec![entry(b"small", 1)], vec![]));
     assert_eq!(plan, first_plan(vec![FileStatus::Missing]));
+}
+
+/// A mirroring `Start` the receiver cannot honour is refused with the reason, before anything
+/// is planned or removed: over generated data, with a filter larger than it judges by, or with
+/// a pattern that is no glob.
+#[test]
+fn a_mirroring_start_that_cannot_work_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("kept"), b"here before").unwrap();
+    let addr = start(root.path());
+    let huge = (0..10_001).fold(Filter::default(), |f, i| f.exclude(format!("f{i}")));
+    let cases = [
+        (SinkKind::Discard, Filter::default(), "needs files"),
+        (SinkKind::Files, huge, "10001 rules and paths"),
+        (
+            SinkKind::Files,
+            Filter::default().exclude("a[b"),
+            "exclude pattern",
+        ),
+    ];
+    for (sink, filter, why) in cases {
+        let ((mut reader, mut writer), _) = connect(&addr).unwrap();
+        let start = Message::Start {
+            dest: Vec::new(),
+            sink,
+            verify_present: false,
+            delete: Some(filter),
+        };
+        write_message(&mut writer, &start).unwrap();
+        writer.flush().unwrap();
+        let told = reader.read_message();
+        assert!(
+            matches!(&told, Ok(Message::Refused { reason }) if reason.contains(why)),
+            "{why}: {told:?}"
+        );
+    }
+    assert_eq!(
+        std::fs::read(root.path().join("kept")).unwrap(),
+        b"here before"
+    );
 }
 
 /// The manifest comes in batches whose files are numbered on across them; a file's state is

@@ -4,13 +4,16 @@
 use std::path::Path;
 
 use transfer::auth::KeySetting;
+use transfer::auth::SessionKey;
 use transfer::job::{SendJob, SenderSettings};
-use transfer::receiver::{Receiver, ReceiverEvent, ReceiverSettings, SessionOutcome, Tenant};
-use transfer::sender::{SendError, SendSource};
+use transfer::receiver::{
+    Access, Receiver, ReceiverEvent, ReceiverSettings, SessionOutcome, Tenant,
+};
+use transfer::sender::{grant, SendError, SendOptions, SendSource};
 use transfer::wire::Limit;
 
 mod common;
-use common::{contents, paced, run, run_past, KEY};
+use common::{contents, explain, paced, run, run_past, KEY};
 
 const CLIMATE: &str = "climate-project-key-0123456789";
 const ASTRO: &str = "astro-project-key-0123456789";
@@ -150,4 +153,59 @@ fn tenants_with_one_key_a_missing_root_or_overlapping_roots_are_refused_at_start
     settings.tenants = vec![tenant("climate", CLIMATE, &inside, 4)];
     let e = Receiver::bind(&settings).err().unwrap().to_string();
     assert!(e.contains("overlap"), "{e}");
+}
+
+/// A one-time credential (`transfer::sender::grant`) lets another host send one session, to
+/// the directory it was granted for and nowhere else under the key's root; a key that may only
+/// read cannot grant one.
+#[test]
+fn a_one_time_credential_serves_one_session_to_its_directory() {
+    let site = tempfile::tempdir().unwrap();
+    let (own, archive) = (site.path().join("own"), site.path().join("archive"));
+    std::fs::create_dir_all(&own).unwrap();
+    std::fs::create_dir_all(&archive).unwrap();
+    let src = tempfile::tempdir().unwrap();
+    let file = src.path().join("run42.bin");
+    let data = contents(9, 3 << 20);
+    std::fs::write(&file, &data).unwrap();
+    let mut settings = ReceiverSettings::new(own.clone(), KeySetting::Text(KEY.into()));
+    settings.listen = "127.0.0.1:0".into();
+    let reader = tenant("climate", CLIMATE, &archive, 4).access(Access::Read);
+    settings.tenants = vec![reader];
+    let receiver = Receiver::bind(&settings).unwrap();
+    let addr = receiver.local_addr().unwrap().to_string();
+    std::thread::spawn(move || receiver.serve(None));
+    let key = |text: &str| SessionKey::from_text(text).unwrap();
+    let options = SendOptions::default();
+    let with = |credential: &str, dest: &str| {
+        let mut job = send(&addr, credential, &file, None, dest);
+        job.key = KeySetting::Text(credential.into());
+        run(SendJob::start(job).unwrap()).1.map_err(|e| explain(&e))
+    };
+
+    let credential = grant(&addr, key(KEY), "in/run42", &options).unwrap();
+    assert_ne!(credential, KEY);
+    let elsewhere = with(&credential, "other").unwrap_err();
+    assert!(
+        elsewhere.contains("for one session to \"in/run42\""),
+        "{elsewhere}"
+    );
+    assert!(!own.join("other").exists());
+    // Used up by the session it proved, refused or not: from then on no key it serves.
+    let again = with(&credential, "in/run42").unwrap_err();
+    assert!(again.contains("does not hold this key"), "{again}");
+
+    let credential = grant(&addr, key(KEY), "in/run42", &options).unwrap();
+    with(&credential, "in/run42").unwrap();
+    assert_eq!(std::fs::read(own.join("in/run42/run42.bin")).unwrap(), data);
+    let again = with(&credential, "in/run42").unwrap_err();
+    assert!(again.contains("does not hold this key"), "{again}");
+
+    let refused = grant(&addr, key(CLIMATE), "x", &options)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("may not send files here (its access is read)"),
+        "{refused}"
+    );
 }

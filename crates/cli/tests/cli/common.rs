@@ -122,6 +122,30 @@ pub fn kill_at_first_ack(mut send: Command) {
     child.wait().unwrap();
 }
 
+/// Starts `send`, an `xfer send ... --json`, stops it with SIGTERM once a progress report
+/// shows acknowledged bytes, and asserts that it says how to resume and exits 143.
+pub fn sigterm_once_data_moves(send: &mut Command) {
+    let mut child = send
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start xfer send");
+    // Read on until it is stopped: a closed pipe would end it first.
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let moving = lines.by_ref().map_while(Result::ok).any(|line| {
+        serde_json::from_str::<serde_json::Value>(&line)
+            .is_ok_and(|l| l["type"] == "progress" && l["bytes_acked"].as_u64() > Some(0))
+    });
+    assert!(moving, "no progress came back");
+    let pid = child.id().to_string();
+    let term = Command::new("kill").args(["-TERM", &pid]).status();
+    assert!(term.unwrap().success());
+    let stopped = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&stopped.stderr);
+    assert_eq!(stopped.status.code(), Some(143), "{err}");
+    assert!(err.contains("run the same command again"), "{err}");
+}
+
 /// Waits until the receiver has logged the end of the interrupted session.
 pub fn wait_for_session_end(receiver: &Receiver) {
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -478,31 +478,10 @@ fn a_third_party_transfer_goes_directly_and_resumes_after_a_kill() {
     let crossed = peer.sender_link_bytes();
 
     // Stopped by SIGTERM once data moves (the limit keeps it running for seconds).
-    let mut first = peer
-        .send(
-            &[&source, &dest, "--rate-limit", "30Mbit", "--json"],
-            env!("CARGO_BIN_EXE_xfer"),
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(first.stdout.take().unwrap()).lines();
-    let moving = lines.by_ref().map_while(Result::ok).any(|line| {
-        serde_json::from_str::<serde_json::Value>(&line)
-            .is_ok_and(|l| l["type"] == "progress" && l["bytes_acked"].as_u64() > Some(0))
-    });
-    assert!(moving, "no progress came back from the sender");
-    let pid = first.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let stopped = first.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&stopped.stderr);
-    assert_eq!(stopped.status.code(), Some(143), "{err}");
-    assert!(err.contains("run the same command again"), "{err}");
+    sigterm_once_data_moves(&mut peer.send(
+        &[&source, &dest, "--rate-limit", "30Mbit", "--json"],
+        env!("CARGO_BIN_EXE_xfer"),
+    ));
     peer.assert_remote_side_ends("a stopped third-party transfer", Duration::from_secs(10));
 
     let second = summary(&ok(peer.run(&[&source, &dest, "--json"])));

@@ -9,7 +9,7 @@
 //! Entries (batch) ──▶ Plan of the batch, or Refused (fails the session); none after `last`
 //! Seal (file)     ──▶ Finalized, with the reason if it could not be placed
 //! QuicRequest     ──▶ QuicOffer (the certificate's hash), or Refused (fails the session)
-//! Finish          ──▶ Done (the session completed), or Error
+//! Finish          ──▶ Done (the session completed, with what it removed), or Error
 //! anything else, or a damaged frame ──▶ Error, and the session fails
 //! ```
 
@@ -17,7 +17,7 @@ use super::destination::DestinationError;
 use super::events::SessionOutcome;
 use crate::auth;
 use crate::manifest::ManifestBatch;
-use crate::wire::{FileStatus, Message, WireError};
+use crate::wire::{FileStatus, Message, Removal, WireError};
 
 /// What a session's control messages act on: the files of its destination, and its QUIC
 /// endpoint. The receiver's is the session's [`super::destination::Destination`], each long
@@ -32,8 +32,9 @@ pub(crate) trait SessionFiles {
     /// Places `file` under its final name once every byte of it is verified (and its BLAKE3
     /// matches, when given).
     fn seal(&mut self, file: u32, blake3: Option<[u8; 32]>) -> Result<(), DestinationError>;
-    /// Checks that every file announced was sealed.
-    fn finish(&mut self) -> Result<(), DestinationError>;
+    /// Checks that every file announced was sealed and, for a mirroring session, removes what
+    /// the manifest does not hold (a dry run: finds what it would remove).
+    fn finish(&mut self) -> Result<Removal, DestinationError>;
     /// Makes the session's QUIC certificate and returns its hash, or why QUIC cannot be had.
     fn offer_quic(&mut self) -> Result<[u8; 32], String>;
 }
@@ -157,7 +158,7 @@ impl ControlSession {
                 ),
             },
             Message::Finish => match files.finish() {
-                Ok(()) => Step::reply_and_end(Message::Done, Ok(())),
+                Ok(removed) => Step::reply_and_end(Message::Done { removed }, Ok(())),
                 Err(e) => Step::fail(e.to_string()),
             },
             other => Step::fail(format!(
@@ -185,7 +186,7 @@ pub(crate) mod memory {
 
     use super::{DestinationError, SessionFiles};
     use crate::manifest::ManifestBatch;
-    use crate::wire::FileStatus;
+    use crate::wire::{FileStatus, Removal};
 
     /// One file announced: its path, size and the bytes held.
     #[derive(Debug)]
@@ -312,10 +313,10 @@ pub(crate) mod memory {
             Ok(())
         }
 
-        fn finish(&mut self) -> Result<(), DestinationError> {
+        fn finish(&mut self) -> Result<Removal, DestinationError> {
             let open = self.files.len() - self.sealed.len() - self.complete.len();
             match open {
-                0 => Ok(()),
+                0 => Ok(Removal::default()),
                 n => Err(DestinationError::Protocol(format!("{n} files not sealed"))),
             }
         }
@@ -391,7 +392,15 @@ mod tests {
             assert_eq!(step, Step::reply(Message::Finalized { file, error: None }));
         }
         let done = control.handle(Message::Finish, &mut files);
-        assert_eq!(done, Step::reply_and_end(Message::Done, Ok(())));
+        assert_eq!(
+            done,
+            Step::reply_and_end(
+                Message::Done {
+                    removed: Removal::default()
+                },
+                Ok(())
+            )
+        );
         let announced = control.announced();
         assert_eq!(
             (announced.files, announced.bytes, announced.placed),

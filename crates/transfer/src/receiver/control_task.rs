@@ -19,6 +19,7 @@ use tokio::time::{interval, Interval, MissedTickBehavior};
 
 use super::control::{ControlSession, SessionFiles, Step};
 use super::destination::{Destination, DestinationError, Placement};
+use super::grants;
 use super::{offer_quic, ReceiverEvent, Session, SessionOutcome, SessionReport, Shared, LINGER};
 use crate::auth;
 use crate::idle::Activity;
@@ -28,7 +29,7 @@ use crate::session_id::SessionId;
 use crate::sync::unpoisoned;
 use crate::task_io::TaskConn;
 use crate::telemetry;
-use crate::wire::{self, FileStatus, Message, WireError, HEARTBEAT};
+use crate::wire::{self, FileStatus, Message, Removal, WireError, HEARTBEAT};
 
 /// The receiver's places taken by a session (of all sessions, and of its key's), given back
 /// when it drops.
@@ -81,6 +82,11 @@ pub(super) struct Welcomed {
     /// Another handle to the connection, to close it from elsewhere.
     pub(super) connection: Option<Connection>,
     pub(super) places: SessionPlaces,
+    /// The key it proved (a served key, or a one-time credential), which its session's key
+    /// is derived from.
+    pub(super) key: auth::SessionKey,
+    /// Proven with a one-time credential: the one directory its session may write to.
+    pub(super) granted: Option<Vec<u8>>,
 }
 
 /// Serves a control connection `conn` from its `Welcome` until the session ends, and closes it.
@@ -96,7 +102,7 @@ pub(super) async fn serve(welcomed: Welcomed, mut conn: TaskConn) {
 
 /// The connection's heartbeat: `Working` every [`HEARTBEAT`] from `Welcome` on, which tells
 /// the sender that the receiver is still there, and busy for the session when it is.
-fn heartbeat() -> Interval {
+pub(super) fn heartbeat() -> Interval {
     let mut beat = interval(HEARTBEAT);
     beat.set_missed_tick_behavior(MissedTickBehavior::Delay);
     beat.reset();
@@ -114,14 +120,14 @@ async fn next_message(conn: &mut TaskConn, beats: &mut Interval) -> Result<Messa
 }
 
 /// Writes `message` and sends it with whatever was held back.
-async fn reply(conn: &mut TaskConn, message: &Message) -> Result<(), WireError> {
+pub(super) async fn reply(conn: &mut TaskConn, message: &Message) -> Result<(), WireError> {
     wire::write_message(&mut conn.replies, message)?;
     conn.flush().await?;
     Ok(())
 }
 
 /// Tells `peer` why its session is refused, and logs, counts and publishes it.
-async fn refuse(shared: &Shared, conn: &mut TaskConn, peer: SocketAddr, reason: String) {
+pub(super) async fn refuse(shared: &Shared, conn: &mut TaskConn, peer: SocketAddr, reason: String) {
     super::refuse(shared, &mut conn.replies, peer, reason);
     let _ = conn.flush().await;
 }
@@ -138,15 +144,53 @@ async fn serve_session(shared: &Arc<Shared>, conn: &mut TaskConn, welcomed: Welc
         sealed,
         connection,
         places,
+        key,
+        granted,
     } = welcomed;
     let name = SessionId(id).short();
     let mut beats = heartbeat();
-    let (dest, sink, verify_present) = match next_message(conn, &mut beats).await {
+    let writes = shared.served[places.tenant].access.writes();
+    let (dest, sink, verify_present, delete) = match next_message(conn, &mut beats).await {
+        Ok(Message::Start { dest, .. })
+            if granted
+                .as_ref()
+                .is_some_and(|g| grants::directory(&dest).as_ref() != Ok(g)) =>
+        {
+            let granted = String::from_utf8_lossy(granted.as_deref().unwrap_or_default());
+            let reason = format!(
+                "this one-time credential is for one session to {granted:?}, not to {:?}",
+                String::from_utf8_lossy(&dest)
+            );
+            return refuse(shared, conn, peer, reason).await;
+        }
+        Ok(ref message @ (Message::Fetch { .. } | Message::Grant { .. })) if granted.is_some() => {
+            let reason = format!(
+                "a one-time credential sends one session of files here, not a {}",
+                auth::name(message)
+            );
+            return refuse(shared, conn, peer, reason).await;
+        }
+        Ok(Message::Grant { dest }) if writes => {
+            return grant(shared, conn, peer, places.tenant, dest).await
+        }
+        Ok(Message::Start { .. } | Message::Grant { .. }) if !writes => {
+            let served = &shared.served[places.tenant];
+            let reason = format!(
+                "{} may not send files here (its access is {}): it can only fetch them",
+                served.shown(),
+                served.access
+            );
+            return refuse(shared, conn, peer, reason).await;
+        }
+        Ok(Message::Fetch { request }) => {
+            return super::fetch_task::serve(shared, conn, peer, places.tenant, request).await
+        }
         Ok(Message::Start {
             dest,
             sink,
             verify_present,
-        }) => (dest, sink, verify_present),
+            delete,
+        }) => (dest, sink, verify_present, delete),
         Ok(other) => {
             let reason = format!("expected Start, got {}", auth::name(&other));
             return refuse(shared, conn, peer, reason).await;
@@ -165,6 +209,7 @@ async fn serve_session(shared: &Arc<Shared>, conn: &mut TaskConn, welcomed: Welc
         budget: &shared.unsealed,
         direct_io: options.direct_io,
         verify_present,
+        delete: delete.as_ref(),
     };
     let dest = match tokio::task::block_in_place(|| Destination::open(placement, sink)) {
         Ok(dest) => dest,
@@ -181,7 +226,7 @@ async fn serve_session(shared: &Arc<Shared>, conn: &mut TaskConn, welcomed: Welc
     let open = telemetry::Open::receiver_session();
     let session = Arc::new(Session {
         id,
-        key: served.key.for_session(&agreed, &id),
+        key: key.for_session(&agreed, &id),
         limits: served.limits,
         name,
         encrypted,
@@ -240,6 +285,29 @@ async fn serve_session(shared: &Arc<Shared>, conn: &mut TaskConn, welcomed: Welc
         ),
     }
     shared.events.publish(ReceiverEvent::SessionEnded(report));
+}
+
+/// Grants a one-time credential for one session of `tenant`'s to `dest`
+/// ([`super::grants`]), and tells the client.
+async fn grant(
+    shared: &Shared,
+    conn: &mut TaskConn,
+    peer: SocketAddr,
+    tenant: usize,
+    dest: Vec<u8>,
+) {
+    let dest = match grants::directory(&dest) {
+        Ok(dest) => dest,
+        Err(reason) => return refuse(shared, conn, peer, reason).await,
+    };
+    let shown = String::from_utf8_lossy(&dest).into_owned();
+    match shared.grants.grant(tenant, dest, Instant::now()) {
+        Ok(key) => {
+            tracing::info!(%peer, tenant = shared.served[tenant].name, dest = shown, "one-time credential granted");
+            let _ = reply(conn, &Message::Granted { key }).await;
+        }
+        Err(reason) => refuse(shared, conn, peer, reason).await,
+    }
 }
 
 /// Reads the control connection's messages and writes their replies as `control` says, until
@@ -340,7 +408,7 @@ impl SessionFiles for LiveFiles {
         self.session.dest.seal(file, blake3)
     }
 
-    fn finish(&mut self) -> Result<(), DestinationError> {
+    fn finish(&mut self) -> Result<Removal, DestinationError> {
         let _busy = self.session.activity.busy();
         self.session.dest.finish()
     }
@@ -374,7 +442,7 @@ pub(crate) fn control_for_fuzzing(
         fn seal(&mut self, file: u32, blake3: Option<[u8; 32]>) -> Result<(), DestinationError> {
             self.0.seal(file, blake3)
         }
-        fn finish(&mut self) -> Result<(), DestinationError> {
+        fn finish(&mut self) -> Result<Removal, DestinationError> {
             self.0.finish()
         }
         fn offer_quic(&mut self) -> Result<[u8; 32], String> {
@@ -394,6 +462,7 @@ pub(crate) fn control_for_fuzzing(
         direct_io: false,
         // A fresh root holds no file to verify.
         verify_present: false,
+        delete: None,
     };
     let mut files = match Destination::open(placement, crate::manifest::SinkKind::Files) {
         Ok(destination) => Unattended(destination),

@@ -11,9 +11,10 @@ use rangemap::RangeSet;
 
 use super::announced::{Announced, Budget};
 use super::file_tree::{FileTree, MappedChunk};
+use crate::filter::Filter;
 use crate::manifest::{ManifestBatch, SinkKind, MAX_FILE_SIZE};
 use crate::sync::unpoisoned;
-use crate::wire::FileStatus;
+use crate::wire::{FileStatus, Removal};
 
 /// A failure of the destination.
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +108,13 @@ impl ActivePaths {
         unpoisoned(self.paths.lock()).get(rel) == Some(&owner)
     }
 
+    /// Whether a session other than `owner` holds `rel`.
+    pub(super) fn held_by_another(&self, rel: &Path, owner: [u8; 16]) -> bool {
+        unpoisoned(self.paths.lock())
+            .get(rel)
+            .is_some_and(|holder| *holder != owner)
+    }
+
     /// Gives up paths a session claimed.
     pub fn release<'a>(&self, rels: impl IntoIterator<Item = &'a PathBuf>) {
         let mut paths = unpoisoned(self.paths.lock());
@@ -147,12 +155,21 @@ pub struct Placement<'a> {
     /// Files already in place are kept to be sealed with the sender's hash, which their
     /// content must match ([`crate::wire::Message::Start`]).
     pub verify_present: bool,
+    /// Mirror: what the session removes once it is complete ([`crate::wire::Message::Start`]).
+    pub delete: Option<&'a Filter>,
 }
 
 impl Destination {
     /// Opens the destination (creating its directory when files are to land there).
     pub fn open(placement: Placement<'_>, sink: SinkKind) -> Result<Destination, DestinationError> {
         Ok(match sink {
+            SinkKind::Discard if placement.delete.is_some() => {
+                return Err(DestinationError::Refused(
+                    "removing what the sources do not hold (--delete) needs files: generated \
+                     data has none"
+                        .into(),
+                ))
+            }
             SinkKind::Discard => Destination::Discard(DiscardSink {
                 received: Announced::new(placement.max_unsealed, placement.budget.clone()),
             }),
@@ -229,11 +246,12 @@ impl Destination {
         }
     }
 
-    /// Ends a successful session: directory metadata, then flush everything to stable storage.
-    pub fn finish(&self) -> Result<(), DestinationError> {
+    /// Ends a successful session: for a mirroring one, what the sources do not hold removed;
+    /// directory metadata; then everything flushed to stable storage. Returns what was removed.
+    pub fn finish(&self) -> Result<Removal, DestinationError> {
         match self {
             Destination::Files(t) => t.finish(),
-            Destination::Discard(_) => Ok(()),
+            Destination::Discard(_) => Ok(Removal::default()),
         }
     }
 }

@@ -23,13 +23,14 @@ use super::announced::Announced;
 use super::destination::{
     chunk_end, require_complete, ActivePaths, DestinationError, Placement, CLAIM_WAIT,
 };
+use super::mirror::Mirror;
 use crate::direct_io;
 use crate::journal::{Journal, PartPaths, SourceIdentity};
 use crate::manifest::{split_relative, DirEntry, FileEntry, ManifestBatch, PathError, Timestamp};
 use crate::seal::ChunkCheck;
 use crate::sync::unpoisoned;
 use crate::sys::mapped::{self, Detachable, Truncated, WriteWindow, MAPPED_MIN};
-use crate::wire::FileStatus;
+use crate::wire::{FileStatus, Removal};
 
 /// Files smaller than this that arrive in one chunk get no journal: an interruption before
 /// their seal costs sending them again, at most this much each, and saves a journal's create,
@@ -141,6 +142,8 @@ pub struct FileTree {
     preview: bool,
     /// Files a dry run planned so far (the number of the next batch's first).
     previewed: Mutex<u32>,
+    /// A mirroring session's manifest and filter: what it removes at the end.
+    mirror: Option<Mirror>,
 }
 
 impl Drop for FileTree {
@@ -180,6 +183,7 @@ impl FileTree {
             .collect();
         let root = Dir::open_ambient_dir(placement.root, cap_std::ambient_authority())
             .map_err(io_at(Path::new(".")))?;
+        let mirror = placement.delete.map(Mirror::new).transpose()?;
         let mut checker = DirChecker::default();
         if preview {
             checker.look(&root, &dest)?;
@@ -198,6 +202,7 @@ impl FileTree {
             verify_present: placement.verify_present,
             preview,
             previewed: Mutex::new(0),
+            mirror,
         })
     }
 
@@ -226,6 +231,12 @@ impl FileTree {
             rels.push(rel);
         }
         self.check_kinds(batch, &rels)?;
+        if let Some(mirror) = &self.mirror {
+            let dirs: Vec<PathBuf> = (batch.dirs.iter())
+                .map(|d| under(&self.dest, &d.path))
+                .collect::<Result<_, _>>()?;
+            mirror.keep(&self.dest, &dirs, &rels);
+        }
         if self.preview {
             return self.preview_batch(batch, &rels);
         }
@@ -544,15 +555,27 @@ impl FileTree {
         Ok(())
     }
 
-    /// Sets directory modes and mtimes (deepest first, after their contents arrived) and flushes
-    /// the filesystem.
-    pub(super) fn finish(&self) -> Result<(), DestinationError> {
+    /// Removes what a mirroring session's manifest does not hold ([`Mirror`]), sets directory
+    /// modes and mtimes (deepest first, after their contents arrived and the removals, which
+    /// change them) and flushes the filesystem. A dry run only finds what it would remove.
+    pub(super) fn finish(&self) -> Result<Removal, DestinationError> {
+        let removed = match &self.mirror {
+            Some(mirror) => {
+                mirror.sweep(&self.dest, &self.active, self.owner, self.preview, |top| {
+                    self.checker
+                        .lock()
+                        .expect("directory checker lock")
+                        .look(&self.root, top)
+                })?
+            }
+            None => Removal::default(),
+        };
         if self.preview {
-            return Ok(());
+            return Ok(removed);
         }
         for (rel, dir) in self.dirs.lock().expect("directories lock").iter().rev() {
             let io = io_at(rel);
-            let handle = open_dir_for_metadata(&self.root, rel).map_err(&io)?;
+            let handle = open_dir_read_only(&self.root, rel).map_err(&io)?;
             handle
                 .set_permissions(std::fs::Permissions::from_mode(dir.mode & 0o777))
                 .map_err(&io)?;
@@ -561,14 +584,16 @@ impl FileTree {
                 .map_err(&io)?;
         }
         let io = io_at(Path::new("."));
-        let root = open_dir_for_metadata(&self.root, Path::new(".")).map_err(&io)?;
-        rustix::fs::syncfs(&root).map_err(|e| io(e.into()))
+        let root = open_dir_read_only(&self.root, Path::new(".")).map_err(&io)?;
+        rustix::fs::syncfs(&root).map_err(|e| io(e.into()))?;
+        Ok(removed)
     }
 }
 
-/// A directory opened read-only beneath `root`. Directory handles are path-only descriptors,
-/// which can neither change modes and times nor sync a filesystem.
-fn open_dir_for_metadata(root: &Dir, rel: &Path) -> std::io::Result<File> {
+/// A directory opened read-only beneath `root`, never through a link at its end. Directory
+/// handles are path-only descriptors, which can neither change modes and times nor sync a
+/// filesystem.
+pub(super) fn open_dir_read_only(root: &Dir, rel: &Path) -> std::io::Result<File> {
     let mut options = OpenOptions::new();
     options
         .read(true)
@@ -1126,6 +1151,7 @@ mod tests {
                 budget: &Budget::new(1),
                 direct_io: false,
                 verify_present,
+                delete: None,
             },
             false,
         )
@@ -1261,6 +1287,7 @@ mod tests {
             budget: &Budget::new(1),
             direct_io: false,
             verify_present: false,
+            delete: None,
         };
         let tree = FileTree::open(placement, true).unwrap();
         let plan = tree.add_batch(&batch).unwrap();

@@ -17,7 +17,7 @@ use super::{
     admit_stream, find_session, key_for, refuse, refused, stream_task, Admitted, Proves, Shared,
     LINGER,
 };
-use crate::auth::{self, Challenged, ChannelBinding, HANDSHAKE_MESSAGE_LIMIT};
+use crate::auth::{self, Challenged, ChannelBinding, SessionKey, HANDSHAKE_MESSAGE_LIMIT};
 use crate::link::Connection;
 use crate::session_id::SessionId;
 use crate::task_io::TaskConn;
@@ -111,7 +111,24 @@ pub(super) async fn serve(
         }
     };
     match proven.proves {
-        Proves::Control { tenant } => control(&shared, peer, tenant, proven).await,
+        Proves::Control { tenant } => {
+            let key = shared.served[tenant].key.clone();
+            control(&shared, peer, tenant, (key, None), proven).await
+        }
+        Proves::Granted { credential } => {
+            match shared.grants.take(&credential, std::time::Instant::now()) {
+                Some(granted) => {
+                    let proved = (granted.key, Some(granted.dest));
+                    control(&shared, peer, granted.tenant, proved, proven).await
+                }
+                None => {
+                    let mut conn = proven.opened.conn;
+                    let reason = "the one-time credential was used already, or expired".into();
+                    refuse(&shared, &mut conn.replies, peer, reason);
+                    conn.close(false, LINGER).await;
+                }
+            }
+        }
         Proves::Data { session } => data(&shared, peer, session, proven.opened).await,
     }
 }
@@ -171,10 +188,18 @@ async fn send(conn: &mut TaskConn, message: &Message) -> Result<(), auth::AuthEr
     Ok(())
 }
 
-/// A control connection past its key handshake, proving the key `tenant` serves: refused when
-/// the receiver is stopping or its sessions (or its key's) are full, else welcomed and served
-/// to the session's end ([`control_task`]).
-async fn control(shared: &Arc<Shared>, peer: SocketAddr, tenant: usize, proven: Proven) {
+/// A control connection past its key handshake, proving `proved`: the key `tenant` serves, or
+/// a one-time credential it granted for one session to a directory. Refused when the receiver
+/// is stopping or its sessions (or its key's) are full, else welcomed and served to the
+/// session's end ([`control_task`]).
+async fn control(
+    shared: &Arc<Shared>,
+    peer: SocketAddr,
+    tenant: usize,
+    proved: (SessionKey, Option<Vec<u8>>),
+    proven: Proven,
+) {
+    let (key, granted) = proved;
     let Proven {
         opened,
         asked,
@@ -215,6 +240,8 @@ async fn control(shared: &Arc<Shared>, peer: SocketAddr, tenant: usize, proven: 
         sealed: asked.sealed,
         connection: Some(opened.connection),
         places,
+        key,
+        granted,
     };
     control_task::serve(welcomed, conn).await;
 }

@@ -9,9 +9,12 @@ mod control_task;
 mod data;
 mod destination;
 mod events;
+mod fetch_task;
 mod file_tree;
+mod grants;
 mod handshake;
 mod lingering;
+mod mirror;
 mod options;
 mod quic_task;
 mod refusal_log;
@@ -37,6 +40,7 @@ pub use destination::check_root_writable;
 use destination::{ActivePaths, Destination};
 use events::Publisher;
 pub use events::{ReceiverEvent, ReceiverEvents, SessionOutcome, SessionReport};
+use grants::Grants;
 use lingering::{Lingering, LINGER};
 pub use options::{
     ReceiverOptions, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CHUNK,
@@ -49,9 +53,9 @@ pub use shutdown::Stopper;
 use shutdown::{Stage, StopState, STOPPING};
 use stream_task::OpenStream;
 use tenant::Served;
-pub use tenant::Tenant;
+pub use tenant::{Access, Tenant};
 
-use crate::auth::{self, SessionKey};
+use crate::auth::{self, KeyId, SessionKey};
 use crate::idle::Activity;
 use crate::link::Connection;
 use crate::quic::QuicServer;
@@ -176,6 +180,8 @@ struct Shared {
     /// The QUIC endpoint, when serving QUIC.
     quic: Option<QuicServer>,
     sessions: Mutex<HashMap<[u8; 16], Arc<Session>>>,
+    /// One-time credentials waiting for their sessions (third-party transfers).
+    grants: Grants,
     /// Control connections past authentication (a session's slot is taken before its manifest
     /// is read, so concurrent sessions never exceed the limit).
     sessions_open: AtomicUsize,
@@ -308,6 +314,7 @@ impl Receiver {
                 tls,
                 quic,
                 sessions: Mutex::new(HashMap::new()),
+                grants: Grants::default(),
                 sessions_open: AtomicUsize::new(0),
                 admission,
                 refusals: RefusalLog::default(),
@@ -568,10 +575,11 @@ fn refuse_at_accept(shared: &Shared, stream: TcpStream, peer: SocketAddr, limit:
 }
 
 /// What a connection proves in its key handshake: that it is a session's control connection,
-/// holding the receiver's own key or a tenant's ([`Shared::served`]), or a data stream of a
-/// running session.
+/// holding the receiver's own key or a tenant's ([`Shared::served`]) or a one-time credential
+/// one of them granted ([`Shared::grants`]), or a data stream of a running session.
 enum Proves {
     Control { tenant: usize },
+    Granted { credential: KeyId },
     Data { session: [u8; 16] },
 }
 
@@ -596,17 +604,21 @@ fn key_for(
                 .into(),
         ),
         Role::Control => {
+            if let Some(tenant) = shared.served.iter().position(|s| s.id == asked.key) {
+                let key = shared.served[tenant].key.clone();
+                return Ok((key, Proves::Control { tenant }));
+            }
+            if let Some(key) = shared.grants.key(&asked.key, Instant::now()) {
+                return Ok((
+                    key,
+                    Proves::Granted {
+                        credential: asked.key,
+                    },
+                ));
+            }
             // A key nobody here holds is answered with the receiver's own: the sender finds
             // the proof wrong and says so, and nobody learns which keys are served.
-            let tenant = shared
-                .served
-                .iter()
-                .position(|s| s.id == asked.key)
-                .unwrap_or(0);
-            Ok((
-                shared.served[tenant].key.clone(),
-                Proves::Control { tenant },
-            ))
+            Ok((shared.served[0].key.clone(), Proves::Control { tenant: 0 }))
         }
         Role::Data { session } => {
             let session = find_session(shared, session).ok_or("unknown or finished session")?;

@@ -110,6 +110,10 @@ pub struct ReceiverOptions {
     /// receiver is not itself busy for it) before it is closed.
     #[serde(with = "crate::duration")]
     pub idle_timeout: Duration,
+    /// A fetch may name another receiver to send to (a third-party transfer, with a one-time
+    /// credential that receiver granted); off, a fetch's files go only to the host that
+    /// asked, so that nobody can make this host connect elsewhere.
+    pub third_party: bool,
 }
 
 impl Default for ReceiverOptions {
@@ -131,11 +135,18 @@ impl Default for ReceiverOptions {
             max_handshakes_per_source: DEFAULT_MAX_HANDSHAKES_PER_SOURCE,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            third_party: false,
         }
     }
 }
 
 impl ReceiverOptions {
+    /// Sets [`ReceiverOptions::third_party`].
+    pub fn third_party(mut self, allow: bool) -> Self {
+        self.third_party = allow;
+        self
+    }
+
     /// Sets [`ReceiverOptions::transport`].
     pub fn transport(mut self, transport: Transport) -> Self {
         self.transport = transport;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ReceiverOptions, Tenant};
+use super::{Access, ReceiverOptions, Tenant};
 use crate::auth::KeySetting;
 
 /// Everything a receiver needs; only `root` and `key` must be given, every other field has the
@@ -50,6 +50,10 @@ pub struct ReceiverSettings {
     pub root: PathBuf,
     /// The key senders must prove they hold.
     pub key: KeySetting,
+    /// What holders of `key` may do under `root`: send files there (the default), fetch
+    /// files from it, or both.
+    #[serde(default)]
+    pub access: Access,
     /// Keys of their own, each with its own root and limits (`[[tenants]]` tables), served
     /// beside `key` and `root` on the same port.
     #[serde(default)]
@@ -90,6 +94,7 @@ impl ReceiverSettings {
             listen: default_listen(),
             root,
             key: key.into(),
+            access: Access::default(),
             tenants: Vec::new(),
             shutdown_grace: default_shutdown_grace(),
             options: ReceiverOptions::default(),

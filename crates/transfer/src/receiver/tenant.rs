@@ -1,9 +1,10 @@
-//! Tenants: keys of their own, each with its own root and limits, on one receiver. A site runs
-//! one daemon on one port for several projects; a sender proves one key, and its session can
-//! only write below that key's root, within that key's limits.
+//! Tenants: keys of their own, each with its own root, access and limits, on one receiver. A
+//! site runs one daemon on one port for several projects; a client proves one key, and its
+//! session can only write below that key's root (or read from it, as the key's [`Access`]
+//! allows), within that key's limits.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
@@ -51,8 +52,13 @@ pub struct Tenant {
     pub name: String,
     /// The key its senders prove.
     pub key: KeySetting,
-    /// Everything its sessions receive lands under this directory.
+    /// Everything its sessions receive lands under this directory, and what they fetch comes
+    /// from it.
     pub root: PathBuf,
+    /// What its key may do under `root`; in a configuration file `"write"` (the default),
+    /// `"read"` or `"read-write"`.
+    #[serde(default)]
+    pub access: Access,
     /// Most of its sessions served at once (the receiver's `max_sessions` bounds them all).
     #[serde(default = "default_max_sessions")]
     pub max_sessions: usize,
@@ -87,9 +93,16 @@ impl Tenant {
             name: name.into(),
             key: key.into(),
             root,
+            access: Access::default(),
             max_sessions: DEFAULT_MAX_SESSIONS,
             max_streams: DEFAULT_MAX_STREAMS,
         }
+    }
+
+    /// Sets [`Tenant::access`].
+    pub fn access(mut self, access: Access) -> Tenant {
+        self.access = access;
+        self
     }
 
     /// Sets [`Tenant::max_sessions`].
@@ -105,6 +118,51 @@ impl Tenant {
     }
 }
 
+/// What a key may do under its root: send files there, fetch files from it, or both.
+///
+/// ```
+/// use transfer::receiver::Access;
+///
+/// let read: Access = serde_json::from_str(r#""read-write""#)?;
+/// assert!(read.reads() && read.writes());
+/// assert!(!Access::default().reads(), "by default a key only sends files to the receiver");
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Access {
+    /// Its holders send files to the receiver, and cannot list or fetch any.
+    #[default]
+    Write,
+    /// Its holders fetch files from under the root, and cannot write any.
+    Read,
+    /// Both.
+    ReadWrite,
+}
+
+impl Access {
+    /// Whether its holders may fetch files.
+    pub fn reads(self) -> bool {
+        matches!(self, Access::Read | Access::ReadWrite)
+    }
+
+    /// Whether its holders may send files.
+    pub fn writes(self) -> bool {
+        matches!(self, Access::Write | Access::ReadWrite)
+    }
+}
+
+impl std::fmt::Display for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Access::Write => "write",
+            Access::Read => "read",
+            Access::ReadWrite => "read-write",
+        })
+    }
+}
+
 /// A key the receiver serves, as it serves it: the receiver's own (no name) or a tenant's.
 pub(super) struct Served {
     /// The tenant's name; `None` for the receiver's own key and root.
@@ -114,6 +172,7 @@ pub(super) struct Served {
     pub(super) id: KeyId,
     /// Canonical.
     pub(super) root: PathBuf,
+    pub(super) access: Access,
     pub(super) max_sessions: usize,
     /// What its sessions are told and held to.
     pub(super) limits: SessionLimits,
@@ -125,11 +184,27 @@ pub(super) struct Served {
 
 impl Served {
     /// How messages name it.
-    fn shown(&self) -> String {
+    pub(super) fn shown(&self) -> String {
         match &self.name {
             Some(name) => format!("tenant {name}"),
             None => "the receiver's own key".into(),
         }
+    }
+}
+
+/// A key's root, canonical: a directory, which the receiver must be able to write in if the
+/// key may send files there.
+fn checked_root(root: &Path, access: Access, direct_io: bool) -> std::io::Result<PathBuf> {
+    if access.writes() {
+        return check_root_writable(root, direct_io);
+    }
+    let root = std::fs::canonicalize(root)?;
+    match root.is_dir() {
+        true => Ok(root),
+        false => Err(std::io::Error::new(
+            std::io::ErrorKind::NotADirectory,
+            "not a directory",
+        )),
     }
 }
 
@@ -141,17 +216,19 @@ pub(super) fn served(settings: &ReceiverSettings) -> Result<Vec<Served>, Receive
         .key
         .key()
         .map_err(|e| ReceiverError::Settings(e.to_string()))?;
-    let root = check_root_writable(&settings.root, options.direct_io).map_err(|error| {
-        ReceiverError::Root {
-            path: settings.root.display().to_string(),
-            error,
-        }
-    })?;
+    let root =
+        checked_root(&settings.root, settings.access, options.direct_io).map_err(|error| {
+            ReceiverError::Root {
+                path: settings.root.display().to_string(),
+                error,
+            }
+        })?;
     let own = Served {
         name: None,
         id: key.id(),
         key,
         root,
+        access: settings.access,
         max_sessions: options.max_sessions,
         limits: options.announced_limits(options.max_streams)?,
         sessions_open: AtomicUsize::new(0),
@@ -177,17 +254,19 @@ pub(super) fn served(settings: &ReceiverSettings) -> Result<Vec<Served>, Receive
                 tenant.name
             )));
         }
-        let root = check_root_writable(&tenant.root, options.direct_io).map_err(|error| {
-            ReceiverError::Root {
-                path: tenant.root.display().to_string(),
-                error,
-            }
-        })?;
+        let root =
+            checked_root(&tenant.root, tenant.access, options.direct_io).map_err(|error| {
+                ReceiverError::Root {
+                    path: tenant.root.display().to_string(),
+                    error,
+                }
+            })?;
         all.push(Served {
             name: Some(tenant.name.clone()),
             key,
             id,
             root,
+            access: tenant.access,
             max_sessions: tenant.max_sessions,
             limits: options.announced_limits(tenant.max_streams)?,
             sessions_open: AtomicUsize::new(0),

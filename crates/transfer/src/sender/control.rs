@@ -58,7 +58,7 @@ pub(super) fn run_reader(
             Ok(m) => m,
             Err(e) => return shared.fail(shared.config.reading(e)),
         };
-        let done = message == Message::Done;
+        let done = matches!(message, Message::Done { .. });
         if let Err(e) = planner
             .handle(message, shared)
             .and_then(|actions| shared.act(actions))

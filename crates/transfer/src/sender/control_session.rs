@@ -9,7 +9,7 @@
 //!                            last, Settle the complete files (Seal them, to be verified,
 //!                            with verify_present), Seal those with nothing to send
 //! Finalized (file)       ──▶ Settle it; Finish once the whole manifest is finalised
-//! Done                   ──▶ Complete (only after Finish was asked for)
+//! Done                   ──▶ Complete, with what was removed (only after Finish was asked for)
 //! Working                ──▶ nothing (the receiver is busy with a long step)
 //! ```
 
@@ -18,7 +18,7 @@ use std::ops::Range;
 
 use super::SendError;
 use crate::auth;
-use crate::wire::{FileStatus, Message};
+use crate::wire::{FileStatus, Message, Removal};
 
 /// What the rules need to know of the manifest the sender announced so far.
 pub(crate) trait Announced {
@@ -50,8 +50,9 @@ pub(crate) enum Action {
     Seal(u32),
     /// Every file is finalised: ask the receiver to finish.
     Finish,
-    /// The receiver finished: the transfer is complete.
-    Complete,
+    /// The receiver finished: the transfer is complete, and this is what a mirroring session
+    /// removed.
+    Complete(Removal),
 }
 
 /// The sender's account of the receiver's plans and seals (kept by whoever reads the control
@@ -113,8 +114,8 @@ impl Planner {
                 file: Some(files.shown(file)),
                 reason,
             }),
-            Message::Done if self.finishing => Ok(vec![Action::Complete]),
-            Message::Done => Err(SendError::Protocol(
+            Message::Done { removed } if self.finishing => Ok(vec![Action::Complete(removed)]),
+            Message::Done { .. } => Err(SendError::Protocol(
                 "the receiver said done before the sender finished".into(),
             )),
             Message::Error { message } | Message::Refused { reason: message } => {

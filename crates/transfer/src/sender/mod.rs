@@ -18,6 +18,7 @@
 pub(crate) mod answers;
 mod control;
 pub(crate) mod control_session;
+mod fetch;
 mod hand_out;
 mod join;
 mod manifest_stream;
@@ -54,8 +55,9 @@ use crate::session_id::SessionId;
 use crate::tcp_info::{self, TcpInfo};
 use crate::telemetry;
 use crate::transport::{self, Transport};
-use crate::wire::{self, FrameReader, Limit, Message, Role, WireError};
+use crate::wire::{self, FrameReader, Limit, Message, Removal, Role, WireError};
 use control_session::{Action, Announced, Planner};
+pub use fetch::{fetch, grant, FetchCanceller, FetchReport, FetchRequest, Fetching};
 use hand_out::HandOut;
 pub use meter::PathStats;
 pub use optimize::MiRecord;
@@ -447,7 +449,7 @@ fn is_timeout(e: &std::io::Error) -> bool {
 /// };
 /// assert_eq!(eta(&p), Some(30.0));
 /// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Progress {
     /// Time since the transfer started.
     pub elapsed: Duration,
@@ -489,7 +491,7 @@ pub struct Progress {
 /// transfer.wait()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamSample {
     /// Stream number within the transfer (1, 2, ...).
     pub stream: u64,
@@ -521,7 +523,7 @@ pub struct StreamSample {
 /// assert_eq!(summary.streams_timeline[0].1, 2);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     /// The session's id, as the receiver reports it ([`crate::receiver::SessionReport`]).
     pub session: SessionId,
@@ -539,6 +541,9 @@ pub struct Summary {
     pub retransmits: u64,
     /// The transport the streams used.
     pub transport: Transport,
+    /// What the receiver removed because the sources do not hold it
+    /// ([`SendOptions::delete`]); empty without it.
+    pub removed: Removal,
 }
 
 impl Summary {
@@ -558,6 +563,7 @@ impl Summary {
     ///     streams_timeline: vec![(0.0, 4), (1.0, 9)],
     ///     retransmits: 0,
     ///     transport: Transport::Tcp,
+    ///     removed: Default::default(),
     /// };
     /// assert_eq!(summary.gbit_per_s(), 10.0);
     /// ```
@@ -639,7 +645,9 @@ struct Shared {
     control_socket: TcpStream,
     control_tx: Mutex<mpsc::Sender<ControlEvent>>,
     manager_tx: Mutex<mpsc::Sender<ManagerEvent>>,
-    outcome: Mutex<Option<Result<(), SendError>>>,
+    /// How the transfer ended: with what the receiver removed ([`SendOptions::delete`]), or
+    /// why it failed.
+    outcome: Mutex<Option<Result<Removal, SendError>>>,
     outcome_cv: Condvar,
 }
 
@@ -769,10 +777,10 @@ impl Shared {
         }
     }
 
-    fn complete(&self) {
+    fn complete(&self, removed: Removal) {
         let mut outcome = self.outcome.lock().expect("outcome lock");
         if outcome.is_none() {
-            *outcome = Some(Ok(()));
+            *outcome = Some(Ok(removed));
         }
         drop(outcome);
         self.outcome_cv.notify_all();
@@ -920,7 +928,7 @@ impl Shared {
                 Action::Settle(file) => self.settle(file)?,
                 Action::Seal(file) => self.send_control(ControlEvent::Seal(file)),
                 Action::Finish => self.send_control(ControlEvent::AllFinalized),
-                Action::Complete => self.complete(),
+                Action::Complete(removed) => self.complete(removed),
             }
         }
         Ok(())
@@ -1018,6 +1026,11 @@ impl Transfer {
                     "a filter chooses among files: generated data has none".into(),
                 ));
             }
+            SendSource::Memory { .. } if options.delete => {
+                return Err(SendError::Settings(
+                    "--delete mirrors files: generated data has none".into(),
+                ));
+            }
             SendSource::Memory { size } => {
                 let memory = ScannedBatch {
                     batch: ManifestBatch::memory(size),
@@ -1055,6 +1068,7 @@ impl Transfer {
             dest,
             sink,
             verify_present,
+            delete: config.options.deletion(),
         };
         wire::write_message(&mut writer, &opening).map_err(|e| config.lost(e))?;
         let (quic, quic_runtime) = match transport {
@@ -1460,7 +1474,7 @@ impl Transfer {
             let _ = t.join();
         }
         let shared = self.shared;
-        shared
+        let removed = shared
             .outcome
             .lock()
             .expect("outcome lock")
@@ -1476,6 +1490,7 @@ impl Transfer {
             streams_timeline,
             retransmits: shared.closed_retransmits.load(Ordering::Relaxed),
             transport: shared.transport,
+            removed,
         })
     }
 }

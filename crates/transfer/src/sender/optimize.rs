@@ -56,6 +56,33 @@ pub struct MiRecord {
     pub paths: Vec<PathStats>,
 }
 
+impl MiRecord {
+    /// The interval in one line, as `xfer send --verbose` prints it: time, streams, rate,
+    /// loss, RTT, utility and what was chosen from it (by which part of `auto`, and why control
+    /// passed to it).
+    pub fn line(&self) -> String {
+        let o = &self.observation;
+        let chosen = match (self.decision, &self.acting) {
+            (None, _) => "no decision".to_string(),
+            (Some(n), None) => format!("-> {n} ({})", self.controller),
+            (Some(n), Some(acting)) => match &acting.switch {
+                Some(why) => format!("-> {n} ({}: {why})", acting.controller),
+                None => format!("-> {n} ({})", acting.controller),
+            },
+        };
+        format!(
+            "{:7.1} s {:4} streams {:8.3} Gbit/s  loss {:.3} %  RTT {:.2} ms (x{:.2})  utility {:.3} Gbit/s  {chosen}",
+            o.time,
+            o.streams,
+            o.throughput / 1e9,
+            o.loss * 100.0,
+            o.rtt * 1e3,
+            o.rtt_ratio,
+            o.utility / 1e9,
+        )
+    }
+}
+
 /// An observation on its way to the decider, with its paths and the instant its interval ended.
 type Pending = (Observation, Vec<PathStats>, Instant);
 

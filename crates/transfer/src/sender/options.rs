@@ -72,6 +72,11 @@ pub struct SendOptions {
     /// Which of the source files are sent ([`crate::filter`]); the default sends them all.
     /// Generated data (`SendSource::Memory`) takes none.
     pub filter: Filter,
+    /// Mirror the sources (`xfer send --delete`): once every file is in place, the receiver
+    /// removes what the directories sent hold and the sources do not, except what
+    /// [`SendOptions::filter`] leaves out (as rsync's `--delete`; a file sent alone removes
+    /// nothing beside it). [`super::preview`] lists what a run would remove.
+    pub delete: bool,
     /// One limit on the whole transfer's sending rate, however many streams share it (any
     /// transport), constant or on a timetable over the day: each stream waits its turn before
     /// it takes a unit; `None`: no limit. The controller keeps choosing the count within it.
@@ -119,6 +124,7 @@ impl Default for SendOptions {
             stream_rate_cap: None,
             rate_limit: None,
             filter: Filter::default(),
+            delete: false,
             unsent_limit: DEFAULT_UNSENT_LIMIT,
             encrypt: false,
             integrity: false,
@@ -164,6 +170,17 @@ impl SendOptions {
     pub fn stream_rate_cap(mut self, bytes_per_second: Option<u64>) -> Self {
         self.stream_rate_cap = bytes_per_second;
         self
+    }
+
+    /// Sets [`SendOptions::delete`].
+    pub fn delete(mut self, delete: bool) -> Self {
+        self.delete = delete;
+        self
+    }
+
+    /// What a session's `Start` asks the receiver to remove (see [`SendOptions::delete`]).
+    pub(super) fn deletion(&self) -> Option<Filter> {
+        self.delete.then(|| self.filter.clone())
     }
 
     /// Sets [`SendOptions::filter`].

@@ -1,6 +1,7 @@
 //! A dry run ([`preview`]): the receiver plans the whole manifest as it would for a transfer
 //! ([`SinkKind::Preview`]: nothing is made, written, removed or claimed there), and the sender
-//! reads from the plans what a run would send, resume and skip, sending no data.
+//! reads from the plans what a run would send, resume and skip, sending no data, and from
+//! the receiver's last answer what it would remove ([`SendOptions::delete`]).
 
 use std::os::unix::ffi::OsStrExt;
 
@@ -11,7 +12,7 @@ use super::SendError;
 use super::{open_control, read_answer, resolve, Config, ControlLink, SendOptions, SendSource};
 use crate::auth::{self, SessionKey};
 use crate::manifest::{Scanner, SinkKind};
-use crate::wire::{self, FileStatus, Message};
+use crate::wire::{self, FileStatus, Message, Removal};
 
 /// What a run of the same transfer would do, file by file, as a dry run found it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,6 +22,8 @@ pub struct Preview {
     pub files: Vec<PreviewFile>,
     /// Sources a run leaves out (links, special files), with why.
     pub skipped_sources: Vec<String>,
+    /// What a run would remove at the receiver ([`SendOptions::delete`]; empty without it).
+    pub removed: Removal,
 }
 
 impl Preview {
@@ -115,6 +118,7 @@ pub fn preview(
         dest: destination.as_os_str().as_bytes().to_vec(),
         sink: SinkKind::Preview,
         verify_present: false,
+        delete: config.options.deletion(),
     };
     wire::write_message(&mut writer, &start).map_err(|e| config.lost(e))?;
     let mut preview = Preview::default();
@@ -170,7 +174,7 @@ pub fn preview(
     }
     wire::write_message(&mut writer, &Message::Finish).map_err(|e| config.lost(e))?;
     match read_answer(&mut reader, &config)? {
-        Message::Done => Ok(preview),
+        Message::Done { removed } => Ok(Preview { removed, ..preview }),
         other => Err(refusal(other)),
     }
 }

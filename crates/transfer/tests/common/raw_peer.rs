@@ -115,6 +115,7 @@ pub fn open_session_into(
         dest: dest.to_vec(),
         sink: SinkKind::Files,
         verify_present: false,
+        delete: None,
     };
     write_message(&mut writer, &start).unwrap();
     write_message(&mut writer, &Message::Entries(batch)).unwrap();
