@@ -32,7 +32,7 @@ fn daemon(dir: &Path, third_party: bool) -> (Receiver, String, String) {
         &config,
         format!(
             "listen = \"127.0.0.1:0\"\nroot = \"{}\"\nkey = {{ file = \"{}.key\" }}\n\
-             [options]\nthird_party = {third_party}\n\
+             [options]\nthird_party = {third_party}\nhandshake_timeout = \"2s\"\n\
              [[tenants]]\nname = \"archive\"\naccess = \"read\"\nroot = \"{}\"\n\
              key = {{ file = \"{}.key\" }}\nmax_streams = 4\n\
              [[tenants]]\nname = \"shared\"\naccess = \"read-write\"\nroot = \"{}\"\n\
@@ -229,10 +229,15 @@ fn a_fetch_stopped_by_sigterm_says_so_and_resumes() {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let out = ok(send_with(
-        &archive_key,
-        &[&from, here.to_str().unwrap(), "--json"],
-    ));
+    // Longer than the daemon's handshake deadline (2 s), in which the client says nothing.
+    let rest = [
+        &from,
+        here.to_str().unwrap(),
+        "--json",
+        "--rate-limit",
+        "60Mbit",
+    ];
+    let out = ok(send_with(&archive_key, &rest));
     let sent = summary(&out)["bytes"].as_u64().unwrap();
     assert!(
         sent < 48 << 20,

@@ -18,6 +18,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use optimizer::ControllerSpec;
 use tokio::time::Interval;
@@ -26,6 +27,7 @@ use super::control_task::{heartbeat, refuse, reply};
 use super::mirror::MAX_FILTER_ENTRIES;
 use super::Shared;
 use crate::auth::KeySetting;
+use crate::idle::Activity;
 use crate::job::{SendEvent, SendJob, SenderSettings};
 use crate::manifest::split_relative;
 use crate::optimizer_choice::OptimizerChoice;
@@ -65,6 +67,9 @@ pub(super) async fn serve(
     };
     let tenant_name = served.name.clone();
     tracing::info!(%peer, tenant = tenant_name, paths, "fetch started");
+    // The client says nothing more until it goes, however long the transfer takes: only the
+    // connection's end is watched for, not its silence.
+    conn.watch(Activity::new(), Duration::MAX);
     let (settings, dry_run, capped) = settings;
     if let Some(text) = capped {
         if send(conn, &FetchReport::Notice { text }).await.is_err() {
@@ -73,7 +78,7 @@ pub(super) async fn serve(
     }
     let mut beats = heartbeat();
     let last = match dry_run {
-        true => preview(settings).await,
+        true => preview(conn, &mut beats, settings).await,
         false => run(conn, &mut beats, settings).await,
     };
     match &last {
@@ -261,21 +266,34 @@ enum Out {
     Gone,
 }
 
-/// A dry run of the fetch: what a run would do.
-async fn preview(settings: SenderSettings) -> Option<FetchReport> {
-    let previewed = tokio::task::spawn_blocking(move || {
+/// A dry run of the fetch, with the heartbeat while it plans: what a run would do, or `None`
+/// if the client went.
+async fn preview(
+    conn: &mut TaskConn,
+    beats: &mut Interval,
+    settings: SenderSettings,
+) -> Option<FetchReport> {
+    let mut previewing = tokio::task::spawn_blocking(move || {
         let key = settings.key.key().map_err(|e| e.to_string())?;
         crate::sender::preview(&settings.receiver, key, settings.source, settings.options)
             .map_err(|e| e.to_string())
-    })
-    .await;
-    Some(match previewed {
-        Ok(Ok(preview)) => FetchReport::Previewed { preview },
-        Ok(Err(error)) => FetchReport::Failed { error },
-        Err(e) => FetchReport::Failed {
-            error: format!("the dry run failed: {e}"),
-        },
-    })
+    });
+    loop {
+        tokio::select! {
+            previewed = &mut previewing => return Some(match previewed {
+                Ok(Ok(preview)) => FetchReport::Previewed { preview },
+                Ok(Err(error)) => FetchReport::Failed { error },
+                Err(e) => FetchReport::Failed {
+                    error: format!("the dry run failed: {e}"),
+                },
+            }),
+            // A dry run changes nothing: once the client is gone it may finish unheard.
+            _ = conn.next_message() => return None,
+            _ = beats.tick() => {
+                reply(conn, &Message::Working).await.ok()?;
+            }
+        }
+    }
 }
 
 /// Writes `report` to the client.
