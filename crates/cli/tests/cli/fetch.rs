@@ -5,15 +5,25 @@
 //! resumes.
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::common::*;
+use crate::netns::Namespaces;
 
-/// A daemon whose own key may only write (under `dir/own`), with tenants `archive` (read,
-/// under `dir/archive`, at most 4 streams a session) and `shared` (read-write, under
+/// A daemon on loopback whose own key may only write (under `dir/own`), with tenants `archive`
+/// (read, under `dir/archive`, at most 4 streams a session) and `shared` (read-write, under
 /// `dir/shared`), serving third-party transfers if `third_party`; returns it and the two
 /// tenants' keys.
 fn daemon(dir: &Path, third_party: bool) -> (Receiver, String, String) {
+    let (config, archive, shared) = daemon_config(dir, third_party, "127.0.0.1:0");
+    let mut command = xfer();
+    command.args(["recv", "--config"]).arg(&config);
+    (Receiver::spawn(command), archive, shared)
+}
+
+/// The configuration file (and the two tenants' keys) of [`daemon`]'s daemon, listening on
+/// `listen`.
+fn daemon_config(dir: &Path, third_party: bool, listen: &str) -> (PathBuf, String, String) {
     let mut keys = Vec::new();
     for (name, key) in [
         ("own", "own-key-0123456789abcdef"),
@@ -31,7 +41,7 @@ fn daemon(dir: &Path, third_party: bool) -> (Receiver, String, String) {
     std::fs::write(
         &config,
         format!(
-            "listen = \"127.0.0.1:0\"\nroot = \"{}\"\nkey = {{ file = \"{}.key\" }}\n\
+            "listen = \"{listen}\"\nroot = \"{}\"\nkey = {{ file = \"{}.key\" }}\n\
              [options]\nthird_party = {third_party}\nhandshake_timeout = \"2s\"\n\
              [[tenants]]\nname = \"archive\"\naccess = \"read\"\nroot = \"{}\"\n\
              key = {{ file = \"{}.key\" }}\nmax_streams = 4\n\
@@ -46,15 +56,12 @@ fn daemon(dir: &Path, third_party: bool) -> (Receiver, String, String) {
         ),
     )
     .unwrap();
-    let mut command = xfer();
-    command.args(["recv", "--config"]).arg(&config);
-    let receiver = Receiver::spawn(command);
-    (receiver, keys[1].clone(), keys[2].clone())
+    (config, keys[1].clone(), keys[2].clone())
 }
 
 /// The tree `archive/run7` under `dir`: `raw/a.bin` of `size` bytes, `notes.txt` of 1000 and
 /// the empty directory `raw/empty`.
-fn run7(dir: &Path, size: u64) -> std::path::PathBuf {
+fn run7(dir: &Path, size: u64) -> PathBuf {
     let tree = dir.join("archive/run7");
     std::fs::create_dir_all(tree.join("raw/empty")).unwrap();
     write_data(&tree.join("raw/a.bin"), size, seed());
@@ -296,4 +303,55 @@ fn a_third_party_transfer_between_daemons_goes_with_a_one_time_credential_and_re
     assert_same_tree(&tree, &b_root.path().join("in/run7"));
     let text = ok(third_party(&[]).output().unwrap());
     assert!(text.starts_with("sent 0 B"), "{text}");
+}
+
+/// Both daemons in one namespace, the host that asks in another: what crosses the link between
+/// them is the request, the credential and the reports, not the data.
+#[test]
+fn a_transfer_between_daemons_never_crosses_the_host_that_asked() {
+    let Some(hosts) = Namespaces::new(2, "the transfer between daemons") else {
+        return;
+    };
+    let [asking_dev, _] = hosts.link(0, (0, "10.205.0.1/30"), (1, "10.205.0.2/30"));
+    let dir = tempfile::tempdir().unwrap();
+    let (config, archive_key, _) = daemon_config(dir.path(), true, "10.205.0.2:0");
+    let tree = run7(dir.path(), 32 << 20);
+    let mut command = hosts.command(1, env!("CARGO_BIN_EXE_xfer"));
+    command.args(["recv", "--config"]).arg(&config);
+    let a = Receiver::spawn(command);
+    let b_root = tempfile::tempdir().unwrap();
+    let mut command = hosts.command(1, env!("CARGO_BIN_EXE_xfer"));
+    command
+        .args(["recv", "--listen", "10.205.0.2:0", "--root"])
+        .arg(b_root.path());
+    let b = Receiver::spawn(command);
+    let crossed = || {
+        (["rx_bytes", "tx_bytes"].iter())
+            .map(|counter| {
+                let path = format!("/sys/class/net/{asking_dev}/statistics/{counter}");
+                let out = hosts.command(0, "cat").arg(path).output().unwrap();
+                String::from_utf8_lossy(&out.stdout)
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap()
+            })
+            .sum::<u64>()
+    };
+    let before = crossed();
+    let out = hosts
+        .command(0, env!("CARGO_BIN_EXE_xfer"))
+        .args(["send", &format!("{}:run7", a.addr), &b.dest("in"), "--json"])
+        .env("XFER_KEY", &b.key)
+        .env("XFER_SOURCE_KEY", &archive_key)
+        .output()
+        .unwrap();
+    let report = summary(&ok(out));
+    assert_eq!(report["bytes"], (32 << 20) + 1000, "{report}");
+    assert_same_tree(&tree, &b_root.path().join("in/run7"));
+    let through = crossed() - before;
+    assert!(
+        through < (32 << 20) / 16,
+        "{through} bytes crossed the asking host's link for 32 MiB sent"
+    );
+    eprintln!("{through} bytes crossed the asking host's link for 32 MiB");
 }
