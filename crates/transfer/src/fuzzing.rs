@@ -27,6 +27,16 @@ pub fn receive_control(root: &Path, dest: &[u8], messages: Vec<Message>) -> Cont
     crate::receiver::control_for_fuzzing(root, dest, messages)
 }
 
+/// A daemon's checks of a fetch `request` for a key whose root is `root` (canonical), at most
+/// 8 streams a session: the paths it would send (each under `root`), its count to start with
+/// and its controller's ceiling; or why it is refused. Never a panic.
+pub fn fetch_request(
+    root: &Path,
+    request: crate::sender::FetchRequest,
+) -> Result<(Vec<std::path::PathBuf>, usize, u32), String> {
+    crate::receiver::fetch_for_fuzzing(root, request)
+}
+
 /// The sender's handling of the receiver's resume plan for `files`: the units left to send as
 /// `(file, offset, len)`, or why the plan is refused.
 pub fn plan_units(

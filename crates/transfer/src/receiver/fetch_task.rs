@@ -61,7 +61,12 @@ pub(super) async fn serve(
         }
     };
     let paths = request.paths.len();
-    let settings = match settings(shared, tenant, peer, request) {
+    let bounds = Bounds {
+        root: &served.root,
+        max_streams: served.limits.max_streams,
+        third_party: shared.options.third_party,
+    };
+    let settings = match settings(&bounds, peer, request) {
         Ok(settings) => settings,
         Err(reason) => return refuse(shared, conn, peer, reason).await,
     };
@@ -93,15 +98,21 @@ pub(super) async fn serve(
     }
 }
 
-/// The sender's settings for `request`, whether it is a dry run and what the client is told
-/// of how it was bounded, or why it is refused.
+/// What a fetch may reach and take: its key's root (canonical) and stream limit, and whether
+/// it may name another receiver.
+struct Bounds<'a> {
+    root: &'a Path,
+    max_streams: u32,
+    third_party: bool,
+}
+
+/// The sender's settings for `request` from `peer` within `bounds`, whether it is a dry run
+/// and what the client is told of how it was bounded, or why it is refused.
 fn settings(
-    shared: &Shared,
-    tenant: usize,
+    bounds: &Bounds<'_>,
     peer: SocketAddr,
     mut request: FetchRequest,
 ) -> Result<(SenderSettings, bool, Option<String>), String> {
-    let served = &shared.served[tenant];
     let named = match &request.optimizer {
         Some(OptimizerChoice::External(_)) => Some("runs an agent of its own"),
         Some(OptimizerChoice::Ppo(Some(_)) | OptimizerChoice::Auto(Some(_))) => {
@@ -127,11 +138,11 @@ fn settings(
         return Err("a fetch names no path to send".into());
     }
     let paths = (request.paths.iter())
-        .map(|path| confined(&served.root, path))
+        .map(|path| confined(bounds.root, path))
         .collect::<Result<Vec<_>, _>>()?;
-    let capped = cap_streams(&mut request, served.limits.max_streams);
+    let capped = cap_streams(&mut request, bounds.max_streams);
     let receiver = match request.to {
-        Some(_) if !shared.options.third_party => {
+        Some(_) if !bounds.third_party => {
             return Err(
                 "this daemon sends only to the host that asks (third_party is off in \
                         its options): fetch from it to a directory there"
@@ -151,6 +162,28 @@ fn settings(
     settings.seed = request.seed;
     settings.options = request.options;
     Ok((settings, request.dry_run, capped))
+}
+
+/// The paths a daemon serving `root` (canonical) would send for `request`, through the same
+/// checks as a fetch's, or why it is refused; with the stream counts it would run with.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fetch_for_fuzzing(
+    root: &Path,
+    request: FetchRequest,
+) -> Result<(Vec<PathBuf>, usize, u32), String> {
+    let bounds = Bounds {
+        root,
+        max_streams: 8,
+        third_party: false,
+    };
+    let peer = SocketAddr::from(([127, 0, 0, 1], 9));
+    let (settings, _, _) = settings(&bounds, peer, request)?;
+    match settings.source {
+        SendSource::Paths { paths, .. } => {
+            Ok((paths, settings.options.streams, settings.tuning.max_streams))
+        }
+        _ => Err("a fetch sends paths".into()),
+    }
 }
 
 /// Holds every stream count `request` names (to start with, the controller's ceiling, a fixed

@@ -22,6 +22,8 @@ mod settings;
 mod shutdown;
 #[cfg(feature = "fuzzing")]
 pub(crate) use control_task::control_for_fuzzing;
+#[cfg(feature = "fuzzing")]
+pub(crate) use fetch_task::fetch_for_fuzzing;
 mod stream_task;
 mod tcp_task;
 mod tenant;
