@@ -542,7 +542,9 @@ fn write_dry_run(seen: &DryRunReport, out: &mut impl Write) -> std::io::Result<(
             false => writeln!(out, "{:<7} {:>11}  {path}", "delete", size(removed.size))?,
         }
     }
-    let unlisted = (seen.removed.files + seen.removed.dirs) as usize - seen.removed.listed.len();
+    // Counted by the receiver, which may be anyone's: never below the entries it named.
+    let counted = seen.removed.files.saturating_add(seen.removed.dirs);
+    let unlisted = counted.saturating_sub(seen.removed.listed.len() as u64);
     if unlisted > 0 {
         writeln!(out, "{:<7} {:>11}  and {unlisted} more", "delete", "")?;
     }
@@ -703,6 +705,55 @@ mod tests {
             "verified end to end (BLAKE3): all 2 files are identical (those already at the \
              receiver too)"
         );
+    }
+
+    #[test]
+    fn a_dry_run_lists_each_removal_and_trusts_no_count_below_what_it_names() {
+        let entry = |path: &str, size, dir| RemovedReport {
+            path: path.into(),
+            size,
+            dir,
+        };
+        let mut report = DryRunReport {
+            r#type: "dry_run".into(),
+            bytes_to_send: 0,
+            bytes_total: 0,
+            files: Vec::new(),
+            removed: RemovalReport {
+                files: 1,
+                dirs: 1,
+                bytes: 2048,
+                listed: vec![
+                    entry("run/old.bin", 2048, false),
+                    entry("run/gone", 0, true),
+                ],
+            },
+        };
+        let mut out = Vec::new();
+        write_dry_run(&report, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("delete     2.00 KiB  run/old.bin\n"),
+            "{text}"
+        );
+        assert!(text.contains("delete               run/gone/\n"), "{text}");
+        assert!(
+            text.contains("and remove 1 file (2.00 KiB) and 1 directory"),
+            "{text}"
+        );
+        // A receiver that counts fewer than it names, or more: no wrap, no panic.
+        report.removed.files = 0;
+        report.removed.dirs = 0;
+        let mut out = Vec::new();
+        write_dry_run(&report, &mut out).unwrap();
+        assert!(!String::from_utf8(out).unwrap().contains("more"));
+        report.removed.files = u64::MAX;
+        report.removed.dirs = 5;
+        let mut out = Vec::new();
+        write_dry_run(&report, &mut out).unwrap();
+        assert!(String::from_utf8(out)
+            .unwrap()
+            .contains("and 18446744073709551613 more"));
     }
 
     #[test]
