@@ -121,7 +121,7 @@ fn a_read_key_fetches_a_tree_identical_and_nothing_outside_its_root() {
 
     // Nothing outside the key's root, however it is named.
     for (path, why) in [
-        ("../shared", "would leave the receiver's root"),
+        ("../own", "would leave the receiver's root"),
         ("/etc/passwd", "absolute"),
         ("out", "out: no such file or directory under the root"),
         (

@@ -66,7 +66,8 @@ pub(super) async fn serve(
         max_streams: served.limits.max_streams,
         third_party: shared.options.third_party,
     };
-    let settings = match settings(&bounds, peer, request) {
+    // Resolving the paths reads the file system: off the runtime's workers.
+    let settings = match tokio::task::block_in_place(|| settings(&bounds, peer, request)) {
         Ok(settings) => settings,
         Err(reason) => return refuse(shared, conn, peer, reason).await,
     };
@@ -232,7 +233,8 @@ async fn run(
     beats: &mut Interval,
     settings: SenderSettings,
 ) -> Option<FetchReport> {
-    let mut job = match SendJob::start(settings) {
+    // Starting builds the controller (a policy is loaded): off the runtime's workers.
+    let mut job = match tokio::task::block_in_place(|| SendJob::start(settings)) {
         Ok(job) => job,
         Err(e) => {
             return Some(FetchReport::Failed {
@@ -275,7 +277,11 @@ async fn run(
             _ = beats.tick() => Out::Beat,
         };
         let sent = match out {
-            Out::Report(report) => send(conn, &report).await,
+            Out::Report(report) => {
+                // A report says the receiver is there as well as a heartbeat does.
+                beats.reset();
+                send(conn, &report).await
+            }
             Out::Beat => reply(conn, &Message::Working)
                 .await
                 .map_err(|e| e.to_string()),

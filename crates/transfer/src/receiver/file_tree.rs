@@ -230,11 +230,8 @@ impl FileTree {
             }
             rels.push(rel);
         }
-        self.check_kinds(batch, &rels)?;
+        let dirs = self.check_kinds(batch, &rels)?;
         if let Some(mirror) = &self.mirror {
-            let dirs: Vec<PathBuf> = (batch.dirs.iter())
-                .map(|d| under(&self.dest, &d.path))
-                .collect::<Result<_, _>>()?;
             mirror.keep(&self.dest, &dirs, &rels);
         }
         if self.preview {
@@ -280,12 +277,12 @@ impl FileTree {
 
     /// Refuses a batch that names one path as a file and as a directory (a directory of it, or
     /// the parent of another entry), within the batch or with what the session announced
-    /// before: no plan could place both.
+    /// before: no plan could place both. Returns the batch's directories, checked.
     fn check_kinds(
         &self,
         batch: &ManifestBatch,
         files: &[PathBuf],
-    ) -> Result<(), DestinationError> {
+    ) -> Result<Vec<PathBuf>, DestinationError> {
         let named: Vec<PathBuf> = batch
             .dirs
             .iter()
@@ -310,7 +307,7 @@ impl FileTree {
         }
         match dirs.iter().find(|d| self.active.held_by(d, self.owner)) {
             Some(dir) => Err(both(dir)),
-            None => Ok(()),
+            None => Ok(named),
         }
     }
 
