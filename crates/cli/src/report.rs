@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use transfer::mptcp_info::Subflow;
 use transfer::sender::{
-    MiRecord, Preview, PreviewAction, PreviewFile, Progress, StreamSample, Summary,
+    Compared, MiRecord, Preview, PreviewAction, PreviewFile, Progress, StreamSample, Summary,
 };
 use transfer::tcp_info::TcpInfo;
 use transfer::transport::Transport;
@@ -139,6 +139,9 @@ pub struct SummaryReport {
     /// What the receiver removed because the sources do not hold it (`--delete`).
     #[serde(default)]
     pub removed: RemovalReport,
+    /// The files the receiver held, compared by content (`--checksum`).
+    #[serde(default)]
+    pub compared: Compared,
 }
 
 impl SummaryReport {
@@ -157,6 +160,7 @@ impl SummaryReport {
             peak_rss_bytes,
             verified,
             removed: RemovalReport::from(&summary.removed),
+            compared: summary.compared,
             streams_timeline: summary.streams_timeline,
         }
     }
@@ -390,6 +394,9 @@ impl Shown {
             Style::Bar { .. } => {
                 let mut out = std::io::stdout().lock();
                 writeln!(out, "{}", summary_line(summary, self.verb))?;
+                if summary.compared.files > 0 {
+                    writeln!(out, "{}", compared_line(&summary.compared))?;
+                }
                 if !summary.removed.is_empty() {
                     writeln!(out, "removed {}", removal_line(&summary.removed))?;
                 }
@@ -613,6 +620,21 @@ fn summary_line(summary: &SummaryReport, verb: &str) -> String {
     )
 }
 
+/// What `--checksum` found of the files the receiver held.
+fn compared_line(compared: &Compared) -> String {
+    let files = match compared.files {
+        1 => "1 file".to_string(),
+        n => format!("{n} files"),
+    };
+    let changed = match (compared.files, compared.changed) {
+        (1, 0) => "identical".to_string(),
+        (_, 0) => "all identical".to_string(),
+        (n, c) if n == c => "all changed and sent".to_string(),
+        (n, c) => format!("{} identical, {c} changed and sent", n - c),
+    };
+    format!("compared by content (BLAKE3): {files} already at the receiver, {changed}")
+}
+
 /// What `--verify` confirms once the transfer succeeded: every file, sent or already there,
 /// hashed on both sides and found the same.
 fn verified_line(summary: &SummaryReport) -> String {
@@ -694,6 +716,7 @@ mod tests {
             peak_rss_bytes: 0,
             verified: true,
             removed: RemovalReport::default(),
+            compared: Compared::default(),
         };
         assert_eq!(
             summary_line(&summary, "received"),
@@ -704,6 +727,28 @@ mod tests {
             verified_line(&summary),
             "verified end to end (BLAKE3): all 2 files are identical (those already at the \
              receiver too)"
+        );
+    }
+
+    #[test]
+    fn the_comparison_by_content_says_what_changed() {
+        let line = |files, changed| compared_line(&Compared { files, changed });
+        assert_eq!(
+            line(20, 0),
+            "compared by content (BLAKE3): 20 files already at the receiver, all identical"
+        );
+        assert_eq!(
+            line(20, 1),
+            "compared by content (BLAKE3): 20 files already at the receiver, 19 identical, 1 \
+             changed and sent"
+        );
+        assert_eq!(
+            line(1, 1),
+            "compared by content (BLAKE3): 1 file already at the receiver, all changed and sent"
+        );
+        assert_eq!(
+            line(1, 0),
+            "compared by content (BLAKE3): 1 file already at the receiver, identical"
         );
     }
 

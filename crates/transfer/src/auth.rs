@@ -938,6 +938,8 @@ pub fn name(msg: &Message) -> &'static str {
         Message::Plan { .. } => "Plan",
         Message::Seal { .. } => "Seal",
         Message::Finalized { .. } => "Finalized",
+        Message::Compare { .. } => "Compare",
+        Message::Compared { .. } => "Compared",
         Message::Finish => "Finish",
         Message::Done { .. } => "Done",
         Message::Fetch { .. } => "Fetch",

@@ -56,13 +56,16 @@ pub fn sealed_frames<R: std::io::Read>(inner: R, max_chunk: usize) -> crate::wir
 }
 
 /// The sender's rules under any replies a receiver can send: the manifest is files of `sizes`,
-/// all announced in one batch; `control` is what the receiver says on the control connection,
+/// all announced in one batch, in a session whose files already at the receiver are
+/// `present`; `control` is what the receiver says on the control connection,
 /// and `data` what it says on a data stream that sent the units `sent` (`(file, offset, len)`),
 /// each taken until the first it refuses. Panics when the rules act against the manifest or
 /// the protocol: a range queued outside its file or twice, a file settled twice or never
-/// announced, the transfer complete before it asked to finish, an answer matched to a unit
-/// out of order or never sent.
+/// announced, a file compared twice or said changed when it was not compared, the transfer
+/// complete before it asked to finish, an answer matched to a unit out of order or never
+/// sent.
 pub fn sender_rules(
+    present: crate::wire::PresentFiles,
     sizes: &[u64],
     control: Vec<Message>,
     sent: &[(u32, u64, u32)],
@@ -92,8 +95,9 @@ pub fn sender_rules(
     }
 
     let files = Whole(sizes);
-    let mut planner = Planner::default();
+    let mut planner = Planner::new(present);
     let (mut queued, mut settled) = (BTreeSet::new(), BTreeSet::new());
+    let (mut compared, mut changed) = (BTreeSet::new(), BTreeSet::new());
     let mut finishing = false;
     for message in control {
         let Ok(actions) = planner.handle(message, &files) else {
@@ -118,6 +122,14 @@ pub fn sender_rules(
                     assert!(settled.insert(file), "file {file} settled twice");
                 }
                 Action::Seal(file) => assert!(!settled.contains(&file), "{file} sealed settled"),
+                Action::Compare(file) => {
+                    assert!(!settled.contains(&file), "{file} compared settled");
+                    assert!(compared.insert(file), "file {file} compared twice");
+                }
+                Action::Changed(file) => {
+                    assert!(compared.contains(&file), "{file} changed, never compared");
+                    assert!(changed.insert(file), "file {file} changed twice");
+                }
                 Action::Finish => {
                     assert!(!finishing, "finish asked twice");
                     finishing = true;

@@ -148,10 +148,6 @@ pub struct FileEntry {
     pub ctime: Timestamp,
     /// Inode number on the sender.
     pub inode: u64,
-    /// BLAKE3 of the content, when the sender compares files by content (`xfer send
-    /// --checksum`): a file already at the receiver is then kept only if its content hashes
-    /// the same, whatever its mtime.
-    pub content: Option<[u8; 32]>,
 }
 
 /// Where the receiver puts what arrives.
@@ -161,7 +157,7 @@ pub struct FileEntry {
 /// use transfer::wire::Message;
 ///
 /// // A memory-to-memory benchmark's session starts so.
-/// let start = Message::Start { dest: Vec::new(), sink: SinkKind::Discard, verify_present: false, delete: None };
+/// let start = Message::Start { dest: Vec::new(), sink: SinkKind::Discard, present: Default::default(), delete: None };
 /// # let _ = start;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -231,7 +227,6 @@ impl ManifestBatch {
                 mtime: Timestamp { secs: 0, nanos: 0 },
                 ctime: Timestamp { secs: 0, nanos: 0 },
                 inode: 0,
-                content: None,
             }],
             last: true,
         }
@@ -342,8 +337,6 @@ pub struct Scanner {
     sources: std::vec::IntoIter<(PathBuf, OsString, std::fs::Metadata)>,
     /// The directory source being walked, with its name at the destination.
     walk: Option<(PathBuf, OsString, walkdir::IntoIter)>,
-    /// Hash each file's content into its entry ([`FileEntry::content`]).
-    by_content: bool,
     /// Which files are sent and which directories read.
     selection: Selection,
     /// While a filter may leave files out: the directories above the walk's place not sent
@@ -390,7 +383,6 @@ impl Scanner {
         Ok(Scanner {
             sources: checked.into_iter(),
             walk: None,
-            by_content: false,
             selection: Selection::default(),
             pending_dirs: Vec::new(),
         })
@@ -418,23 +410,6 @@ impl Scanner {
     pub fn with_filter(mut self, filter: &Filter) -> Result<Scanner, ScanError> {
         self.selection = filter.compile()?;
         Ok(self)
-    }
-
-    /// Hashes every file (BLAKE3) into its entry as it is scanned, so that the receiver keeps a
-    /// file it already has only if its content is the same ([`FileEntry::content`]).
-    ///
-    /// ```
-    /// # let src = tempfile::tempdir().unwrap();
-    /// # let file = src.path().join("notes.txt");
-    /// # std::fs::write(&file, "calibrated").unwrap();
-    /// use transfer::manifest::Scanner;
-    ///
-    /// let batch = Scanner::new(&[file]).unwrap().by_content().next_batch(8).unwrap().batch;
-    /// assert_eq!(batch.files[0].content, Some(*blake3::hash(b"calibrated").as_bytes()));
-    /// ```
-    pub fn by_content(mut self) -> Scanner {
-        self.by_content = true;
-        self
     }
 
     /// The next batch of at most `max_entries` directories and files; the one that exhausts the
@@ -479,7 +454,7 @@ impl Scanner {
                     selection: &self.selection,
                     pending_dirs: &mut self.pending_dirs,
                 };
-                out.add_walked(name, found, self.by_content)?;
+                out.add_walked(name, found)?;
                 continue;
             }
             let Some((source, name, meta)) = self.sources.next() else {
@@ -488,7 +463,7 @@ impl Scanner {
             };
             if meta.is_file() {
                 if self.selection.sends(Path::new(&name)) {
-                    out.push_file(name.as_bytes().to_vec(), source, &meta, self.by_content)?;
+                    out.push_file(name.as_bytes().to_vec(), source, &meta);
                 }
             } else if meta.is_dir() {
                 let walk = walkdir::WalkDir::new(&source)
@@ -520,12 +495,7 @@ struct Found<'a> {
 impl ScannedBatch {
     /// Adds what the walk of a directory source (named `name` at the destination) found, if
     /// the selection sends it; a file sent brings the directories above it not sent yet.
-    fn add_walked(
-        &mut self,
-        name: &OsStr,
-        found: Found<'_>,
-        by_content: bool,
-    ) -> Result<(), ScanError> {
+    fn add_walked(&mut self, name: &OsStr, found: Found<'_>) -> Result<(), ScanError> {
         let Found {
             entry,
             rel,
@@ -573,7 +543,7 @@ impl ScannedBatch {
                 self.batch
                     .dirs
                     .extend(pending_dirs.drain(..).map(|(_, dir)| dir));
-                self.push_file(path, entry.into_path(), &m, by_content)?;
+                self.push_file(path, entry.into_path(), &m);
             }
             _ if selection.sends(rel) => self.skipped.push(format!(
                 "{}: symbolic link or special file, skipped",
@@ -584,25 +554,8 @@ impl ScannedBatch {
         Ok(())
     }
 
-    /// Adds a file found at `local` with `meta`, its content hashed when `by_content`.
-    fn push_file(
-        &mut self,
-        path: Vec<u8>,
-        local: PathBuf,
-        meta: &std::fs::Metadata,
-        by_content: bool,
-    ) -> Result<(), ScanError> {
-        let content = if by_content {
-            let hash = std::fs::File::open(&local)
-                .and_then(|file| crate::direct_io::blake3_of(&file, false));
-            let hash = hash.map_err(|error| ScanError::Unreadable {
-                path: local.display().to_string(),
-                error,
-            })?;
-            Some(*hash.as_bytes())
-        } else {
-            None
-        };
+    /// Adds a file found at `local` with `meta`.
+    fn push_file(&mut self, path: Vec<u8>, local: PathBuf, meta: &std::fs::Metadata) {
         self.batch.files.push(FileEntry {
             path,
             size: meta.len(),
@@ -610,10 +563,8 @@ impl ScannedBatch {
             mtime: Timestamp::mtime_of(meta),
             ctime: Timestamp::ctime_of(meta),
             inode: meta.ino(),
-            content,
         });
         self.local_paths.push(local);
-        Ok(())
     }
 }
 

@@ -26,7 +26,7 @@ use crate::sender::answers::{Answer, Unanswered};
 use crate::sender::control_session::{Action, Announced, Planner};
 use crate::sender::work_queue::{Next, Unit, WorkQueue};
 use crate::sender::SendError;
-use crate::wire::Message;
+use crate::wire::{Message, PresentFiles};
 
 /// The sender's manifest: files of these paths and sizes, announced `batch` at a time.
 struct Manifest {
@@ -82,7 +82,6 @@ impl Manifest {
                 mtime: time,
                 ctime: time,
                 inode: 0,
-                content: None,
             })
             .collect();
         self.announced = end;
@@ -112,11 +111,21 @@ struct Run {
 /// Runs one session of `manifest` into `files`; `tamper` sees every reply of the receiver and
 /// may change it, drop it (`None`) or let it pass.
 fn run(
+    manifest: Manifest,
+    files: &mut Files,
+    tamper: impl FnMut(Message) -> Option<Message>,
+) -> Run {
+    run_with(Planner::default(), manifest, files, tamper)
+}
+
+/// [`run`], with the sender's rules `planner`.
+fn run_with(
+    mut planner: Planner,
     mut manifest: Manifest,
     files: &mut Files,
     mut tamper: impl FnMut(Message) -> Option<Message>,
 ) -> Run {
-    let (mut planner, mut control) = (Planner::default(), ControlSession::default());
+    let mut control = ControlSession::default();
     let mut run = Run {
         sender: Err(SendError::Protocol("the session never ended".into())),
         receiver: None,
@@ -163,12 +172,30 @@ fn run(
                 Action::CloseQueue => {}
                 Action::Settle(file) => run.settled.push(file),
                 Action::Seal(file) => outbox.push_back(Message::Seal { file, blake3: None }),
+                // Files compared together go in one message, as the control writer sends
+                // those queued together.
+                Action::Compare(file) => match outbox.back_mut() {
+                    Some(Message::Compare { files }) => files.push((file, [0; 32])),
+                    _ => outbox.push_back(Message::Compare {
+                        files: vec![(file, [0; 32])],
+                    }),
+                },
+                Action::Changed(file) => {
+                    let size = manifest.size(file).unwrap();
+                    run.to_send += size;
+                    run.skipped -= size;
+                }
                 Action::Finish => outbox.push_back(Message::Finish),
                 Action::Complete(_) => run.sender = Ok(()),
             }
         }
         // The scanner announces the next batch once the previous one is planned.
-        if outbox.is_empty() || matches!(outbox.back(), Some(Message::Seal { .. })) {
+        if outbox.is_empty()
+            || matches!(
+                outbox.back(),
+                Some(Message::Seal { .. } | Message::Compare { .. })
+            )
+        {
             outbox.extend(manifest.next_batch());
         }
         if run.receiver.is_some() {
@@ -226,6 +253,30 @@ fn a_resumed_session_sends_only_what_the_receiver_lacks() {
     let missing = 20_000 + 3996 + 1 + 12_345;
     assert_eq!((run.to_send, run.sent), (missing, missing));
     assert_eq!(run.skipped, 1000 + 50_000 + 100);
+    assert_eq!(files.held(4), 70_000);
+    assert_eq!(files.placed().len(), 7);
+}
+
+/// Comparing by content, the files the receiver holds whole are compared when sealed: the
+/// one whose copy changed is sent whole and sealed again; the others cross no byte.
+#[test]
+fn a_compared_file_that_changed_is_sent_whole_and_the_rest_stay() {
+    let mut files = Files::default();
+    files.compare_by_content();
+    files.left_by_earlier_session("a", 1000, &[(0, 1000)]);
+    files.left_by_earlier_session("c/d", 4096, &[(0, 4096)]);
+    files.left_by_earlier_session("f", 70_000, &[(0, 70_000)]);
+    files.changed_since("f");
+    let planner = Planner::new(PresentFiles::Compared);
+    let run = run_with(planner, tree(), &mut files, Some);
+    assert!(run.sender.is_ok(), "{run:?}");
+    assert_eq!(run.receiver, Some(Ok(())));
+    let missing = 1 + 12_345;
+    assert_eq!(
+        (run.to_send, run.sent),
+        (missing + 70_000, missing + 70_000)
+    );
+    assert_eq!(run.skipped, 1000 + 4096);
     assert_eq!(files.held(4), 70_000);
     assert_eq!(files.placed().len(), 7);
 }
@@ -422,7 +473,6 @@ fn run_streams(
             mtime: time,
             ctime: time,
             inode: i as u64,
-            content: None,
         })
         .collect();
     let batch = ManifestBatch {

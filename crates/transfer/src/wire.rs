@@ -29,7 +29,7 @@ use crate::seal::{tags_match, ChunkSeal, FrameKey, FrameWrite, TAG_LEN};
 /// First bytes of every connection's `Hello`, so a stray client is refused at once.
 pub const MAGIC: [u8; 4] = *b"XFR1";
 /// Version of this protocol; peers with another version are refused with a clear error.
-pub const PROTOCOL_VERSION: u16 = 10;
+pub const PROTOCOL_VERSION: u16 = 11;
 /// Largest control message body accepted.
 pub const MAX_MESSAGE_LEN: usize = 64 << 20;
 /// Most entries (directories and files) a sender puts in one [`ManifestBatch`]: with paths of
@@ -237,8 +237,37 @@ pub enum FileStatus {
     Missing,
     /// These verified `(offset, len)` ranges survive from an interrupted attempt.
     Partial(Vec<(u64, u64)>),
-    /// The destination already holds this exact file (size and mtime match): send nothing.
+    /// The destination already holds this exact file (size and mtime match): send nothing. In
+    /// a session that compares by content ([`PresentFiles::Compared`]) it holds a file of
+    /// this size, which its seal compares.
     Complete,
+}
+
+/// What a session does with the files the receiver already holds complete
+/// ([`Message::Start`]).
+///
+/// ```
+/// use transfer::wire::PresentFiles;
+///
+/// // A plain re-run trusts size and mtime; `--verify` and `--checksum` read the content.
+/// assert_eq!(PresentFiles::default(), PresentFiles::Kept);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum PresentFiles {
+    /// Kept, found by size and mtime: nothing more is done with them.
+    #[default]
+    Kept,
+    /// Verified (`--verify`): each is sealed with the sender's BLAKE3 of the source, and a
+    /// copy whose content differs fails the run naming it (and is left as it is: with the
+    /// source's size and mtime, it may as well be the one that is right).
+    Verified,
+    /// Compared by content (`--checksum`): every copy of the source's size, whatever its
+    /// mtime, is planned complete and sealed with the sender's BLAKE3; one that hashes the
+    /// same is kept (with the source's mode and mtime), one that differs is answered
+    /// changed and sent again ([`Message::Compare`]). Both sides hash while other files'
+    /// data flows, and only the files the receiver holds.
+    Compared,
 }
 
 /// How long a credential a receiver granted ([`Message::Granted`]) may wait for its session.
@@ -366,11 +395,8 @@ pub enum Message {
         dest: Vec<u8>,
         /// Files or a discarding sink.
         sink: SinkKind,
-        /// Files already at the receiver are verified too (`--verify`): their seals come with
-        /// the sender's BLAKE3 of the source, as those of the files sent do, and the receiver
-        /// compares its copy's. Off when they are compared by content in the plan already
-        /// ([`crate::manifest::FileEntry::content`]).
-        verify_present: bool,
+        /// What becomes of files the receiver already holds complete.
+        present: PresentFiles,
         /// Mirror (`--delete`): once every file is in place, remove what the directories the
         /// session sends hold and its manifest does not, except what this filter (the
         /// sender's, paths relative to each source) leaves out. `None`: remove nothing.
@@ -400,6 +426,23 @@ pub enum Message {
         file: u32,
         /// Why finalising failed, if it did.
         error: Option<String>,
+    },
+    /// Files the receiver holds complete, to compare by content ([`PresentFiles::Compared`]),
+    /// each with the BLAKE3 of its source (control, sender to receiver; at most
+    /// [`BATCH_ENTRIES`]): sealed as a group, so that many small files cost one message each
+    /// way. Answered by `Compared`, or by the `Finalized` with the reason of the first that
+    /// could not be compared.
+    Compare {
+        /// Manifest file indices, each with its source's hash.
+        files: Vec<(u32, [u8; 32])>,
+    },
+    /// What a comparison found ([`Message::Compare`], or a `Seal` of a file held complete).
+    Compared {
+        /// Files whose copy is the source's: in place, with the source's mode and mtime.
+        kept: Vec<u32>,
+        /// Files whose copy is not: the receiver holds nothing of them now, and the sender
+        /// sends them whole and seals them.
+        changed: Vec<u32>,
     },
     /// The sender is done: set directory metadata, flush, and end the session.
     Finish,
@@ -1170,8 +1213,15 @@ mod tests {
             Message::Start {
                 dest: b"d/e".to_vec(),
                 sink: SinkKind::Files,
-                verify_present: true,
+                present: PresentFiles::Compared,
                 delete: Some(Filter::default().exclude("*.tmp")),
+            },
+            Message::Compare {
+                files: vec![(7, [9; 32])],
+            },
+            Message::Compared {
+                kept: vec![7],
+                changed: vec![8, 9],
             },
             Message::Done {
                 removed: Removal {

@@ -13,7 +13,7 @@ use transfer::manifest::{ManifestBatch, SinkKind};
 use transfer::receiver::{Receiver, ReceiverSettings};
 use transfer::sender::{SendError, SendOptions, SendSource, Transfer};
 use transfer::tls::ServerIdentity;
-use transfer::wire::{write_message, FrameReader, Message, Role};
+use transfer::wire::{write_message, FrameReader, Message, PresentFiles, Role};
 
 mod common;
 
@@ -148,7 +148,7 @@ fn a_receiver_that_requires_encryption_refuses_plain_sessions_and_streams() {
     let start = Message::Start {
         dest: Vec::new(),
         sink: SinkKind::Discard,
-        verify_present: false,
+        present: PresentFiles::Kept,
         delete: None,
     };
     write_message(&mut control_writer, &start).unwrap();

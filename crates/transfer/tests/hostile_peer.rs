@@ -17,7 +17,7 @@ use transfer::manifest::{DirEntry, ManifestBatch, SinkKind, Timestamp};
 use transfer::receiver::Receiver;
 use transfer::wire::{
     chunk_checksum, write_chunk, write_message, ChunkHeader, FileStatus, FrameReader, Message,
-    Role, MAGIC, PROTOCOL_VERSION,
+    PresentFiles, Role, MAGIC, PROTOCOL_VERSION,
 };
 
 #[test]
@@ -551,7 +551,7 @@ fn a_manifest_over_the_limit_is_refused() {
     let start = Message::Start {
         dest: Vec::new(),
         sink: SinkKind::Files,
-        verify_present: false,
+        present: PresentFiles::Kept,
         delete: None,
     };
     write_message(&mut writer, &start).unwrap();
@@ -595,7 +595,7 @@ fn a_mirroring_start_that_cannot_work_is_refused() {
         let start = Message::Start {
             dest: Vec::new(),
             sink,
-            verify_present: false,
+            present: PresentFiles::Kept,
             delete: Some(filter),
         };
         write_message(&mut writer, &start).unwrap();

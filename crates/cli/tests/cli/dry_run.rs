@@ -156,8 +156,9 @@ fn a_dry_run_changes_nothing_and_lists_what_the_run_after_it_sends() {
     );
 }
 
-/// A file rewritten behind its size and mtime is kept by a plain run and sent by --checksum,
-/// as the dry run of each says; then an identical tree sends nothing, and says so.
+/// --checksum compares only the files the receiver holds (none on a first run); a file
+/// rewritten behind its size and mtime is kept by a plain run and sent by --checksum, as the
+/// dry run of each says; then an identical tree sends nothing, and says so.
 #[test]
 fn checksum_sends_a_change_that_kept_size_and_mtime_and_nothing_of_an_identical_tree() {
     let src = tempfile::tempdir().unwrap();
@@ -169,7 +170,12 @@ fn checksum_sends_a_change_that_kept_size_and_mtime_and_nothing_of_an_identical_
     }
     let receiver = Receiver::start(root.path());
     let tree_arg = tree.to_str().unwrap();
-    ok(send(&receiver, &[tree_arg, &receiver.addr, "-q"]));
+    // Nothing is at the receiver yet: nothing is hashed, on either side.
+    let first = summary(&ok(send(
+        &receiver,
+        &[tree_arg, &receiver.addr, "--checksum", "--json"],
+    )));
+    assert_eq!(first["compared"]["files"], 0, "{first}");
     let touched = tree.join("f07");
     let mtime = std::fs::metadata(&touched).unwrap().modified().unwrap();
     write_data(&touched, 17_000, 99);
@@ -197,11 +203,19 @@ fn checksum_sends_a_change_that_kept_size_and_mtime_and_nothing_of_an_identical_
         &[tree_arg, &receiver.addr, "--checksum", "--json"],
     )));
     assert_eq!(sent["bytes"], 17_000, "{sent}");
+    assert_eq!(sent["compared"]["files"], 20, "{sent}");
+    assert_eq!(sent["compared"]["changed"], 1, "{sent}");
     assert_same_tree(src.path(), root.path());
     let again = ok(send(&receiver, &[tree_arg, &receiver.addr, "--checksum"]));
     assert!(again.starts_with("sent 0 B in "), "{again}");
     assert!(
         again.contains("20 files") && again.contains("already at the receiver"),
+        "{again}"
+    );
+    assert!(
+        again.contains(
+            "compared by content (BLAKE3): 20 files already at the receiver, all identical"
+        ),
         "{again}"
     );
 }

@@ -37,7 +37,6 @@ fuzz_target!(|data: &[u8]| {
                 mtime,
                 ctime: mtime,
                 inode: i as u64,
-                content: None,
             })
             .collect();
         let unit_size = 1 + u32::from(which >> 1) * 512;

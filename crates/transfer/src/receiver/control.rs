@@ -8,16 +8,18 @@
 //! ```text
 //! Entries (batch) ──▶ Plan of the batch, or Refused (fails the session); none after `last`
 //! Seal (file)     ──▶ Finalized, with the reason if it could not be placed
+//! Compare (files) ──▶ Compared: those kept and those whose copy differs (sent again), or
+//!                     the Finalized of the first that could not be compared
 //! QuicRequest     ──▶ QuicOffer (the certificate's hash), or Refused (fails the session)
 //! Finish          ──▶ Done (the session completed, with what it removed), or Error
 //! anything else, or a damaged frame ──▶ Error, and the session fails
 //! ```
 
-use super::destination::DestinationError;
+use super::destination::{DestinationError, Sealed};
 use super::events::SessionOutcome;
 use crate::auth;
 use crate::manifest::ManifestBatch;
-use crate::wire::{FileStatus, Message, Removal, WireError};
+use crate::wire::{FileStatus, Message, Removal, WireError, BATCH_ENTRIES};
 
 /// What a session's control messages act on: the files of its destination, and its QUIC
 /// endpoint. The receiver's is the session's [`super::destination::Destination`], each long
@@ -30,8 +32,8 @@ pub(crate) trait SessionFiles {
         batch: &ManifestBatch,
     ) -> Result<(u32, Vec<FileStatus>), DestinationError>;
     /// Places `file` under its final name once every byte of it is verified (and its BLAKE3
-    /// matches, when given).
-    fn seal(&mut self, file: u32, blake3: Option<[u8; 32]>) -> Result<(), DestinationError>;
+    /// matches, when given), or compares a file already in place with the source's BLAKE3.
+    fn seal(&mut self, file: u32, blake3: Option<[u8; 32]>) -> Result<Sealed, DestinationError>;
     /// Checks that every file announced was sealed and, for a mirroring session, removes what
     /// the manifest does not hold (a dry run: finds what it would remove).
     fn finish(&mut self) -> Result<Removal, DestinationError>;
@@ -91,6 +93,20 @@ impl Step {
     }
 }
 
+/// The answer to a seal of `file` that failed with `e`: a file that could not be placed fails
+/// the sender's transfer, which ends the session from its side; a sender that broke the rules
+/// ends it now, as nothing more it sends can be trusted.
+fn unsealed(file: u32, e: DestinationError) -> Step {
+    let reply = Message::Finalized {
+        file,
+        error: Some(e.to_string()),
+    };
+    match e {
+        DestinationError::Protocol(e) => Step::reply_and_end(reply, Err(SessionOutcome::Failed(e))),
+        _ => Step::reply(reply),
+    }
+}
+
 /// A session's control connection between `Start` and its end.
 #[derive(Debug, Default)]
 pub(crate) struct ControlSession {
@@ -131,22 +147,36 @@ impl ControlSession {
                     ),
                 }
             }
-            Message::Seal { file, blake3 } => {
-                let result = files.seal(file, blake3);
-                if result.is_ok() {
+            Message::Seal { file, blake3 } => match files.seal(file, blake3) {
+                Ok(Sealed::Placed) => {
                     self.announced.placed += 1;
+                    Step::reply(Message::Finalized { file, error: None })
                 }
-                let reply = Message::Finalized {
-                    file,
-                    error: result.as_ref().err().map(ToString::to_string),
-                };
-                match result {
-                    // The sender broke the rules: nothing more it sends can be trusted.
-                    Err(DestinationError::Protocol(e)) => Step::reply_and_end(reply, failed(e)),
-                    // A file that could not be placed fails the sender's transfer, which
-                    // ends the session from its side.
-                    _ => Step::reply(reply),
+                Ok(Sealed::Changed) => Step::reply(Message::Compared {
+                    kept: Vec::new(),
+                    changed: vec![file],
+                }),
+                Err(e) => unsealed(file, e),
+            },
+            Message::Compare { files: compared } if compared.len() > BATCH_ENTRIES => {
+                Step::fail(format!(
+                    "a comparison of {} files, more than {BATCH_ENTRIES}",
+                    compared.len()
+                ))
+            }
+            Message::Compare { files: compared } => {
+                let (mut kept, mut changed) = (Vec::new(), Vec::new());
+                for (file, blake3) in compared {
+                    match files.seal(file, Some(blake3)) {
+                        Ok(Sealed::Placed) => {
+                            self.announced.placed += 1;
+                            kept.push(file);
+                        }
+                        Ok(Sealed::Changed) => changed.push(file),
+                        Err(e) => return unsealed(file, e),
+                    }
                 }
+                Step::reply(Message::Compared { kept, changed })
             }
             Message::QuicRequest => match files.offer_quic() {
                 Ok(certificate) => Step::reply(Message::QuicOffer { certificate }),
@@ -184,7 +214,7 @@ pub(crate) mod memory {
 
     use rangemap::RangeSet;
 
-    use super::{DestinationError, SessionFiles};
+    use super::{DestinationError, Sealed, SessionFiles};
     use crate::manifest::ManifestBatch;
     use crate::wire::{FileStatus, Removal};
 
@@ -198,14 +228,20 @@ pub(crate) mod memory {
 
     /// A destination in memory. Paths starting with `/` are refused; a file of the same path
     /// and size that an earlier session left ([`Files::left_by_earlier_session`]) is planned
-    /// from what it holds, as the journal does.
+    /// from what it holds, as the journal does. Comparing by content
+    /// ([`Files::compare_by_content`]), a complete one is kept when sealed unless its content
+    /// was changed ([`Files::changed_since`]).
     #[derive(Debug, Default)]
     pub(crate) struct Files {
         files: Vec<File>,
         earlier: HashMap<Vec<u8>, (u64, Vec<Range<u64>>)>,
-        /// Files complete when announced: never sealed.
+        /// Files complete when announced: never sealed (unless compared by content).
         complete: BTreeSet<u32>,
         sealed: BTreeSet<u32>,
+        /// Files complete when announced are compared by content when sealed.
+        by_content: bool,
+        /// Paths whose copy left by the earlier session differs from the source's content.
+        changed: BTreeSet<Vec<u8>>,
         /// Whether QUIC is served.
         pub quic: bool,
     }
@@ -217,6 +253,18 @@ pub(crate) mod memory {
             let held = held.iter().map(|&(offset, len)| offset..offset + len);
             self.earlier
                 .insert(path.as_bytes().to_vec(), (size, held.collect()));
+        }
+
+        /// Compare the files complete when announced by content, as a session with
+        /// [`crate::wire::PresentFiles::Compared`] does.
+        pub fn compare_by_content(&mut self) {
+            self.by_content = true;
+        }
+
+        /// The copy of `path` an earlier session left is not the source's content (same
+        /// size, other bytes).
+        pub fn changed_since(&mut self, path: &str) {
+            self.changed.insert(path.as_bytes().to_vec());
         }
 
         /// The bytes `range` of `file` arrived and were verified.
@@ -293,12 +341,30 @@ pub(crate) mod memory {
             Ok((first, plan))
         }
 
-        fn seal(&mut self, file: u32, _: Option<[u8; 32]>) -> Result<(), DestinationError> {
-            let Some(f) = self.files.get(file as usize) else {
+        fn seal(
+            &mut self,
+            file: u32,
+            blake3: Option<[u8; 32]>,
+        ) -> Result<Sealed, DestinationError> {
+            let Some(f) = self.files.get_mut(file as usize) else {
                 return Err(DestinationError::Protocol(format!(
                     "no file {file} to seal"
                 )));
             };
+            if self.by_content && self.complete.contains(&file) {
+                if blake3.is_none() {
+                    return Err(DestinationError::Protocol(format!(
+                        "file {file} compared without its hash"
+                    )));
+                }
+                self.complete.remove(&file);
+                if self.changed.contains(&f.path) {
+                    f.held = RangeSet::new();
+                    return Ok(Sealed::Changed);
+                }
+                self.sealed.insert(file);
+                return Ok(Sealed::Placed);
+            }
             if self.sealed.contains(&file) || self.complete.contains(&file) {
                 return Err(DestinationError::Protocol(format!(
                     "file {file} sealed twice"
@@ -310,7 +376,7 @@ pub(crate) mod memory {
                 )));
             }
             self.sealed.insert(file);
-            Ok(())
+            Ok(Sealed::Placed)
         }
 
         fn finish(&mut self) -> Result<Removal, DestinationError> {
@@ -349,7 +415,6 @@ mod tests {
                     mtime: time,
                     ctime: time,
                     inode: 0,
-                    content: None,
                 })
                 .collect(),
             last,
@@ -371,6 +436,51 @@ mod tests {
             },
             Err(SessionOutcome::Failed(reason.into())),
         )
+    }
+
+    /// Comparing by content, one `Compare` answers for all its files: those kept are placed,
+    /// those changed are to be sent and sealed; a file compared twice, or one compared
+    /// without having been held, breaks the protocol, and so does a comparison of more files
+    /// than a batch holds.
+    #[test]
+    fn a_comparison_answers_for_all_its_files_at_once() {
+        let (mut control, mut files) = (ControlSession::default(), Files::default());
+        files.compare_by_content();
+        for path in ["a", "b", "c"] {
+            files.left_by_earlier_session(path, 100, &[(0, 100)]);
+        }
+        files.changed_since("b");
+        let step = control.handle(batch(&["a", "b", "c", "d"], true), &mut files);
+        let complete = vec![FileStatus::Complete; 3];
+        assert_eq!(
+            step,
+            Step::reply(Message::Plan {
+                first: 0,
+                files: [complete, vec![FileStatus::Missing]].concat(),
+                last: true
+            })
+        );
+        let compare = |files: &[u32]| Message::Compare {
+            files: files.iter().map(|&f| (f, [1; 32])).collect(),
+        };
+        assert_eq!(
+            control.handle(compare(&[0, 1, 2]), &mut files),
+            Step::reply(Message::Compared {
+                kept: vec![0, 2],
+                changed: vec![1]
+            })
+        );
+        assert_eq!(control.announced().placed, 2);
+        let twice = control.handle(compare(&[0]), &mut files);
+        assert!(
+            matches!(&twice.end, Some(Err(SessionOutcome::Failed(e))) if e.contains("sealed twice")),
+            "{twice:?}"
+        );
+
+        let (mut control, mut files) = (ControlSession::default(), Files::default());
+        let many: Vec<u32> = (0..=BATCH_ENTRIES as u32).collect();
+        let step = control.handle(compare(&many), &mut files);
+        assert_eq!(step, failed("a comparison of 1025 files, more than 1024"));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::time::Instant;
 use tokio::time::{interval, Interval, MissedTickBehavior};
 
 use super::control::{ControlSession, SessionFiles, Step};
-use super::destination::{Destination, DestinationError, Placement};
+use super::destination::{Destination, DestinationError, Placement, Sealed};
 use super::grants;
 use super::{offer_quic, ReceiverEvent, Session, SessionOutcome, SessionReport, Shared, LINGER};
 use crate::auth;
@@ -150,7 +150,7 @@ async fn serve_session(shared: &Arc<Shared>, conn: &mut TaskConn, welcomed: Welc
     let name = SessionId(id).short();
     let mut beats = heartbeat();
     let writes = shared.served[places.tenant].access.writes();
-    let (dest, sink, verify_present, delete) = match next_message(conn, &mut beats).await {
+    let (dest, sink, present, delete) = match next_message(conn, &mut beats).await {
         Ok(Message::Start { dest, .. })
             if granted
                 .as_ref()
@@ -188,9 +188,9 @@ async fn serve_session(shared: &Arc<Shared>, conn: &mut TaskConn, welcomed: Welc
         Ok(Message::Start {
             dest,
             sink,
-            verify_present,
+            present,
             delete,
-        }) => (dest, sink, verify_present, delete),
+        }) => (dest, sink, present, delete),
         Ok(other) => {
             let reason = format!("expected Start, got {}", auth::name(&other));
             return refuse(shared, conn, peer, reason).await;
@@ -208,7 +208,7 @@ async fn serve_session(shared: &Arc<Shared>, conn: &mut TaskConn, welcomed: Welc
         max_unsealed: options.max_unsealed,
         budget: &shared.unsealed,
         direct_io: options.direct_io,
-        verify_present,
+        present,
         delete: delete.as_ref(),
     };
     let dest = match tokio::task::block_in_place(|| Destination::open(placement, sink)) {
@@ -403,7 +403,7 @@ impl SessionFiles for LiveFiles {
         self.session.dest.add_batch(batch)
     }
 
-    fn seal(&mut self, file: u32, blake3: Option<[u8; 32]>) -> Result<(), DestinationError> {
+    fn seal(&mut self, file: u32, blake3: Option<[u8; 32]>) -> Result<Sealed, DestinationError> {
         let _busy = self.session.activity.busy();
         self.session.dest.seal(file, blake3)
     }
@@ -439,7 +439,11 @@ pub(crate) fn control_for_fuzzing(
         ) -> Result<(u32, Vec<FileStatus>), DestinationError> {
             self.0.add_batch(batch)
         }
-        fn seal(&mut self, file: u32, blake3: Option<[u8; 32]>) -> Result<(), DestinationError> {
+        fn seal(
+            &mut self,
+            file: u32,
+            blake3: Option<[u8; 32]>,
+        ) -> Result<Sealed, DestinationError> {
             self.0.seal(file, blake3)
         }
         fn finish(&mut self) -> Result<Removal, DestinationError> {
@@ -460,8 +464,8 @@ pub(crate) fn control_for_fuzzing(
         max_unsealed: 1 << 10,
         budget: &super::announced::Budget::new(1 << 10),
         direct_io: false,
-        // A fresh root holds no file to verify.
-        verify_present: false,
+        // A fresh root holds no file to verify or compare.
+        present: crate::wire::PresentFiles::Kept,
         delete: None,
     };
     let mut files = match Destination::open(placement, crate::manifest::SinkKind::Files) {

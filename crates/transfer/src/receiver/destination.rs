@@ -14,7 +14,7 @@ use super::file_tree::{FileTree, MappedChunk};
 use crate::filter::Filter;
 use crate::manifest::{ManifestBatch, SinkKind, MAX_FILE_SIZE};
 use crate::sync::unpoisoned;
-use crate::wire::{FileStatus, Removal};
+use crate::wire::{FileStatus, PresentFiles, Removal};
 
 /// A failure of the destination.
 #[derive(Debug, thiserror::Error)]
@@ -152,11 +152,21 @@ pub struct Placement<'a> {
     pub budget: &'a Arc<Budget>,
     /// Write files with direct I/O ([`crate::direct_io`]).
     pub direct_io: bool,
-    /// Files already in place are kept to be sealed with the sender's hash, which their
-    /// content must match ([`crate::wire::Message::Start`]).
-    pub verify_present: bool,
+    /// What becomes of files already in place ([`crate::wire::Message::Start`]).
+    pub present: PresentFiles,
     /// Mirror: what the session removes once it is complete ([`crate::wire::Message::Start`]).
     pub delete: Option<&'a Filter>,
+}
+
+/// What sealing a file came to ([`Destination::seal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sealed {
+    /// The file is in place under its final name: sent, or compared by content and found to
+    /// be the source's.
+    Placed,
+    /// Compared by content and found to differ ([`PresentFiles::Compared`]): nothing of it is
+    /// held now, and it is sent whole.
+    Changed,
 }
 
 impl Destination {
@@ -238,11 +248,12 @@ impl Destination {
         matches!(self, Destination::Files(t) if t.writes_direct())
     }
 
-    /// Finalises a file whose chunks all arrived; `blake3` is the sender's whole-file hash.
-    pub fn seal(&self, file: u32, blake3: Option<[u8; 32]>) -> Result<(), DestinationError> {
+    /// Finalises a file whose chunks all arrived, or compares one already in place
+    /// ([`PresentFiles::Compared`]); `blake3` is the sender's whole-file hash.
+    pub fn seal(&self, file: u32, blake3: Option<[u8; 32]>) -> Result<Sealed, DestinationError> {
         match self {
             Destination::Files(t) => t.seal(file, blake3),
-            Destination::Discard(s) => s.seal(file),
+            Destination::Discard(s) => s.seal(file).map(|()| Sealed::Placed),
         }
     }
 

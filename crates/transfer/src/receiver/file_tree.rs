@@ -8,7 +8,7 @@
 //! so a session of many small files holds few descriptors however many files wait for their
 //! seal.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
 use std::fs::File;
 use std::ops::Range;
@@ -21,7 +21,7 @@ use rangemap::RangeSet;
 
 use super::announced::Announced;
 use super::destination::{
-    chunk_end, require_complete, ActivePaths, DestinationError, Placement, CLAIM_WAIT,
+    chunk_end, require_complete, ActivePaths, DestinationError, Placement, Sealed, CLAIM_WAIT,
 };
 use super::mirror::Mirror;
 use crate::direct_io;
@@ -30,7 +30,7 @@ use crate::manifest::{split_relative, DirEntry, FileEntry, ManifestBatch, PathEr
 use crate::seal::ChunkCheck;
 use crate::sync::unpoisoned;
 use crate::sys::mapped::{self, Detachable, Truncated, WriteWindow, MAPPED_MIN};
-use crate::wire::{FileStatus, Removal};
+use crate::wire::{FileStatus, PresentFiles, Removal};
 
 /// Files smaller than this that arrive in one chunk get no journal: an interruption before
 /// their seal costs sending them again, at most this much each, and saves a journal's create,
@@ -53,6 +53,9 @@ struct TreeFile {
     written: Condvar,
     /// Write the part file with direct I/O.
     direct: bool,
+    /// A copy in place of the entry's size is taken for it whatever its mtime, and its seal
+    /// compares its content ([`PresentFiles::Compared`]).
+    compared: bool,
 }
 
 /// A file's part file and journal (open while chunks are due), and which byte ranges verified.
@@ -71,9 +74,9 @@ struct PartState {
     writing: Vec<Writing>,
     /// Claims made so far (each gets its number).
     claims: u64,
-    /// The file was in place before the session, and the sender verifies it
-    /// ([`Placement::verify_present`]): it is held whole (so no chunk is written to it) and
-    /// its seal compares its content.
+    /// The file was in place before the session, and the sender verifies or compares it
+    /// ([`Placement::present`]): it is held whole (so no chunk is written to it) and its seal
+    /// compares its content.
     present: bool,
 }
 
@@ -133,8 +136,9 @@ pub struct FileTree {
     dirs: Mutex<Vec<(PathBuf, DirEntry)>>,
     files: Announced<TreeFile>,
     active: Arc<ActivePaths>,
-    /// Files already in place stay announced until their seal verifies them.
-    verify_present: bool,
+    /// What becomes of files already in place: unless kept, they stay announced until their
+    /// seal verifies or compares them.
+    present: PresentFiles,
     /// Write with direct I/O.
     direct: bool,
     /// A dry run ([`crate::manifest::SinkKind::Preview`]): batches are planned and nothing
@@ -142,6 +146,9 @@ pub struct FileTree {
     preview: bool,
     /// Files a dry run planned so far (the number of the next batch's first).
     previewed: Mutex<u32>,
+    /// A dry run's files of the last batch planned complete and compared by content, until
+    /// their seals compare them ([`PresentFiles::Compared`]).
+    preview_compared: Mutex<BTreeMap<u32, TreeFile>>,
     /// A mirroring session's manifest and filter: what it removes at the end.
     mirror: Option<Mirror>,
 }
@@ -199,9 +206,10 @@ impl FileTree {
             files: Announced::new(placement.max_unsealed, placement.budget.clone()),
             active: placement.active.clone(),
             direct: placement.direct_io,
-            verify_present: placement.verify_present,
+            present: placement.present,
             preview,
             previewed: Mutex::new(0),
+            preview_compared: Mutex::default(),
             mirror,
         })
     }
@@ -250,8 +258,9 @@ impl FileTree {
         };
         let plan: Vec<_> = prepared.iter().map(|(status, _)| status.clone()).collect();
         // Nothing will be written to a file that is already complete; unless it is to be
-        // verified, nothing more is done with it either.
-        if !self.verify_present {
+        // verified or compared, nothing more is done with it either.
+        let kept = self.present == PresentFiles::Kept;
+        if kept {
             self.active.release(
                 prepared
                     .iter()
@@ -260,7 +269,7 @@ impl FileTree {
             );
         }
         let first = room.add(prepared.into_iter().map(|(status, file)| match status {
-            FileStatus::Complete if self.verify_present => {
+            FileStatus::Complete if !kept => {
                 let mut state = file.state.lock().expect("part lock");
                 state.present = true;
                 if file.entry.size > 0 {
@@ -360,6 +369,7 @@ impl FileTree {
             state: Mutex::default(),
             written: Condvar::new(),
             direct: self.direct,
+            compared: self.present == PresentFiles::Compared,
         }
     }
 
@@ -370,19 +380,31 @@ impl FileTree {
         batch: &ManifestBatch,
         rels: &[PathBuf],
     ) -> Result<(u32, Vec<FileStatus>), DestinationError> {
+        let mut compared = self.preview_compared.lock().expect("preview lock");
+        if !compared.is_empty() {
+            return Err(DestinationError::Protocol(
+                "a dry run's batch before the last one's files were compared".into(),
+            ));
+        }
         let mut checker = self.checker.lock().expect("directory checker lock");
         for dir in &batch.dirs {
             checker.look(&self.root, &under(&self.dest, &dir.path)?)?;
         }
-        let mut plan = Vec::with_capacity(rels.len());
-        for (entry, rel) in batch.files.iter().zip(rels) {
-            let parent = rel.parent().unwrap_or(Path::new(""));
-            plan.push(match checker.look(&self.root, parent)? {
-                Some(dir) => self.tree_file(entry, rel, dir).resume_state(true)?.0,
-                None => FileStatus::Missing,
-            });
-        }
         let mut previewed = self.previewed.lock().expect("preview lock");
+        let mut plan = Vec::with_capacity(rels.len());
+        for (number, (entry, rel)) in (*previewed..).zip(batch.files.iter().zip(rels)) {
+            let parent = rel.parent().unwrap_or(Path::new(""));
+            let Some(dir) = checker.look(&self.root, parent)? else {
+                plan.push(FileStatus::Missing);
+                continue;
+            };
+            let file = self.tree_file(entry, rel, dir);
+            let status = file.resume_state(true)?.0;
+            if status == FileStatus::Complete && file.compared {
+                compared.insert(number, file);
+            }
+            plan.push(status);
+        }
         let first = *previewed;
         *previewed = previewed.saturating_add(plan.len() as u32);
         Ok((first, plan))
@@ -457,16 +479,15 @@ impl FileTree {
     }
 
     /// Puts a complete file in place: checks every byte verified (and the whole-file BLAKE3 when
-    /// given), sets mode and mtime, renames the part file to the final name.
+    /// given), sets mode and mtime, renames the part file to the final name. A file that was in
+    /// place before is verified or compared instead ([`FileTree::seal_present`]).
     pub(super) fn seal(
         &self,
         file: u32,
         expected: Option<[u8; 32]>,
-    ) -> Result<(), DestinationError> {
+    ) -> Result<Sealed, DestinationError> {
         if self.preview {
-            return Err(DestinationError::Protocol(
-                "a seal in a dry run, which places nothing".into(),
-            ));
+            return self.seal_preview(file, expected);
         }
         let f = self.files.to_seal(file)?;
         let io = io_at(&f.rel);
@@ -516,40 +537,75 @@ impl FileTree {
         drop(state);
         self.files.settle(file);
         self.active.release([&f.rel]);
-        Ok(())
+        Ok(Sealed::Placed)
     }
 
     /// Seals `file`, which was in place before the session: its content must hash as the
-    /// sender's source did (`expected`). It is left as it is either way: a copy that differs
-    /// while its size and mtime match may as well be the one that is right.
+    /// sender's source did (`expected`). Compared by content, a copy that does is given the
+    /// source's mode and mtime (so that a later plain run finds it complete too), and one
+    /// that does not is dropped from the plan, to be sent whole. Verified, a copy that
+    /// differs fails, and is left as it is: with the source's size and mtime, it may as well
+    /// be the one that is right.
     fn seal_present(
         &self,
         file: u32,
         f: &TreeFile,
         expected: Option<[u8; 32]>,
-    ) -> Result<(), DestinationError> {
-        let Some(expected) = expected else {
-            return Err(DestinationError::Protocol(format!(
-                "{}: a file already in place sealed without the hash that verifies it",
-                f.rel.display()
-            )));
-        };
+    ) -> Result<Sealed, DestinationError> {
         let io = io_at(&f.rel);
-        let same = f.read_final().and_then(|held| {
-            Ok(held.metadata()?.len() == f.entry.size
-                && direct_io::blake3_of(&held, false)? == blake3::Hash::from(expected))
-        });
+        let held = f.holds_content(expected)?;
+        if f.compared && held.is_none() {
+            // The copy in place stays until the source's, sent now, is renamed over it.
+            *f.state.lock().expect("part lock") = PartState::default();
+            return Ok(Sealed::Changed);
+        }
         self.files.settle(file);
         self.active.release([&f.rel]);
-        if !same.map_err(io)? {
-            return Err(DestinationError::Refused(format!(
+        match held {
+            Some((held, meta)) if f.compared => {
+                // Only what differs is set: a re-run of an identical tree changes no inode.
+                let mode = f.entry.mode & 0o777;
+                if meta.mode() & 0o777 != mode {
+                    held.set_permissions(std::fs::Permissions::from_mode(mode))
+                        .map_err(&io)?;
+                }
+                if Timestamp::mtime_of(&meta) != f.entry.mtime {
+                    held.set_modified(f.entry.mtime.to_system_time())
+                        .map_err(&io)?;
+                }
+                Ok(Sealed::Placed)
+            }
+            Some(_) => Ok(Sealed::Placed),
+            None => Err(DestinationError::Refused(format!(
                 "{}: the file already here has the source's size and mtime but not its content \
                  (end-to-end BLAKE3 differs); it was left as it is: send it again with \
                  --checksum to replace it",
                 f.rel.display()
-            )));
+            ))),
         }
-        Ok(())
+    }
+
+    /// A dry run's seal of a file it planned complete to compare by content: whether a run
+    /// would keep it or send it, changing nothing. Nothing else is sealed in a dry run.
+    fn seal_preview(
+        &self,
+        file: u32,
+        expected: Option<[u8; 32]>,
+    ) -> Result<Sealed, DestinationError> {
+        let compared = self
+            .preview_compared
+            .lock()
+            .expect("preview lock")
+            .remove(&file);
+        let Some(f) = compared else {
+            return Err(DestinationError::Protocol(
+                "a seal in a dry run, which places nothing".into(),
+            ));
+        };
+        match f.holds_content(expected)? {
+            Some(_) => Ok(Sealed::Placed),
+            None => Ok(Sealed::Changed),
+        }
     }
 
     /// Removes what a mirroring session's manifest does not hold ([`Mirror`]), sets directory
@@ -900,8 +956,7 @@ impl TreeFile {
     }
 
     /// What survives of an earlier attempt, and the state to continue from. A `preview`
-    /// (dry run) finds the same and changes nothing: stale leftovers stay, and a file kept
-    /// by its content keeps its mode and mtime.
+    /// (dry run) finds the same and changes nothing: stale leftovers stay.
     fn resume_state(&self, preview: bool) -> Result<(FileStatus, PartState), DestinationError> {
         if let Ok(meta) = self.dir.symlink_metadata(&self.name) {
             if meta.is_dir() {
@@ -916,10 +971,7 @@ impl TreeFile {
                     self.rel.display()
                 )));
             }
-            if meta.is_file()
-                && meta.len() == self.entry.size
-                && self.holds_entry(&meta, preview)?
-            {
+            if meta.is_file() && meta.len() == self.entry.size && self.holds_entry(&meta) {
                 if !preview {
                     // A journal may outlive its rename when the receiver died in between.
                     self.remove_leftovers()?;
@@ -965,35 +1017,36 @@ impl TreeFile {
         }
     }
 
-    /// Whether the file already under the final name, of the entry's size, is the entry's:
-    /// the same content when the sender compares content ([`FileEntry::content`]; its mode
-    /// and mtime are then made the source's, so that a later plain run finds it complete too),
-    /// else the same mtime. A `preview` leaves mode and mtime as they are.
-    fn holds_entry(
+    /// Whether the file already under the final name, of the entry's size, is taken for the
+    /// entry's: when it is compared by content, whatever its mtime (its seal compares the
+    /// content), else by the same mtime.
+    fn holds_entry(&self, meta: &cap_std::fs::Metadata) -> bool {
+        let mtime = Timestamp {
+            secs: meta.mtime(),
+            nanos: meta.mtime_nsec() as u32,
+        };
+        self.compared || mtime == self.entry.mtime
+    }
+
+    /// Whether the copy under the final name hashes as the sender's source did (`expected`,
+    /// which a seal of a file in place must carry): the copy, open, and its metadata if it
+    /// does, `None` if it does not.
+    fn holds_content(
         &self,
-        meta: &cap_std::fs::Metadata,
-        preview: bool,
-    ) -> Result<bool, DestinationError> {
-        let Some(content) = self.entry.content else {
-            let mtime = Timestamp {
-                secs: meta.mtime(),
-                nanos: meta.mtime_nsec() as u32,
-            };
-            return Ok(mtime == self.entry.mtime);
+        expected: Option<[u8; 32]>,
+    ) -> Result<Option<(File, std::fs::Metadata)>, DestinationError> {
+        let Some(expected) = expected else {
+            return Err(DestinationError::Protocol(format!(
+                "{}: a file already in place sealed without the hash that verifies it",
+                self.rel.display()
+            )));
         };
         let io = io_at(&self.rel);
-        let file = self.read_final().map_err(&io)?;
-        if direct_io::blake3_of(&file, false).map_err(&io)? != blake3::Hash::from(content) {
-            return Ok(false);
-        }
-        if preview {
-            return Ok(true);
-        }
-        file.set_permissions(std::fs::Permissions::from_mode(self.entry.mode & 0o777))
-            .map_err(&io)?;
-        file.set_modified(self.entry.mtime.to_system_time())
-            .map_err(&io)?;
-        Ok(true)
+        let held = self.read_final().map_err(&io)?;
+        let meta = held.metadata().map_err(&io)?;
+        let same = meta.len() == self.entry.size
+            && direct_io::blake3_of(&held, false).map_err(&io)? == blake3::Hash::from(expected);
+        Ok(same.then_some((held, meta)))
     }
 
     fn remove_leftovers(&self) -> Result<(), DestinationError> {
@@ -1127,7 +1180,6 @@ mod tests {
             mtime,
             ctime: mtime,
             inode: 1,
-            content: None,
         };
         ManifestBatch {
             dirs: Vec::new(),
@@ -1136,23 +1188,30 @@ mod tests {
         }
     }
 
+    /// Where a session's files land at `root`, room for one file unsealed.
+    fn placement<'a>(
+        root: &'a Path,
+        active: &'a Arc<ActivePaths>,
+        present: PresentFiles,
+    ) -> Placement<'a> {
+        static ONE: std::sync::LazyLock<Arc<Budget>> =
+            std::sync::LazyLock::new(|| Budget::new(1 << 20));
+        Placement {
+            root,
+            dest: b"",
+            owner: [0; 16],
+            active,
+            max_unsealed: 1,
+            budget: &ONE,
+            direct_io: false,
+            present,
+            delete: None,
+        }
+    }
+
     /// A session's tree at `root`, room for one file unsealed.
-    fn tree_at(root: &Path, active: &Arc<ActivePaths>, verify_present: bool) -> FileTree {
-        FileTree::open(
-            Placement {
-                root,
-                dest: b"",
-                owner: [0; 16],
-                active,
-                max_unsealed: 1,
-                budget: &Budget::new(1),
-                direct_io: false,
-                verify_present,
-                delete: None,
-            },
-            false,
-        )
-        .unwrap()
+    fn tree_at(root: &Path, active: &Arc<ActivePaths>, present: PresentFiles) -> FileTree {
+        FileTree::open(placement(root, active, present), false).unwrap()
     }
 
     #[test]
@@ -1167,7 +1226,7 @@ mod tests {
         std::fs::write(&journal, b"stale").unwrap();
         let batch = one_file(b"done.bin", 3, mtime);
         let active = Arc::default();
-        let tree = tree_at(root.path(), &active, false);
+        let tree = tree_at(root.path(), &active, PresentFiles::Kept);
         let (first, plan) = tree.add_batch(&batch).unwrap();
         assert_eq!(first, 0);
         assert_eq!(plan, vec![FileStatus::Complete]);
@@ -1175,7 +1234,7 @@ mod tests {
         assert_eq!(std::fs::read(&final_path).unwrap(), b"abc");
     }
 
-    /// With `verify_present`, a file in place stays announced: no chunk is written to it, a
+    /// Verifying files in place, a file in place stays announced: no chunk is written to it, a
     /// seal without the sender's hash breaks the protocol, one with another hash is refused
     /// naming the file and leaves it as it is, and one with its own hash settles it.
     #[test]
@@ -1186,7 +1245,7 @@ mod tests {
         let mtime = Timestamp::mtime_of(&std::fs::metadata(&final_path).unwrap());
         let batch = one_file(b"kept.bin", 6, mtime);
         let active = Arc::default();
-        let open = || tree_at(root.path(), &active, true);
+        let open = || tree_at(root.path(), &active, PresentFiles::Verified);
         let tree = open();
         assert_eq!(
             tree.add_batch(&batch).unwrap(),
@@ -1227,6 +1286,109 @@ mod tests {
         assert!(tree.seal(0, None).is_err(), "settled: sealed once");
     }
 
+    /// Comparing by content, a copy of the source's size is planned complete whatever its
+    /// mtime and compared when sealed: one that hashes the same is kept with the source's mode
+    /// and mtime; one that differs is answered `Changed`, then receives the source's bytes
+    /// and is replaced by them when sealed again.
+    #[test]
+    fn a_file_compared_by_content_is_kept_if_the_same_and_sent_again_if_not() {
+        let root = tempfile::tempdir().unwrap();
+        let (same, changed) = (
+            root.path().join("same.bin"),
+            root.path().join("changed.bin"),
+        );
+        std::fs::write(&same, b"abcdef").unwrap();
+        std::fs::write(&changed, b"abcdef").unwrap();
+        let mtime = Timestamp {
+            secs: 1_000_000,
+            nanos: 5,
+        };
+        let mut batch = one_file(b"same.bin", 6, mtime);
+        batch.files[0].mode = 0o600;
+        batch.files.push(FileEntry {
+            path: b"changed.bin".to_vec(),
+            ..batch.files[0].clone()
+        });
+        let active = Arc::default();
+        let tree = FileTree::open(
+            Placement {
+                max_unsealed: 2,
+                ..placement(root.path(), &active, PresentFiles::Compared)
+            },
+            false,
+        )
+        .unwrap();
+        let plan = tree.add_batch(&batch).unwrap();
+        assert_eq!(plan, (0, vec![FileStatus::Complete, FileStatus::Complete]));
+
+        let source = *blake3::hash(b"abcdef").as_bytes();
+        assert_eq!(tree.seal(0, Some(source)).unwrap(), Sealed::Placed);
+        let meta = std::fs::metadata(&same).unwrap();
+        assert_eq!(Timestamp::mtime_of(&meta), mtime, "the source's mtime");
+        assert_eq!(meta.mode() & 0o777, 0o600, "the source's mode");
+
+        let source = *blake3::hash(b"ABCDEF").as_bytes();
+        assert_eq!(tree.seal(1, Some(source)).unwrap(), Sealed::Changed);
+        assert_eq!(
+            std::fs::read(&changed).unwrap(),
+            b"abcdef",
+            "kept until replaced"
+        );
+        assert!(
+            tree.seal(1, None).is_err(),
+            "nothing of it is held any more"
+        );
+        tree.write(1, 0, b"ABCDEF", crate::wire::chunk_checksum(b"ABCDEF"))
+            .unwrap();
+        assert_eq!(tree.seal(1, Some(source)).unwrap(), Sealed::Placed);
+        assert_eq!(std::fs::read(&changed).unwrap(), b"ABCDEF");
+    }
+
+    /// A dry run that compares by content answers each seal of a file it planned complete as
+    /// a run would, and changes nothing; its next batch waits for those seals.
+    #[test]
+    fn a_dry_run_compares_by_content_and_changes_nothing() {
+        let root = tempfile::tempdir().unwrap();
+        let held = root.path().join("held.bin");
+        std::fs::write(&held, b"abcdef").unwrap();
+        let before = std::fs::metadata(&held).unwrap();
+        let batch = one_file(b"held.bin", 6, Timestamp { secs: 1, nanos: 0 });
+        let active = Arc::default();
+        let tree = FileTree::open(
+            placement(root.path(), &active, PresentFiles::Compared),
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            tree.add_batch(&batch).unwrap(),
+            (0, vec![FileStatus::Complete])
+        );
+        match tree.add_batch(&one_file(b"next.bin", 1, Timestamp { secs: 1, nanos: 0 })) {
+            Err(DestinationError::Protocol(e)) => assert!(e.contains("compared"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        let other = *blake3::hash(b"ABCDEF").as_bytes();
+        assert_eq!(tree.seal(0, Some(other)).unwrap(), Sealed::Changed);
+        assert!(tree.seal(0, Some(other)).is_err(), "compared once");
+        let after = std::fs::metadata(&held).unwrap();
+        assert_eq!(std::fs::read(&held).unwrap(), b"abcdef");
+        assert_eq!(Timestamp::mtime_of(&after), Timestamp::mtime_of(&before));
+
+        let tree = FileTree::open(
+            placement(root.path(), &active, PresentFiles::Compared),
+            true,
+        )
+        .unwrap();
+        tree.add_batch(&batch).unwrap();
+        let source = *blake3::hash(b"abcdef").as_bytes();
+        assert_eq!(tree.seal(0, Some(source)).unwrap(), Sealed::Placed);
+        assert_eq!(
+            Timestamp::mtime_of(&std::fs::metadata(&held).unwrap()),
+            Timestamp::mtime_of(&before),
+            "a dry run sets no mtime"
+        );
+    }
+
     /// A chunk being received into a mapped window, overtaken by a verified copy of the same
     /// range (a straggler's unit sent again on another stream): the detach leaves the window's
     /// bytes half in memory, and the chunk is answered as verified by the copy, not refused as
@@ -1238,7 +1400,7 @@ mod tests {
         let data: Vec<u8> = (0..MAPPED_MIN).map(|i| (i * 7 % 251) as u8).collect();
         let mtime = Timestamp { secs: 1, nanos: 0 };
         let active = Arc::default();
-        let tree = tree_at(root.path(), &active, false);
+        let tree = tree_at(root.path(), &active, PresentFiles::Kept);
         let batch = one_file(b"big.bin", data.len() as u64, mtime);
         assert_eq!(
             tree.add_batch(&batch).unwrap(),
@@ -1275,18 +1437,8 @@ mod tests {
             ..batch.files[0].clone()
         });
         let active = Arc::default();
-        let placement = Placement {
-            root: root.path(),
-            dest: b"",
-            owner: [0; 16],
-            active: &active,
-            max_unsealed: 1,
-            budget: &Budget::new(1),
-            direct_io: false,
-            verify_present: false,
-            delete: None,
-        };
-        let tree = FileTree::open(placement, true).unwrap();
+        let tree =
+            FileTree::open(placement(root.path(), &active, PresentFiles::Kept), true).unwrap();
         let plan = tree.add_batch(&batch).unwrap();
         assert_eq!(plan, (0, vec![FileStatus::Missing, FileStatus::Missing]));
         assert!(

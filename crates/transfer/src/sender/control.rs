@@ -12,14 +12,22 @@ use super::control_session::Planner;
 use super::{ControlEvent, Shared};
 use crate::wire::{self, FrameReader, Message};
 
-/// Writes each batch of the manifest, `Seal` for each file as it completes, then `Finish` once
-/// every file is finalised.
+/// Most bytes of source files hashed into one [`Message::Compare`]: the receiver starts
+/// comparing a group once it arrives, so that a group of large files does not keep it waiting
+/// while the sender hashes them all.
+const COMPARE_GROUP_BYTES: u64 = 64 << 20;
+
+/// Writes each batch of the manifest, `Seal` for each file as it completes, `Compare` for the
+/// files the receiver holds (those queued together, one message for up to
+/// [`wire::BATCH_ENTRIES`] files or [`COMPARE_GROUP_BYTES`]), then `Finish` once every file is
+/// finalised.
 pub(super) fn run_writer(
     shared: &Shared,
     mut writer: FrameWriter<LinkWriter>,
     events: mpsc::Receiver<ControlEvent>,
 ) {
-    for event in events {
+    let mut held_back = None;
+    while let Some(event) = held_back.take().or_else(|| events.recv().ok()) {
         let message = match event {
             ControlEvent::Entries(batch) => Message::Entries(batch),
             ControlEvent::Seal(file) => {
@@ -32,6 +40,31 @@ pub(super) fn run_writer(
                     Ok(blake3) => Message::Seal { file, blake3 },
                     Err(e) => return shared.fail(e),
                 }
+            }
+            ControlEvent::Compare(first) => {
+                let (mut files, mut bytes, mut next) = (Vec::new(), 0, Some(first));
+                while let Some(file) = next.take() {
+                    // Hashed here, while the streams carry other files.
+                    let hashed = shared.source_file(file).and_then(|source| {
+                        let hash = shared.source.check_unchanged(&source, true)?;
+                        Ok((hash.unwrap_or_default(), source.entry.size))
+                    });
+                    match hashed {
+                        Ok((hash, size)) => {
+                            files.push((file, hash));
+                            bytes += size;
+                        }
+                        Err(e) => return shared.fail(e),
+                    }
+                    if files.len() < wire::BATCH_ENTRIES && bytes < COMPARE_GROUP_BYTES {
+                        match events.try_recv() {
+                            Ok(ControlEvent::Compare(file)) => next = Some(file),
+                            Ok(other) => held_back = Some(other),
+                            Err(_) => {}
+                        }
+                    }
+                }
+                Message::Compare { files }
             }
             ControlEvent::AllFinalized => Message::Finish,
             ControlEvent::Abort => return,

@@ -6,9 +6,13 @@
 //!
 //! ```text
 //! Plan of the next batch ──▶ Count, Queue each file's missing ranges, CloseQueue after the
-//!                            last, Settle the complete files (Seal them, to be verified,
-//!                            with verify_present), Seal those with nothing to send
+//!                            last (once no file is being compared), Settle the complete
+//!                            files (Seal them to be verified, or Compare them, as
+//!                            PresentFiles says), Seal those with nothing to send
 //! Finalized (file)       ──▶ Settle it; Finish once the whole manifest is finalised
+//! Compared (files)       ──▶ Settle those kept; for each that changed, Changed (its bytes
+//!                            are to send after all) and Queue it whole; CloseQueue once no
+//!                            file is being compared
 //! Done                   ──▶ Complete, with what was removed (only after Finish was asked for)
 //! Working                ──▶ nothing (the receiver is busy with a long step)
 //! ```
@@ -18,7 +22,7 @@ use std::ops::Range;
 
 use super::SendError;
 use crate::auth;
-use crate::wire::{FileStatus, Message, Removal};
+use crate::wire::{FileStatus, Message, PresentFiles, Removal};
 
 /// What the rules need to know of the manifest the sender announced so far.
 pub(crate) trait Announced {
@@ -48,6 +52,12 @@ pub(crate) enum Action {
     Settle(u32),
     /// Seal the file at once: nothing of it is left to send.
     Seal(u32),
+    /// Have the receiver compare its copy of the file, which it holds complete, with the
+    /// source's hash ([`PresentFiles::Compared`]).
+    Compare(u32),
+    /// The receiver's copy of a compared file is not the source's: its bytes, counted as held,
+    /// are to be sent after all (its ranges follow in a `Queue`).
+    Changed(u32),
     /// Every file is finalised: ask the receiver to finish.
     Finish,
     /// The receiver finished: the transfer is complete, and this is what a mirroring session
@@ -63,21 +73,25 @@ pub(crate) struct Planner {
     next: u32,
     /// Files planned that wait for the receiver to finalise them.
     sealing: BTreeSet<u32>,
+    /// Of those, the files sealed to be compared by content, until the receiver answers: each
+    /// may yet have to be sent.
+    comparing: BTreeSet<u32>,
     /// The plan of the last batch arrived.
     whole: bool,
+    /// Every range of the manifest is queued (`CloseQueue` was given).
+    closed: bool,
     /// `Finish` was asked for.
     finishing: bool,
-    /// Files complete at the receiver are sealed too, to be verified
-    /// ([`Message::Start`]'s `verify_present`).
-    verify_present: bool,
+    /// What becomes of files complete at the receiver ([`Message::Start`]'s `present`).
+    present: PresentFiles,
 }
 
 impl Planner {
-    /// The rules of a session whose files already at the receiver are verified too
-    /// (`verify_present`), or settled as they are.
-    pub(crate) fn verifying_present(verify_present: bool) -> Planner {
+    /// The rules of a session whose files already at the receiver are `present`: kept as they
+    /// are, verified or compared by content.
+    pub(crate) fn new(present: PresentFiles) -> Planner {
         Planner {
-            verify_present,
+            present,
             ..Planner::default()
         }
     }
@@ -103,7 +117,39 @@ impl Planner {
                         files.shown(file)
                     )));
                 }
+                if self.comparing.contains(&file) {
+                    return Err(SendError::Protocol(format!(
+                        "{} finalised when it was being compared",
+                        files.shown(file)
+                    )));
+                }
                 let mut actions = vec![Action::Settle(file)];
+                actions.extend(self.finish_when_done());
+                Ok(actions)
+            }
+            Message::Compared { kept, changed } => {
+                let mut actions = Vec::new();
+                for &file in kept.iter().chain(&changed) {
+                    if !self.comparing.remove(&file) {
+                        return Err(SendError::Protocol(format!(
+                            "{} said compared when it was not being compared",
+                            files.shown(file)
+                        )));
+                    }
+                }
+                for file in kept {
+                    self.sealing.remove(&file);
+                    actions.push(Action::Settle(file));
+                }
+                for file in changed {
+                    let ranges = ranges_to_send(files.size(file)?, &FileStatus::Missing)?;
+                    actions.push(Action::Changed(file));
+                    actions.push(match ranges.is_empty() {
+                        true => Action::Seal(file),
+                        false => Action::Queue(file, ranges),
+                    });
+                }
+                actions.extend(self.close_when_queued());
                 actions.extend(self.finish_when_done());
                 Ok(actions)
             }
@@ -159,10 +205,14 @@ impl Planner {
             let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
             to_send += bytes;
             skipped += size - bytes;
-            match status {
-                FileStatus::Complete if !self.verify_present => {
+            match (status, self.present) {
+                (FileStatus::Complete, PresentFiles::Kept) => {
                     settled.push(Action::Settle(file));
                     continue;
+                }
+                (FileStatus::Complete, PresentFiles::Compared) => {
+                    self.comparing.insert(file);
+                    sealed.push(Action::Compare(file));
                 }
                 _ if ranges.is_empty() => sealed.push(Action::Seal(file)),
                 _ => queued.push(Action::Queue(file, ranges)),
@@ -173,13 +223,21 @@ impl Planner {
         self.whole = last;
         let mut actions = vec![Action::Count { to_send, skipped }];
         actions.extend(queued);
-        if last {
-            actions.push(Action::CloseQueue);
-        }
+        actions.extend(self.close_when_queued());
         actions.extend(settled);
         actions.extend(sealed);
         actions.extend(self.finish_when_done());
         Ok(actions)
+    }
+
+    /// `CloseQueue`, once the whole manifest is planned and no file being compared may yet
+    /// have to be sent (and only once).
+    fn close_when_queued(&mut self) -> Option<Action> {
+        if self.whole && !self.closed && self.comparing.is_empty() {
+            self.closed = true;
+            return Some(Action::CloseQueue);
+        }
+        None
     }
 
     /// `Finish`, once every file of the whole manifest is finalised (and only once).
@@ -248,7 +306,7 @@ mod tests {
         }
     }
 
-    /// With `verify_present`, a file the receiver holds complete is sealed as the others are
+    /// Verifying files in place, a file the receiver holds complete is sealed as the others are
     /// (its seal carries the hash the receiver checks its copy against), and the session
     /// finishes only once that file too is finalised; without it, the file is settled at once.
     #[test]
@@ -273,7 +331,7 @@ mod tests {
                 Action::Settle(0)
             ]
         );
-        let mut verifying = Planner::verifying_present(true);
+        let mut verifying = Planner::new(PresentFiles::Verified);
         let actions = verifying.handle(plan, &TwoFiles).unwrap();
         assert_eq!(actions, [count, queue, Action::CloseQueue, Action::Seal(0)]);
         let finalized = |file| Message::Finalized { file, error: None };
@@ -284,6 +342,66 @@ mod tests {
         assert_eq!(
             verifying.handle(finalized(0), &TwoFiles).unwrap(),
             [Action::Settle(0), Action::Finish]
+        );
+    }
+
+    /// Comparing by content, the files the receiver holds are compared, and the queue stays
+    /// open until each is answered: one kept is settled, one that changed is queued whole,
+    /// its bytes counted to send, and the session finishes once it too is finalised. An
+    /// answer about a file that is not being compared breaks the protocol, and so does a
+    /// compared file said finalised.
+    #[test]
+    fn files_compared_by_content_keep_the_queue_open_until_answered() {
+        let plan = Message::Plan {
+            first: 0,
+            files: vec![FileStatus::Complete, FileStatus::Complete],
+            last: true,
+        };
+        let mut comparing = Planner::new(PresentFiles::Compared);
+        assert_eq!(
+            comparing.handle(plan.clone(), &TwoFiles).unwrap(),
+            [
+                Action::Count {
+                    to_send: 0,
+                    skipped: 20
+                },
+                Action::Compare(0),
+                Action::Compare(1)
+            ]
+        );
+        let compared = |kept: &[u32], changed: &[u32]| Message::Compared {
+            kept: kept.to_vec(),
+            changed: changed.to_vec(),
+        };
+        assert_eq!(
+            comparing.handle(compared(&[0], &[]), &TwoFiles).unwrap(),
+            [Action::Settle(0)]
+        );
+        assert_eq!(
+            comparing.handle(compared(&[], &[1]), &TwoFiles).unwrap(),
+            [
+                Action::Changed(1),
+                Action::Queue(1, std::iter::once(0..10).collect()),
+                Action::CloseQueue
+            ]
+        );
+        let again = comparing.handle(compared(&[], &[1]), &TwoFiles);
+        assert!(
+            matches!(&again, Err(SendError::Protocol(e)) if e.contains("not being compared")),
+            "{again:?}"
+        );
+        let finalized = |file| Message::Finalized { file, error: None };
+        assert_eq!(
+            comparing.handle(finalized(1), &TwoFiles).unwrap(),
+            [Action::Settle(1), Action::Finish]
+        );
+
+        let mut comparing = Planner::new(PresentFiles::Compared);
+        comparing.handle(plan, &TwoFiles).unwrap();
+        let early = comparing.handle(finalized(0), &TwoFiles);
+        assert!(
+            matches!(&early, Err(SendError::Protocol(e)) if e.contains("being compared")),
+            "{early:?}"
         );
     }
 

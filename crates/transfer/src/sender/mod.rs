@@ -55,7 +55,7 @@ use crate::session_id::SessionId;
 use crate::tcp_info::{self, TcpInfo};
 use crate::telemetry;
 use crate::transport::{self, Transport};
-use crate::wire::{self, FrameReader, Limit, Message, Removal, Role, WireError};
+use crate::wire::{self, FrameReader, Limit, Message, PresentFiles, Removal, Role, WireError};
 use control_session::{Action, Announced, Planner};
 pub use fetch::{fetch, grant, FetchCanceller, FetchReport, FetchRequest, Fetching};
 use hand_out::HandOut;
@@ -544,6 +544,19 @@ pub struct Summary {
     /// What the receiver removed because the sources do not hold it
     /// ([`SendOptions::delete`]); empty without it.
     pub removed: Removal,
+    /// The files the receiver held that were compared by content ([`SendOptions::checksum`]);
+    /// none without it.
+    #[serde(default)]
+    pub compared: Compared,
+}
+
+/// The files of a transfer compared by content ([`Summary::compared`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Compared {
+    /// Files the receiver held at the source's size, hashed on both sides.
+    pub files: u64,
+    /// Of those, the files whose content differed, which were sent.
+    pub changed: u64,
 }
 
 impl Summary {
@@ -564,6 +577,7 @@ impl Summary {
     ///     retransmits: 0,
     ///     transport: Transport::Tcp,
     ///     removed: Default::default(),
+    ///     compared: Default::default(),
     /// };
     /// assert_eq!(summary.gbit_per_s(), 10.0);
     /// ```
@@ -582,6 +596,9 @@ enum ControlEvent {
     Entries(ManifestBatch),
     /// All of this file's units were acknowledged: check the source and seal it.
     Seal(u32),
+    /// The receiver holds this file complete: check the source and seal it with its hash, for
+    /// the receiver to compare.
+    Compare(u32),
     /// Every file is finalised: end the session.
     AllFinalized,
     /// The transfer failed: stop.
@@ -635,6 +652,9 @@ struct Shared {
     bytes_sent: AtomicU64,
     files_total: AtomicU64,
     files_done: AtomicU64,
+    /// Files the receiver held, compared by content, and of those, the ones that differed.
+    files_compared: AtomicU64,
+    files_changed: AtomicU64,
     streams: Mutex<BTreeMap<u64, Arc<StreamHandle>>>,
     /// Final samples of the streams closed since the interval meter last took them; `None`
     /// while no meter runs (nobody would take them). Locked after `streams`.
@@ -927,6 +947,16 @@ impl Shared {
                 Action::CloseQueue => queue.get_or_insert_with(|| self.units.change()).close(),
                 Action::Settle(file) => self.settle(file)?,
                 Action::Seal(file) => self.send_control(ControlEvent::Seal(file)),
+                Action::Compare(file) => {
+                    self.files_compared.fetch_add(1, Ordering::Relaxed);
+                    self.send_control(ControlEvent::Compare(file));
+                }
+                Action::Changed(file) => {
+                    let size = self.source_file(file)?.entry.size;
+                    self.files_changed.fetch_add(1, Ordering::Relaxed);
+                    self.bytes_skipped.fetch_sub(size, Ordering::Relaxed);
+                    self.bytes_total.fetch_add(size, Ordering::Relaxed);
+                }
                 Action::Finish => self.send_control(ControlEvent::AllFinalized),
                 Action::Complete(removed) => self.complete(removed),
             }
@@ -1007,9 +1037,6 @@ impl Transfer {
         let (first_batch, source_data, scanner, dest, sink) = match source {
             SendSource::Paths { paths, destination } => {
                 let mut scanner = Scanner::new(&paths)?.with_filter(&options.filter)?;
-                if options.checksum {
-                    scanner = scanner.by_content();
-                }
                 let first = scanner.next_batch(wire::BATCH_ENTRIES)?;
                 (
                     first,
@@ -1061,13 +1088,14 @@ impl Transfer {
                 },
         } = open_control(&addrs, &config)?;
         let notices = Vec::from_iter(fallback);
-        // With --checksum, files in place were compared by content in the plan already.
-        let verify_present =
-            sink == SinkKind::Files && config.options.verify && !config.options.checksum;
+        let present = match sink {
+            SinkKind::Files => config.options.present(),
+            _ => PresentFiles::Kept,
+        };
         let opening = Message::Start {
             dest,
             sink,
-            verify_present,
+            present,
             delete: config.options.deletion(),
         };
         wire::write_message(&mut writer, &opening).map_err(|e| config.lost(e))?;
@@ -1118,6 +1146,8 @@ impl Transfer {
             bytes_sent: AtomicU64::new(0),
             files_total: AtomicU64::new(0),
             files_done: AtomicU64::new(0),
+            files_compared: AtomicU64::new(0),
+            files_changed: AtomicU64::new(0),
             streams: Mutex::new(BTreeMap::new()),
             departed: Mutex::new(None),
             timeline: Mutex::new(Vec::new()),
@@ -1133,7 +1163,7 @@ impl Transfer {
         let whole = batch.last;
         wire::write_message(&mut writer, &Message::Entries(batch))
             .map_err(|e| shared.config.lost(e))?;
-        let mut planner = Planner::verifying_present(verify_present);
+        let mut planner = Planner::new(present);
         let answer = read_answer(&mut reader, &shared.config)?;
         shared.act(planner.handle(answer, &*shared)?)?;
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
@@ -1491,6 +1521,10 @@ impl Transfer {
             retransmits: shared.closed_retransmits.load(Ordering::Relaxed),
             transport: shared.transport,
             removed,
+            compared: Compared {
+                files: shared.files_compared.load(Ordering::Relaxed),
+                changed: shared.files_changed.load(Ordering::Relaxed),
+            },
         })
     }
 }

@@ -59,8 +59,10 @@ pub struct SendOptions {
     pub unit_size: u32,
     /// Also compare a BLAKE3 hash of each whole file end to end.
     pub verify: bool,
-    /// Compare files already at the receiver by content (BLAKE3, hashed on both sides), not by
-    /// size and mtime: a file rewritten with the same size and mtime is sent again.
+    /// Compare files already at the receiver by content, not by size and mtime: a file
+    /// rewritten with the same size and mtime is sent again. Both sides hash (BLAKE3) only the
+    /// files the receiver holds at the source's size, while other files' data flows
+    /// ([`crate::wire::PresentFiles::Compared`]).
     pub checksum: bool,
     /// Read source files with direct I/O (`O_DIRECT`), bypassing the page cache: for parallel
     /// file systems, and so that a transfer does not fill this host's page cache. A file whose
@@ -263,6 +265,16 @@ impl SendOptions {
             )));
         }
         Ok(())
+    }
+
+    /// What the session does with files the receiver already holds: compared by content
+    /// (`checksum`, which verifies them too), verified (`verify`), or kept.
+    pub(super) fn present(&self) -> wire::PresentFiles {
+        match (self.checksum, self.verify) {
+            (true, _) => wire::PresentFiles::Compared,
+            (false, true) => wire::PresentFiles::Verified,
+            (false, false) => wire::PresentFiles::Kept,
+        }
     }
 
     /// Whether its connections seal their frames ([`SendOptions::integrity`]; TLS and QUIC

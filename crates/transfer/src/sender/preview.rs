@@ -3,6 +3,7 @@
 //! reads from the plans what a run would send, resume and skip, sending no data, and from
 //! the receiver's last answer what it would remove ([`SendOptions::delete`]).
 
+use std::collections::BTreeSet;
 use std::os::unix::ffi::OsStrExt;
 
 use serde::{Deserialize, Serialize};
@@ -12,7 +13,8 @@ use super::SendError;
 use super::{open_control, read_answer, resolve, Config, ControlLink, SendOptions, SendSource};
 use crate::auth::{self, SessionKey};
 use crate::manifest::{Scanner, SinkKind};
-use crate::wire::{self, FileStatus, Message, Removal};
+use crate::seal::FrameWrite;
+use crate::wire::{self, FileStatus, FrameReader, Message, PresentFiles, Removal};
 
 /// What a run of the same transfer would do, file by file, as a dry run found it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,9 +103,7 @@ pub fn preview(
         ));
     };
     let mut scanner = Scanner::new(&paths)?.with_filter(&options.filter)?;
-    if options.checksum {
-        scanner = scanner.by_content();
-    }
+    let present = options.present();
     let config = Config {
         addr: receiver.to_string(),
         key,
@@ -117,7 +117,7 @@ pub fn preview(
     let start = Message::Start {
         dest: destination.as_os_str().as_bytes().to_vec(),
         sink: SinkKind::Preview,
-        verify_present: false,
+        present,
         delete: config.options.deletion(),
     };
     wire::write_message(&mut writer, &start).map_err(|e| config.lost(e))?;
@@ -130,6 +130,7 @@ pub fn preview(
         let files: Vec<(String, u64)> = (batch.files.iter())
             .map(|f| (String::from_utf8_lossy(&f.path).into_owned(), f.size))
             .collect();
+        let local_paths = scanned.local_paths;
         wire::write_message(&mut writer, &Message::Entries(batch)).map_err(|e| config.lost(e))?;
         let plan = match read_answer(&mut reader, &config)? {
             Message::Plan {
@@ -152,14 +153,26 @@ pub fn preview(
             }
             other => return Err(refusal(other)),
         };
-        for ((path, size), status) in files.into_iter().zip(plan) {
+        let compared = match present {
+            PresentFiles::Compared => compare(
+                &plan,
+                first,
+                &local_paths,
+                &mut reader,
+                &mut writer,
+                &config,
+            )?,
+            _ => BTreeSet::new(),
+        };
+        for (number, ((path, size), status)) in (first..).zip(files.into_iter().zip(plan)) {
             let to_send = (ranges_to_send(size, &status)?.iter())
                 .map(|r| r.end - r.start)
                 .sum();
-            let action = match status {
-                FileStatus::Missing => PreviewAction::Send,
-                FileStatus::Partial(_) => PreviewAction::Resume,
-                FileStatus::Complete => PreviewAction::Skip,
+            let (action, to_send) = match status {
+                _ if compared.contains(&number) => (PreviewAction::Send, size),
+                FileStatus::Missing => (PreviewAction::Send, to_send),
+                FileStatus::Partial(_) => (PreviewAction::Resume, to_send),
+                FileStatus::Complete => (PreviewAction::Skip, to_send),
             };
             preview.files.push(PreviewFile {
                 path,
@@ -175,6 +188,66 @@ pub fn preview(
     wire::write_message(&mut writer, &Message::Finish).map_err(|e| config.lost(e))?;
     match read_answer(&mut reader, &config)? {
         Message::Done { removed } => Ok(Preview { removed, ..preview }),
+        other => Err(refusal(other)),
+    }
+}
+
+/// Has the receiver compare by content each file of a batch it planned complete (the batch's
+/// first file is number `first`, its files' sources are `local_paths`), as a run would, in one
+/// [`Message::Compare`]. Returns the manifest numbers of the files whose copies differ.
+fn compare<R: std::io::Read>(
+    plan: &[FileStatus],
+    first: usize,
+    local_paths: &[std::path::PathBuf],
+    reader: &mut FrameReader<R>,
+    writer: &mut impl FrameWrite,
+    config: &Config,
+) -> Result<BTreeSet<usize>, SendError> {
+    let mut held = Vec::new();
+    for (i, status) in plan.iter().enumerate() {
+        if *status != FileStatus::Complete {
+            continue;
+        }
+        let local = &local_paths[i];
+        let hash = std::fs::File::open(local)
+            .and_then(|file| crate::direct_io::blake3_of(&file, false))
+            .map_err(|e| SendError::Source {
+                path: local.display().to_string(),
+                cause: e.into(),
+            })?;
+        held.push(((first + i) as u32, *hash.as_bytes()));
+    }
+    if held.is_empty() {
+        return Ok(BTreeSet::new());
+    }
+    let asked: BTreeSet<u32> = held.iter().map(|&(file, _)| file).collect();
+    let compare = Message::Compare { files: held };
+    wire::write_message(writer, &compare).map_err(|e| config.lost(e))?;
+    match read_answer(reader, config)? {
+        Message::Compared { kept, changed }
+            if kept.len() + changed.len() == asked.len()
+                && kept
+                    .iter()
+                    .chain(&changed)
+                    .copied()
+                    .collect::<BTreeSet<_>>()
+                    == asked =>
+        {
+            Ok(changed.into_iter().map(|f| f as usize).collect())
+        }
+        Message::Finalized {
+            file,
+            error: Some(reason),
+        } => Err(SendError::Receiver {
+            file: (file as usize)
+                .checked_sub(first)
+                .and_then(|i| local_paths.get(i))
+                .map(|path| path.display().to_string()),
+            reason,
+        }),
+        Message::Compared { .. } => Err(SendError::Protocol(
+            "a comparison answered for other files than the dry run asked about".into(),
+        )),
         other => Err(refusal(other)),
     }
 }

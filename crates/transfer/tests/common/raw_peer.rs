@@ -10,7 +10,8 @@ use transfer::auth::{handshake_as_client, ChannelBinding, SessionKey, Welcomed};
 use transfer::manifest::{DirEntry, FileEntry, ManifestBatch, SinkKind, Timestamp};
 use transfer::receiver::{Receiver, ReceiverSettings};
 use transfer::wire::{
-    chunk_checksum, write_chunk, write_message, ChunkHeader, FileStatus, FrameReader, Message, Role,
+    chunk_checksum, write_chunk, write_message, ChunkHeader, FileStatus, FrameReader, Message,
+    PresentFiles, Role,
 };
 
 pub const KEY: &str = "hostile-peer-test-key-0123456789";
@@ -75,7 +76,6 @@ pub fn entry(path: &[u8], size: u64) -> FileEntry {
             nanos: 6,
         },
         inode: 77,
-        content: None,
     }
 }
 
@@ -114,7 +114,7 @@ pub fn open_session_into(
     let start = Message::Start {
         dest: dest.to_vec(),
         sink: SinkKind::Files,
-        verify_present: false,
+        present: PresentFiles::Kept,
         delete: None,
     };
     write_message(&mut writer, &start).unwrap();
