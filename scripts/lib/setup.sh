@@ -42,27 +42,44 @@ ensure_cargo_fuzz() {
   fi
 }
 
-ensure_python_env() {
-  local venv="$repo_root/.venv"
+# Installs REQUIREMENTS into .venv unless MARKER is newer than every one of FILES and CHECK (a
+# Python statement) succeeds, then installs bench/ and training/ from the checkout and touches
+# MARKER: ensure_python_env and ensure_training_env below.
+pip_install_once() {
+  local venv="$repo_root/.venv" marker="$1" check="$2" requirements="$3" stale=""
+  shift 3
   if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv" 2>/dev/null || { apt_install python3-venv && python3 -m venv "$venv"; }
   fi
-  local stale=""
-  for f in bench/pyproject.toml training/pyproject.toml training/requirements.txt; do
-    [ "$repo_root/$f" -nt "$venv/.installed" ] && stale=1
+  for f in "$@"; do
+    [ "$repo_root/$f" -nt "$venv/$marker" ] && stale=1
   done
-  if [ -n "$stale" ] || ! "$venv/bin/python" -c "import xfer_bench, xfer_training, pytest, ruff" 2>/dev/null; then
-    # training/requirements.txt pins every package of both (PyTorch's CUDA wheels included:
-    # PyPI has no CPU-only build; they are not used without a GPU).
+  if [ -n "$stale" ] || ! "$venv/bin/python" -c "$check" 2>/dev/null; then
     if ! { "$venv/bin/python" -m pip install -q --upgrade pip &&
-           "$venv/bin/python" -m pip install -q -r "$repo_root/training/requirements.txt" &&
+           "$venv/bin/python" -m pip install -q -r "$repo_root/$requirements" &&
            "$venv/bin/python" -m pip install -q --no-deps -e "$repo_root/bench" -e "$repo_root/training"; } > "$venv/pip.log" 2>&1; then
       cat "$venv/pip.log" >&2
       echo "setup: installing the Python environment failed (log above)" >&2
       exit 1
     fi
-    touch "$venv/.installed"
+    touch "$venv/$marker"
   fi
+}
+
+# The environment of bench/ and of training/ without PyTorch (training/requirements.txt): what
+# the test command and the benchmark scripts need.
+ensure_python_env() {
+  pip_install_once .installed "import xfer_bench, xfer_training, pytest, ruff" \
+    training/requirements.txt bench/pyproject.toml training/pyproject.toml training/requirements.txt
+}
+
+# The same with what training needs as well (training/requirements-train.txt: PyTorch with its
+# CUDA wheels, since PyPI has no CPU-only build, Stable-Baselines3, TensorBoard; about 4.5 GB).
+ensure_training_env() {
+  ensure_python_env
+  pip_install_once .installed-train "import torch, stable_baselines3, onnxscript, tensorboard" \
+    training/requirements-train.txt training/pyproject.toml training/requirements.txt \
+    training/requirements-train.txt
 }
 
 # Exports what building xfer with the tch feature needs: torch-sys finds the libtorch of the

@@ -1,49 +1,27 @@
 """The policies in models/ (the default, the presets and the light one): Python reproduces their
-golden vectors with both exports."""
+golden vectors with the ONNX export (the TorchScript export's check needs PyTorch:
+torch_tests/test_shipped_torchscript.py)."""
 
 import json
 
 import numpy as np
 import onnx
-import pytest
-import torch
 from onnx.reference import ReferenceEvaluator
 
 from xfer_training.env import REPO
-from xfer_training.train import PRESETS
-
-MODELS = sorted(p.parent for p in (REPO / "models").glob("*/metadata.json"))
+from xfer_training.utility import PRESETS
 
 
-def test_the_default_both_presets_and_the_light_policy_are_shipped():
-    assert [m.name for m in MODELS] == ["default", "fill-the-pipe", "gentle", "light"]
+def test_the_default_both_presets_and_the_light_policy_are_shipped(shipped):
+    assert [m.name for m in shipped] == ["default", "fill-the-pipe", "gentle", "light"]
 
 
-def golden(model):
-    data = json.loads((model / "golden.json").read_text())
-    return zip(data["inputs"], data["logits"], data["actions"], strict=True)
-
-
-@pytest.fixture(params=MODELS, ids=lambda m: m.name)
-def model(request):
-    return request.param
-
-
-def test_onnx_export_reproduces_the_golden_vectors(model):
+def test_onnx_export_reproduces_the_golden_vectors(model, golden):
     session = ReferenceEvaluator(onnx.load(str(model / "policy.onnx")))
-    for x, logits, action in golden(model):
+    for x, logits, action in golden:
         (y,) = session.run(None, {"observation": np.asarray([x], dtype=np.float32)})
         assert np.max(np.abs(y[0] - np.asarray(logits))) < 1e-5
         assert int(np.argmax(y[0])) == action
-
-
-def test_torchscript_export_reproduces_the_golden_vectors(model):
-    module = torch.jit.load(str(model / "policy.pt"))
-    for x, logits, action in golden(model):
-        with torch.no_grad():
-            y = module(torch.tensor([x], dtype=torch.float32))[0].numpy()
-        assert np.max(np.abs(y - np.asarray(logits))) < 1e-5
-        assert int(np.argmax(y)) == action
 
 
 def test_the_model_is_small_and_describes_itself(model):
@@ -53,9 +31,9 @@ def test_the_model_is_small_and_describes_itself(model):
     assert metadata["training"]["source_revision"] != "unknown"
 
 
-def test_the_presets_are_the_default_fine_tuned_or_its_recipe_for_their_utility():
+def test_the_presets_are_the_default_fine_tuned_or_its_recipe_for_their_utility(shipped):
     default = json.loads((REPO / "models" / "default" / "metadata.json").read_text())["training"]
-    for model in MODELS:
+    for model in shipped:
         if model.name not in PRESETS:
             continue
         metadata = json.loads((model / "metadata.json").read_text())

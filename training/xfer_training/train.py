@@ -5,7 +5,7 @@ Example (the shipped model)::
 
     xfer-train --steps 4000000 --seed 1 --out models/default
 
-Fine-tuning the shipped policy for other goals (2 minutes; see ``PRESETS``)::
+Fine-tuning the shipped policy for other goals (2 minutes; see ``utility.PRESETS``)::
 
     xfer-train --from models/default --preset gentle --steps 600000 --out models/gentle
 
@@ -35,6 +35,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 from . import evaluate, warm_start
 from .env import DEFAULT_XFER, XferEnv, sim_command
 from .export import Actor, export, logits
+from .utility import DEFAULT_UTILITY, PRESETS
 
 #: PPO settings of the shipped model; the command line can change the ones it names.
 HYPERPARAMETERS: dict[str, Any] = {
@@ -48,17 +49,6 @@ HYPERPARAMETERS: dict[str, Any] = {
     "clip_range": 0.2,
 }
 
-#: Utility weights for other goals than the default (K=1.02, B=10), by name (``--preset``).
-PRESETS: dict[str, dict[str, float]] = {
-    # A stream must add 0.5 % throughput to pay, and 1 % loss costs 3 %: for a site that owns
-    # the path and wants it full, loss or not.
-    "fill-the-pipe": {"k": 1.005, "b": 3.0},
-    # A stream must add 5 % throughput to pay, and 1 % loss costs 30 %: the fewest streams that
-    # keep most of the rate, backing off at the first sign of a full queue.
-    "gentle": {"k": 1.05, "b": 30.0},
-}
-#: K and B when neither ``--preset`` nor ``--k``/``--b`` say otherwise.
-DEFAULT_UTILITY = {"k": 1.02, "b": 10.0}
 #: Learning rate of fine-tuning (``--from``): a third of training's keeps what the policy knew.
 FINE_TUNING_LEARNING_RATE = 1e-4
 

@@ -327,12 +327,13 @@ fn trickle(addr: String, from: Vec<String>, count: usize, stop: Arc<AtomicBool>)
 }
 
 /// Seconds the strangers below trickle for (at least; they go on until the running transfer
-/// completes): two minutes unless `XFER_ATTACK_SECS` says otherwise.
+/// completes): one minute, three times their deadline, unless `XFER_ATTACK_SECS` says
+/// otherwise (a longer soak: `XFER_ATTACK_SECS=600`).
 fn attack_secs() -> u64 {
     std::env::var("XFER_ATTACK_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(120)
+        .unwrap_or(60)
 }
 
 /// Runs `settings` to its end; its summary or error, and the most streams it had.
@@ -349,7 +350,7 @@ fn run_counting_streams(settings: SenderSettings) -> (Result<Summary, SendError>
     })
 }
 
-/// Two hundred connections that never authenticate trickle bytes for two minutes: a hundred
+/// Two hundred connections that never authenticate trickle bytes for a minute or more: a hundred
 /// from one address, one each from a hundred others, so that every place strangers share is
 /// taken until their first deadline. Addresses not admitted before it are not yet suspect and
 /// may take every place again until their own first deadline; once each has been cut off, they

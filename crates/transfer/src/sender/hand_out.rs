@@ -150,11 +150,11 @@ impl HandOut {
     }
 }
 
-/// Loom models (`RUSTFLAGS="--cfg xfer_loom"`, run by `scripts/loom`): two streams, the
+/// Loom models (the `loom` feature, run by `scripts/loom`): two streams, the
 /// control session and the manager in every interleaving loom explores. Each model must end in
 /// every one of them (a stream left waiting is a deadlock, which loom reports) with each byte
 /// acknowledged exactly once.
-#[cfg(all(test, xfer_loom))]
+#[cfg(all(test, feature = "loom"))]
 mod loom_models {
     use super::*;
     use loom::sync::atomic::{AtomicBool, Ordering};

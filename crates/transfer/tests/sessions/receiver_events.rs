@@ -11,8 +11,7 @@ use transfer::receiver::{ReceiverEvent, ReceiverEvents, SessionOutcome, SessionR
 use transfer::sender::{SendError, SendSource};
 use transfer::session_id::SessionId;
 
-mod common;
-use common::{contents, one_file, paced, run, run_past, runtime, serve, OneFile};
+use crate::common::{contents, one_file, paced, run, run_past, runtime, serve, OneFile};
 
 /// The next event, waiting up to ten seconds for it.
 fn next(events: &mut ReceiverEvents) -> ReceiverEvent {

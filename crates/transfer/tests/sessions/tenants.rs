@@ -12,8 +12,7 @@ use transfer::receiver::{
 use transfer::sender::{grant, SendError, SendOptions, SendSource};
 use transfer::wire::Limit;
 
-mod common;
-use common::{contents, explain, paced, run, run_past, KEY};
+use crate::common::{contents, explain, paced, run, run_past, KEY};
 
 const CLIMATE: &str = "climate-project-key-0123456789";
 const ASTRO: &str = "astro-project-key-0123456789";

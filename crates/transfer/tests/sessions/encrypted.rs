@@ -15,7 +15,7 @@ use transfer::sender::{SendError, SendOptions, SendSource, Transfer};
 use transfer::tls::ServerIdentity;
 use transfer::wire::{write_message, FrameReader, Message, PresentFiles, Role};
 
-mod common;
+use crate::common;
 
 const KEY: &str = "encrypted-session-test-key-0123";
 

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-from xfer_training import distill, evaluate, export, train
+from xfer_training import distill, evaluate, export, train, utility
 from xfer_training.env import XferEnv, sim_command
 
 
@@ -226,7 +226,7 @@ def test_fine_tuning_starts_from_the_export_and_trains_for_the_preset(xfer, expo
     # Only the critic trains during the warm-up: the actor is the export's, weight for weight.
     frozen = tmp_path / "frozen"
     meta = fine_tune(xfer, source, frozen, tmp_path / "runs", "--steps", "512")
-    assert meta["utility"] == train.PRESETS["gentle"]
+    assert meta["utility"] == utility.PRESETS["gentle"]
     assert meta["training"]["preset"] == "gentle"
     assert meta["training"]["fine_tuned_from"]["path"] == str(source)
     assert meta["training"]["fine_tuned_from"]["critic_warmup_steps"] == 512

@@ -16,8 +16,7 @@ use transfer::sender::SendError;
 use transfer::wire::Limit;
 use transfer::SendSource;
 
-mod common;
-use common::{
+use crate::common::{
     contents, explain, one_file, paced, run, run_past, runtime, serve, start_receiver, OneFile, KEY,
 };
 

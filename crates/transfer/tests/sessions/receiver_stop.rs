@@ -10,8 +10,7 @@ use transfer::job::SendJob;
 use transfer::sender::SendError;
 use transfer::wire::Limit;
 
-mod common;
-use common::{contents, one_file, paced, run, run_past, serve, OneFile, Serving};
+use crate::common::{contents, one_file, paced, run, run_past, serve, OneFile, Serving};
 
 /// Waits up to `limit` for `serving` to return.
 fn ends_within(serving: JoinHandle<std::io::Result<()>>, limit: Duration) {

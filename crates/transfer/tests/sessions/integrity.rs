@@ -17,8 +17,7 @@ use transfer::sender::SendError;
 use transfer::wire::chunk_checksum;
 use transfer::SendSource;
 
-mod common;
-use common::{contents, run, KEY};
+use crate::common::{contents, run, KEY};
 
 /// What the man in the middle rewrites, in frames from the sender.
 #[derive(Clone, Copy, PartialEq)]
