@@ -39,3 +39,12 @@ pub(crate) fn panic_holding<G>(take: impl FnOnce() -> G + Send) {
         assert!(panicked.join().is_err());
     });
 }
+
+/// Explores a loom model's interleavings with at most three preemptions each (loom's advice:
+/// most concurrency faults need two or three, and the count keeps a model to seconds).
+#[cfg(all(test, feature = "loom"))]
+pub(crate) fn explore(model: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(3);
+    builder.check(model);
+}

@@ -2,15 +2,13 @@
 //! manifest's further batches and seals files whose units were all acknowledged; the reader takes
 //! the receiver's plans, `Finalized` answers and heartbeats, and ends the session.
 
-use std::io::BufReader;
-
-use crate::link::{LinkReader, LinkWriter, PollRead};
-use crate::seal::FrameWriter;
 use std::sync::mpsc;
 
 use super::control_session::Planner;
-use super::{ControlEvent, Shared};
-use crate::wire::{self, FrameReader, Message};
+use super::{ControlEvent, ControlReader, Shared};
+use crate::link::LinkWriter;
+use crate::seal::FrameWriter;
+use crate::wire::{self, Message};
 
 /// Most bytes of source files hashed into one [`Message::Compare`]: the receiver starts
 /// comparing a group once it arrives, so that a group of large files does not keep it waiting
@@ -31,7 +29,7 @@ pub(super) fn run_writer(
         let message = match event {
             ControlEvent::Entries(batch) => Message::Entries(batch),
             ControlEvent::Seal(file) => {
-                let checked = shared.source_file(file).and_then(|source| {
+                let checked = shared.files.get(file).and_then(|source| {
                     shared
                         .source
                         .check_unchanged(&source, shared.config.options.verify)
@@ -45,7 +43,7 @@ pub(super) fn run_writer(
                 let (mut files, mut bytes, mut next) = (Vec::new(), 0, Some(first));
                 while let Some(file) = next.take() {
                     // Hashed here, while the streams carry other files.
-                    let hashed = shared.source_file(file).and_then(|source| {
+                    let hashed = shared.files.get(file).and_then(|source| {
                         let hash = shared.source.check_unchanged(&source, true)?;
                         Ok((hash.unwrap_or_default(), source.entry.size))
                     });
@@ -81,11 +79,7 @@ pub(super) fn run_writer(
 /// Reads the receiver's plans, answers and heartbeats on the control connection and acts on
 /// them as the session's rules say ([`Planner`]) until `Done` or a failure (the socket's read
 /// timeout is the stall timeout).
-pub(super) fn run_reader(
-    shared: &Shared,
-    mut reader: FrameReader<BufReader<LinkReader<PollRead>>>,
-    mut planner: Planner,
-) {
+pub(super) fn run_reader(shared: &Shared, mut reader: ControlReader, mut planner: Planner) {
     loop {
         let message = match reader.read_message() {
             Ok(m) => m,
@@ -93,7 +87,7 @@ pub(super) fn run_reader(
         };
         let done = matches!(message, Message::Done { .. });
         if let Err(e) = planner
-            .handle(message, shared)
+            .handle(message, &shared.files)
             .and_then(|actions| shared.act(actions))
         {
             return shared.fail(e);

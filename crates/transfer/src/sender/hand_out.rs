@@ -157,20 +157,13 @@ impl HandOut {
 #[cfg(all(test, feature = "loom"))]
 mod loom_models {
     use super::*;
+    use crate::sync::explore;
     use loom::sync::atomic::{AtomicBool, Ordering};
     use loom::sync::Arc;
     use loom::thread;
 
     /// A file of 25 bytes in units of 10: three units, the last short.
     const FILE: u64 = 25;
-
-    /// Explores `model`'s interleavings with at most three preemptions each (loom's advice:
-    /// most concurrency faults need two or three, and the count keeps a model to seconds).
-    fn explore(model: impl Fn() + Sync + Send + 'static) {
-        let mut builder = loom::model::Builder::new();
-        builder.preemption_bound = Some(3);
-        builder.check(model);
-    }
 
     /// One stream: takes units until told to close, each acknowledged at once. Returns the
     /// bytes whose first acknowledgement it had. Time stands still: a unit's usual time is 0,

@@ -10,14 +10,14 @@ use crate::wire;
 /// writer; a source that cannot be read fails the transfer.
 pub(super) fn run_scanner(shared: &Shared, mut scanner: Scanner) {
     loop {
-        if !shared.wait_for_room() {
+        if !shared.files.wait_for_room() {
             return;
         }
         let scanned = match scanner.next_batch(wire::BATCH_ENTRIES) {
             Ok(scanned) => scanned,
             Err(e) => return shared.fail(e.into()),
         };
-        let batch = match shared.announce(scanned) {
+        let batch = match shared.files.announce(scanned) {
             Ok(batch) => batch,
             Err(e) => return shared.fail(e),
         };

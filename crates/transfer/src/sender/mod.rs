@@ -18,6 +18,8 @@
 pub(crate) mod answers;
 mod control;
 pub(crate) mod control_session;
+mod counters;
+mod dialing;
 mod fetch;
 mod hand_out;
 mod join;
@@ -25,20 +27,22 @@ mod manifest_stream;
 mod meter;
 mod optimize;
 mod options;
+mod outcome;
 mod preview;
 mod quic_stream;
 mod rate_limit;
 mod source;
 mod stream;
+mod stream_set;
 mod unsent;
+mod unsettled;
 pub(crate) mod work_queue;
 
-use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::auth::{self, AuthError, SessionKey};
@@ -52,11 +56,14 @@ use crate::quic::QuicClient;
 use crate::runtime::OwnedRuntime;
 use crate::seal::{FrameWrite, FrameWriter};
 use crate::session_id::SessionId;
+use crate::sync::unpoisoned;
 use crate::tcp_info::{self, TcpInfo};
 use crate::telemetry;
 use crate::transport::{self, Transport};
 use crate::wire::{self, FrameReader, Limit, Message, PresentFiles, Removal, Role, WireError};
 use control_session::{Action, Announced, Planner};
+use counters::Counters;
+use dialing::Dialing;
 pub use fetch::{fetch, grant, FetchCanceller, FetchReport, FetchRequest, Fetching};
 use hand_out::HandOut;
 pub use meter::PathStats;
@@ -67,11 +74,14 @@ pub use options::{
     SendOptions, DEFAULT_STALL_TIMEOUT, DEFAULT_STREAMS, DEFAULT_UNIT_SIZE, DEFAULT_UNSENT_LIMIT,
     MIN_STALL_TIMEOUT,
 };
+use outcome::Outcome;
 pub use preview::{preview, Preview, PreviewAction, PreviewFile};
 pub use rate_limit::{RateSchedule, RateStep};
 use serde::{Deserialize, Serialize};
-use source::{SourceData, SourceFile};
+use source::SourceData;
 use stream::StreamHandle;
+use stream_set::StreamSet;
+use unsettled::UnsettledFiles;
 use work_queue::Unit;
 
 /// How long connecting one TCP connection may take.
@@ -614,61 +624,30 @@ enum ManagerEvent {
     },
 }
 
-/// State shared by the transfer's threads.
+/// State shared by the transfer's threads, in parts that each hold their own lock (or none):
+/// what the streams dial with ([`Dialing`]), the work queue ([`HandOut`]), the files waiting to
+/// be settled ([`UnsettledFiles`]), the streams ([`StreamSet`]), the running totals
+/// ([`Counters`]) and the end ([`Outcome`]). No thread holds two of those locks at once except
+/// the manager, which holds the streams' while it starts a stream.
 struct Shared {
     config: Config,
-    addrs: Vec<SocketAddr>,
-    /// The transport in use: the one asked for, or TCP where MPTCP could not be had.
-    transport: Transport,
-    /// Opens the data streams' connections when the transport is QUIC.
-    quic: Option<quic_stream::QuicStreams>,
-    /// The streams in their handshake.
-    openings: stream::Openings,
+    dial: Dialing,
     /// The limit on the transfer's total rate, which the streams take their turns in.
     rate_limit: Option<rate_limit::RateLimit>,
-    session: [u8; 16],
-    /// What this session's data streams prove (derived in the control handshake).
-    session_key: SessionKey,
-    /// Whether the streams seal their frames ([`SendOptions::integrity`]).
-    sealed: bool,
-    /// Files announced and not yet settled (finalised, or found complete), by number.
-    files: RwLock<HashMap<u32, Arc<SourceFile>>>,
-    /// How many files are in `files`; the scanner holds back while there are
-    /// [`wire::SENDER_UNSEALED`].
-    unsettled: Mutex<u64>,
-    settled_cv: Condvar,
-    /// The batch that says `last` was announced.
-    manifest_whole: AtomicBool,
-    /// Sources left out of the manifest, not yet taken by the caller.
-    skipped: Mutex<Vec<String>>,
     source: SourceData,
     start: Instant,
     units: HandOut,
+    files: UnsettledFiles,
+    streams: StreamSet,
+    counts: Counters,
+    /// The stream count asked for, within `1..=max_streams`.
     target: AtomicUsize,
+    /// The receiver's limit on this session's streams.
     max_streams: usize,
-    bytes_total: AtomicU64,
-    bytes_skipped: AtomicU64,
-    bytes_acked: AtomicU64,
-    bytes_sent: AtomicU64,
-    files_total: AtomicU64,
-    files_done: AtomicU64,
-    /// Files the receiver held, compared by content, and of those, the ones that differed.
-    files_compared: AtomicU64,
-    files_changed: AtomicU64,
-    streams: Mutex<BTreeMap<u64, Arc<StreamHandle>>>,
-    /// Final samples of the streams closed since the interval meter last took them; `None`
-    /// while no meter runs (nobody would take them). Locked after `streams`.
-    departed: Mutex<Option<Vec<StreamSample>>>,
-    timeline: Mutex<Vec<(f64, usize)>>,
-    closed_retransmits: AtomicU64,
-    nacks: AtomicU64,
     control_socket: TcpStream,
-    control_tx: Mutex<mpsc::Sender<ControlEvent>>,
-    manager_tx: Mutex<mpsc::Sender<ManagerEvent>>,
-    /// How the transfer ended: with what the receiver removed ([`SendOptions::delete`]), or
-    /// why it failed.
-    outcome: Mutex<Option<Result<Removal, SendError>>>,
-    outcome_cv: Condvar,
+    control_tx: mpsc::Sender<ControlEvent>,
+    manager_tx: mpsc::Sender<ManagerEvent>,
+    outcome: Outcome,
 }
 
 impl Shared {
@@ -683,143 +662,53 @@ impl Shared {
         let Some(file_done) = self.units.acked(unit, Instant::now()) else {
             return;
         };
-        self.bytes_acked
-            .fetch_add(unit.len as u64, Ordering::Relaxed);
+        self.counts.bytes_acked.add(unit.len as u64);
         telemetry::sender_acked(unit.len as u64);
         if file_done {
             self.send_control(ControlEvent::Seal(unit.file));
         }
     }
 
+    /// Tells the control writer; once it has ended (the transfer is over) there is nobody to
+    /// tell.
     fn send_control(&self, event: ControlEvent) {
-        let _ = self
-            .control_tx
-            .lock()
-            .expect("control channel lock")
-            .send(event);
+        let _ = self.control_tx.send(event);
     }
 
-    /// Numbers the files of a scanned batch on from those announced before and keeps them until
-    /// they are settled; returns the batch to announce.
-    fn announce(&self, scanned: ScannedBatch) -> Result<ManifestBatch, SendError> {
-        let ScannedBatch {
-            batch,
-            local_paths,
-            skipped,
-        } = scanned;
-        let count = batch.files.len() as u64;
-        let first = self.files_total.load(Ordering::Acquire);
-        if first + count > u64::from(u32::MAX) {
-            return Err(SendError::TooManyFiles {
-                max: u64::from(u32::MAX),
-            });
-        }
-        self.skipped.lock().expect("skipped lock").extend(skipped);
-        *self.unsettled.lock().expect("unsettled lock") += count;
-        let mut files = self.files.write().expect("files lock");
-        for (number, (entry, local)) in (first..).zip(batch.files.iter().zip(local_paths)) {
-            let entry = entry.clone();
-            files.insert(number as u32, Arc::new(SourceFile { entry, local }));
-        }
-        drop(files);
-        self.files_total.store(first + count, Ordering::Release);
-        if batch.last {
-            self.manifest_whole.store(true, Ordering::Release);
-        }
-        Ok(batch)
-    }
-
-    /// The announced, unsettled file `file`.
-    fn source_file(&self, file: u32) -> Result<Arc<SourceFile>, SendError> {
-        let files = self.files.read().expect("files lock");
-        files
-            .get(&file)
-            .cloned()
-            .ok_or_else(|| SendError::Protocol(format!("file {file} is not waiting to be sent")))
-    }
-
-    /// File `file` is settled (finalised, or complete on the receiver already): forgets it and
-    /// makes room for the scanner. An error when it was not waiting.
-    fn settle(&self, file: u32) -> Result<(), SendError> {
-        let removed = self.files.write().expect("files lock").remove(&file);
-        if removed.is_none() {
-            return Err(SendError::Protocol(format!(
-                "file {file} settled when it was not waiting"
-            )));
-        }
-        self.files_done.fetch_add(1, Ordering::Relaxed);
-        *self.unsettled.lock().expect("unsettled lock") -= 1;
-        self.settled_cv.notify_all();
-        Ok(())
-    }
-
-    /// Waits while [`wire::SENDER_UNSEALED`] files are unsettled; `false` once the transfer is
-    /// over.
-    fn wait_for_room(&self) -> bool {
-        let mut unsettled = self.unsettled.lock().expect("unsettled lock");
-        while *unsettled >= wire::SENDER_UNSEALED as u64 {
-            if self.is_over() {
-                return false;
-            }
-            unsettled = self
-                .settled_cv
-                .wait_timeout(unsettled, Duration::from_millis(100))
-                .expect("unsettled lock")
-                .0;
-        }
-        !self.is_over()
-    }
-
+    /// Tells the stream manager; once it has ended there is nobody to tell.
     fn notify_manager(&self, event: ManagerEvent) {
-        let _ = self
-            .manager_tx
-            .lock()
-            .expect("manager channel lock")
-            .send(event);
+        let _ = self.manager_tx.send(event);
     }
 
-    /// Ends the transfer with `error` (the first error wins) and unblocks every thread.
+    /// Ends the transfer with `error` (the first end wins) and unblocks every thread.
     fn fail(&self, error: SendError) {
-        {
-            let mut outcome = self.outcome.lock().expect("outcome lock");
-            if outcome.is_some() {
-                return;
-            }
-            *outcome = Some(Err(error));
+        if !self.outcome.end(Err(error)) {
+            return;
         }
         self.units.stop();
-        self.outcome_cv.notify_all();
+        self.files.stop();
         self.send_control(ControlEvent::Abort);
         self.notify_manager(ManagerEvent::TargetChanged);
         let _ = self.control_socket.shutdown(std::net::Shutdown::Both);
-        for handle in self.streams.lock().expect("streams lock").values() {
+        for handle in self.streams.handles() {
             handle.shutdown();
         }
     }
 
+    /// The receiver holds everything: the transfer is over, with what it removed.
     fn complete(&self, removed: Removal) {
-        let mut outcome = self.outcome.lock().expect("outcome lock");
-        if outcome.is_none() {
-            *outcome = Some(Ok(removed));
-        }
-        drop(outcome);
-        self.outcome_cv.notify_all();
+        self.outcome.end(Ok(removed));
+        self.files.stop();
         self.notify_manager(ManagerEvent::TargetChanged);
     }
 
     fn is_over(&self) -> bool {
-        self.outcome.lock().expect("outcome lock").is_some()
+        self.outcome.is_over()
     }
 
     /// Waits until the transfer is over or `deadline` passes; `true` when it is over.
     fn wait_over_until(&self, deadline: Instant) -> bool {
-        let timeout = deadline.saturating_duration_since(Instant::now());
-        let outcome = self.outcome.lock().expect("outcome lock");
-        let (outcome, _) = self
-            .outcome_cv
-            .wait_timeout_while(outcome, timeout, |o| o.is_none())
-            .expect("outcome lock");
-        outcome.is_some()
+        self.outcome.wait_until(deadline)
     }
 
     fn set_target(&self, streams: usize) {
@@ -828,68 +717,30 @@ impl Shared {
         self.notify_manager(ManagerEvent::TargetChanged);
     }
 
-    /// Streams open or opening, not counting those being retired.
-    fn active_streams(&self) -> usize {
-        self.streams
-            .lock()
-            .expect("streams lock")
-            .values()
-            .filter(|h| !h.is_retiring())
-            .count()
-    }
-
     /// Samples of the open streams (see [`Transfer::sample_streams`]).
     fn sample_streams(&self) -> Vec<StreamSample> {
-        let handles: Vec<_> = self
-            .streams
-            .lock()
-            .expect("streams lock")
-            .values()
-            .cloned()
-            .collect();
+        let handles = self.streams.handles();
         handles.iter().filter_map(|h| self.sample(h)).collect()
     }
 
     /// What the interval meter measures: samples of the open streams and the final samples of
-    /// those closed since its previous call, taken under one lock so that a stream is in one
-    /// of them, never both nor neither. The first call starts keeping closed streams' samples.
+    /// those closed since its previous call ([`StreamSet::for_meter`]).
     fn sample_for_meter(&self) -> Vec<StreamSample> {
-        let (handles, departed) = {
-            let streams = self.streams.lock().expect("streams lock");
-            let departed = self
-                .departed
-                .lock()
-                .expect("departed lock")
-                .replace(Vec::new())
-                .unwrap_or_default();
-            (streams.values().cloned().collect::<Vec<_>>(), departed)
-        };
+        let (handles, departed) = self.streams.for_meter();
         let mut samples: Vec<_> = handles.iter().filter_map(|h| self.sample(h)).collect();
         samples.extend(departed);
         samples
     }
 
-    /// Removes stream `id` once it ended, keeping its final sample for the interval meter: what
-    /// it carried since the meter's last sample belongs to the interval in which it closed (a
-    /// retired stream finishes its unit; without it, every decrease would measure short).
+    /// Removes stream `id` once it ended, keeping its final sample for the interval meter.
     fn remove_stream(&self, id: u64) {
-        let mut streams = self.streams.lock().expect("streams lock");
-        let Some(handle) = streams.remove(&id) else {
-            return;
-        };
-        if let Some(departed) = self.departed.lock().expect("departed lock").as_mut() {
-            // Closed, it is no longer among the active streams either.
-            departed.extend(self.sample(&handle).map(|s| StreamSample {
-                retiring: true,
-                ..s
-            }));
-        }
+        self.streams.remove(id, |handle| self.sample(handle));
     }
 
     /// A sample of one stream's counters, if it has a connection.
     fn sample(&self, handle: &StreamHandle) -> Option<StreamSample> {
         handle
-            .sample(self.transport)
+            .sample(self.dial.transport)
             .map(|(tcp, subflows)| StreamSample {
                 stream: handle.id,
                 retiring: handle.is_retiring(),
@@ -898,32 +749,6 @@ impl Shared {
             })
     }
 
-    fn file_shown(&self, file: u32) -> String {
-        match self.files.read().expect("files lock").get(&file) {
-            Some(source) => String::from_utf8_lossy(&source.entry.path).into_owned(),
-            None => format!("file {file}"),
-        }
-    }
-}
-
-impl Announced for Shared {
-    fn announced(&self) -> (u64, bool) {
-        (
-            self.files_total.load(Ordering::Acquire),
-            self.manifest_whole.load(Ordering::Acquire),
-        )
-    }
-
-    fn size(&self, file: u32) -> Result<u64, SendError> {
-        Ok(self.source_file(file)?.entry.size)
-    }
-
-    fn shown(&self, file: u32) -> String {
-        self.file_shown(file)
-    }
-}
-
-impl Shared {
     /// Takes the actions the control session's rules asked for ([`Planner::handle`]), in order.
     /// A batch's files are queued in one change of the work queue, whose lock the streams
     /// take for every unit; the change ends (waking the streams) before any other action,
@@ -936,8 +761,8 @@ impl Shared {
             }
             match action {
                 Action::Count { to_send, skipped } => {
-                    self.bytes_total.fetch_add(to_send, Ordering::Relaxed);
-                    self.bytes_skipped.fetch_add(skipped, Ordering::Relaxed);
+                    self.counts.bytes_total.add(to_send);
+                    self.counts.bytes_skipped.add(skipped);
                 }
                 Action::Queue(file, ranges) => {
                     queue
@@ -945,23 +770,37 @@ impl Shared {
                         .add_file(file, ranges);
                 }
                 Action::CloseQueue => queue.get_or_insert_with(|| self.units.change()).close(),
-                Action::Settle(file) => self.settle(file)?,
+                Action::Settle(file) => self.files.settle(file)?,
                 Action::Seal(file) => self.send_control(ControlEvent::Seal(file)),
                 Action::Compare(file) => {
-                    self.files_compared.fetch_add(1, Ordering::Relaxed);
+                    self.counts.files_compared.add(1);
                     self.send_control(ControlEvent::Compare(file));
                 }
                 Action::Changed(file) => {
-                    let size = self.source_file(file)?.entry.size;
-                    self.files_changed.fetch_add(1, Ordering::Relaxed);
-                    self.bytes_skipped.fetch_sub(size, Ordering::Relaxed);
-                    self.bytes_total.fetch_add(size, Ordering::Relaxed);
+                    let size = self.files.get(file)?.entry.size;
+                    self.counts.files_changed.add(1);
+                    self.counts.bytes_skipped.sub(size);
+                    self.counts.bytes_total.add(size);
                 }
                 Action::Finish => self.send_control(ControlEvent::AllFinalized),
                 Action::Complete(removed) => self.complete(removed),
             }
         }
         Ok(())
+    }
+}
+
+impl Announced for UnsettledFiles {
+    fn announced(&self) -> (u64, bool) {
+        UnsettledFiles::announced(self)
+    }
+
+    fn size(&self, file: u32) -> Result<u64, SendError> {
+        Ok(self.get(file)?.entry.size)
+    }
+
+    fn shown(&self, file: u32) -> String {
+        UnsettledFiles::shown(self, file)
     }
 }
 
@@ -1034,40 +873,7 @@ impl Transfer {
             options.encrypt = true;
         }
         options.stall_timeout = options.stall_timeout.max(MIN_STALL_TIMEOUT);
-        let (first_batch, source_data, scanner, dest, sink) = match source {
-            SendSource::Paths { paths, destination } => {
-                let mut scanner = Scanner::new(&paths)?.with_filter(&options.filter)?;
-                let first = scanner.next_batch(wire::BATCH_ENTRIES)?;
-                (
-                    first,
-                    SourceData::Files {
-                        direct: options.direct_io,
-                    },
-                    Some(scanner),
-                    destination.as_os_str().as_bytes().to_vec(),
-                    SinkKind::Files,
-                )
-            }
-            SendSource::Memory { .. } if !options.filter.is_empty() => {
-                return Err(SendError::Settings(
-                    "a filter chooses among files: generated data has none".into(),
-                ));
-            }
-            SendSource::Memory { .. } if options.delete => {
-                return Err(SendError::Settings(
-                    "--delete mirrors files: generated data has none".into(),
-                ));
-            }
-            SendSource::Memory { size } => {
-                let memory = ScannedBatch {
-                    batch: ManifestBatch::memory(size),
-                    local_paths: vec![PathBuf::new()],
-                    skipped: Vec::new(),
-                };
-                let pattern = SourceData::pattern(options.unit_size);
-                (memory, pattern, None, Vec::new(), SinkKind::Discard)
-            }
-        };
+        let sources = Sources::open(source, &options)?;
         let config = Config {
             addr: receiver.to_string(),
             key,
@@ -1087,14 +893,13 @@ impl Transfer {
                     session_key,
                 },
         } = open_control(&addrs, &config)?;
-        let notices = Vec::from_iter(fallback);
-        let present = match sink {
+        let present = match sources.sink {
             SinkKind::Files => config.options.present(),
             _ => PresentFiles::Kept,
         };
         let opening = Message::Start {
-            dest,
-            sink,
+            dest: sources.dest,
+            sink: sources.sink,
             present,
             delete: config.options.deletion(),
         };
@@ -1120,87 +925,52 @@ impl Transfer {
         let unit_size = config.options.unit_size.clamp(1, limits.max_chunk);
         let rate_limit = (config.options.rate_limit.clone())
             .map(|schedule| rate_limit::RateLimit::new(schedule, unit_size));
-        let shared = Arc::new(Shared {
-            target: AtomicUsize::new(config.options.streams.clamp(1, max_streams)),
-            config,
+        let dial = Dialing {
             addrs,
             transport,
             quic,
-            openings: stream::Openings::default(),
-            rate_limit,
+            openings: dialing::Openings::default(),
             session,
             session_key,
             sealed: writer.seals(),
-            files: RwLock::default(),
-            unsettled: Mutex::new(0),
-            settled_cv: Condvar::new(),
-            manifest_whole: AtomicBool::new(false),
-            skipped: Mutex::default(),
-            source: source_data,
+        };
+        let shared = Arc::new(Shared {
+            target: AtomicUsize::new(config.options.streams.clamp(1, max_streams)),
+            config,
+            dial,
+            rate_limit,
+            source: sources.data,
             start,
             units: HandOut::new(unit_size),
+            files: UnsettledFiles::new(wire::SENDER_UNSEALED),
+            streams: StreamSet::new(),
+            counts: Counters::default(),
             max_streams,
-            bytes_total: AtomicU64::new(0),
-            bytes_skipped: AtomicU64::new(0),
-            bytes_acked: AtomicU64::new(0),
-            bytes_sent: AtomicU64::new(0),
-            files_total: AtomicU64::new(0),
-            files_done: AtomicU64::new(0),
-            files_compared: AtomicU64::new(0),
-            files_changed: AtomicU64::new(0),
-            streams: Mutex::new(BTreeMap::new()),
-            departed: Mutex::new(None),
-            timeline: Mutex::new(Vec::new()),
-            closed_retransmits: AtomicU64::new(0),
-            nacks: AtomicU64::new(0),
             control_socket: control,
-            control_tx: Mutex::new(control_tx),
-            manager_tx: Mutex::new(manager_tx),
-            outcome: Mutex::new(None),
-            outcome_cv: Condvar::new(),
+            control_tx,
+            manager_tx,
+            outcome: Outcome::new(),
         });
-        let batch = shared.announce(first_batch)?;
+        let batch = shared.files.announce(sources.first_batch)?;
         let whole = batch.last;
         wire::write_message(&mut writer, &Message::Entries(batch))
             .map_err(|e| shared.config.lost(e))?;
         let mut planner = Planner::new(present);
         let answer = read_answer(&mut reader, &shared.config)?;
-        shared.act(planner.handle(answer, &*shared)?)?;
-        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
-            let shared = shared.clone();
-            let what = name.to_string();
-            std::thread::Builder::new()
-                .name(name.into())
-                .spawn(move || {
-                    guarded(&what, f, |e| shared.fail(e));
-                })
-                .map_err(|e| SendError::system("start a thread", e))
-        };
-        let mut threads = vec![
-            spawn("xfer-control-out", {
+        shared.act(planner.handle(answer, &shared.files)?)?;
+        let mut threads =
+            spawn_threads(&shared, (reader, writer), planner, control_rx, manager_rx)?;
+        if let Some(scanner) = sources.scanner.filter(|_| !whole) {
+            threads.push(spawn_guarded(&shared, "xfer-scan", {
                 let shared = shared.clone();
-                Box::new(move || control::run_writer(&shared, writer, control_rx))
-            })?,
-            spawn("xfer-control-in", {
-                let shared = shared.clone();
-                Box::new(move || control::run_reader(&shared, reader, planner))
-            })?,
-            spawn("xfer-streams", {
-                let shared = shared.clone();
-                Box::new(move || stream::run_manager(&shared, manager_rx))
-            })?,
-        ];
-        if let Some(scanner) = scanner.filter(|_| !whole) {
-            threads.push(spawn("xfer-scan", {
-                let shared = shared.clone();
-                Box::new(move || manifest_stream::run_scanner(&shared, scanner))
+                move || manifest_stream::run_scanner(&shared, scanner)
             })?);
         }
         Ok(Transfer {
             shared,
             threads: Mutex::new(threads),
             optimized: AtomicBool::new(false),
-            notices,
+            notices: Vec::from_iter(fallback),
             _quic: quic_runtime,
         })
     }
@@ -1277,7 +1047,7 @@ impl Transfer {
         }
         let threads = optimize::spawn(&self.shared, controller, interval, tracker, log)
             .map_err(|e| SendError::system("start a thread for the optimizer", e))?;
-        self.threads.lock().expect("threads lock").extend(threads);
+        unpoisoned(self.threads.lock()).extend(threads);
         Ok(())
     }
 
@@ -1307,7 +1077,7 @@ impl Transfer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn take_skipped_sources(&self) -> Vec<String> {
-        std::mem::take(&mut *self.shared.skipped.lock().expect("skipped lock"))
+        self.shared.files.take_skipped()
     }
 
     /// The transport the streams use: the one asked for, or TCP where MPTCP could not be had.
@@ -1328,7 +1098,7 @@ impl Transfer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn transport(&self) -> Transport {
-        self.shared.transport
+        self.shared.dial.transport
     }
 
     /// Things the user should know that did not stop the transfer (such as why MPTCP was not
@@ -1375,15 +1145,16 @@ impl Transfer {
     /// ```
     pub fn progress(&self) -> Progress {
         let s = &self.shared;
+        let (files_total, files_done) = s.files.counts();
         Progress {
             elapsed: s.start.elapsed(),
-            bytes_total: s.bytes_total.load(Ordering::Relaxed),
-            bytes_skipped: s.bytes_skipped.load(Ordering::Relaxed),
-            bytes_acked: s.bytes_acked.load(Ordering::Relaxed),
-            bytes_sent: s.bytes_sent.load(Ordering::Relaxed),
-            files_total: s.files_total.load(Ordering::Acquire),
-            files_done: s.files_done.load(Ordering::Relaxed),
-            streams_active: s.active_streams(),
+            bytes_total: s.counts.bytes_total.get(),
+            bytes_skipped: s.counts.bytes_skipped.get(),
+            bytes_acked: s.counts.bytes_acked.get(),
+            bytes_sent: s.counts.bytes_sent.get(),
+            files_total,
+            files_done,
+            streams_active: s.streams.lock().active(),
             streams_target: s.target.load(Ordering::Acquire),
         }
     }
@@ -1429,7 +1200,7 @@ impl Transfer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn session(&self) -> SessionId {
-        SessionId(self.shared.session)
+        SessionId(self.shared.dial.session)
     }
 
     /// A handle that cancels this transfer from any thread ([`SendError::Cancelled`]).
@@ -1500,30 +1271,25 @@ impl Transfer {
     fn outcome(self) -> Result<Summary, SendError> {
         while !self.wait_timeout(Duration::from_secs(3600)) {}
         let seconds = self.shared.start.elapsed().as_secs_f64();
-        for t in self.threads.into_inner().expect("threads lock") {
+        for t in unpoisoned(self.threads.into_inner()) {
             let _ = t.join();
         }
         let shared = self.shared;
-        let removed = shared
-            .outcome
-            .lock()
-            .expect("outcome lock")
-            .clone()
-            .expect("outcome is set")?;
-        let streams_timeline = shared.timeline.lock().expect("timeline lock").clone();
+        let removed = shared.outcome.get().expect("over: the wait above ended")?;
+        let counts = &shared.counts;
         Ok(Summary {
-            session: SessionId(shared.session),
-            bytes: shared.bytes_acked.load(Ordering::Relaxed),
-            bytes_skipped: shared.bytes_skipped.load(Ordering::Relaxed),
-            files: shared.files_total.load(Ordering::Acquire),
+            session: SessionId(shared.dial.session),
+            bytes: counts.bytes_acked.get(),
+            bytes_skipped: counts.bytes_skipped.get(),
+            files: shared.files.counts().0,
             seconds,
-            streams_timeline,
-            retransmits: shared.closed_retransmits.load(Ordering::Relaxed),
-            transport: shared.transport,
+            streams_timeline: shared.streams.timeline(),
+            retransmits: counts.closed_retransmits.get(),
+            transport: shared.dial.transport,
             removed,
             compared: Compared {
-                files: shared.files_compared.load(Ordering::Relaxed),
-                changed: shared.files_changed.load(Ordering::Relaxed),
+                files: counts.files_compared.get(),
+                changed: counts.files_changed.get(),
             },
         })
     }
@@ -1651,15 +1417,109 @@ const BUSY_PATIENCE: Duration = Duration::from_secs(15);
 const BUSY_PAUSE: Duration = Duration::from_secs(1);
 
 /// The control connection through its key handshake.
+/// Starts a thread named `name` that runs `body`, ending the transfer if it panics
+/// ([`guarded`]).
+fn spawn_guarded(
+    shared: &Arc<Shared>,
+    name: &str,
+    body: impl FnOnce() + Send + 'static,
+) -> Result<std::thread::JoinHandle<()>, SendError> {
+    let shared = shared.clone();
+    let what = name.to_string();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            guarded(&what, body, |e| shared.fail(e));
+        })
+        .map_err(|e| SendError::system("start a thread", e))
+}
+
+/// Starts the threads every transfer runs: the control connection's writer and reader, and the
+/// stream manager.
+fn spawn_threads(
+    shared: &Arc<Shared>,
+    (reader, writer): (ControlReader, FrameWriter<link::LinkWriter>),
+    planner: Planner,
+    control_rx: mpsc::Receiver<ControlEvent>,
+    manager_rx: mpsc::Receiver<ManagerEvent>,
+) -> Result<Vec<std::thread::JoinHandle<()>>, SendError> {
+    let out = shared.clone();
+    let inbound = shared.clone();
+    let manager = shared.clone();
+    Ok(vec![
+        spawn_guarded(shared, "xfer-control-out", move || {
+            control::run_writer(&out, writer, control_rx)
+        })?,
+        spawn_guarded(shared, "xfer-control-in", move || {
+            control::run_reader(&inbound, reader, planner)
+        })?,
+        spawn_guarded(shared, "xfer-streams", move || {
+            stream::run_manager(&manager, manager_rx)
+        })?,
+    ])
+}
+
+/// What a transfer sends, opened before it connects: the manifest's first batch, where unit
+/// bytes come from, the scanner of the rest, and where and into what it lands.
+struct Sources {
+    first_batch: ScannedBatch,
+    data: SourceData,
+    /// The scan of the batches after the first, for files.
+    scanner: Option<Scanner>,
+    /// The directory under the receiver's root, raw bytes.
+    dest: Vec<u8>,
+    sink: SinkKind,
+}
+
+impl Sources {
+    /// Checks `source` against `options` and scans its first batch.
+    fn open(source: SendSource, options: &SendOptions) -> Result<Sources, SendError> {
+        match source {
+            SendSource::Paths { paths, destination } => {
+                let mut scanner = Scanner::new(&paths)?.with_filter(&options.filter)?;
+                Ok(Sources {
+                    first_batch: scanner.next_batch(wire::BATCH_ENTRIES)?,
+                    data: SourceData::Files {
+                        direct: options.direct_io,
+                    },
+                    scanner: Some(scanner),
+                    dest: destination.as_os_str().as_bytes().to_vec(),
+                    sink: SinkKind::Files,
+                })
+            }
+            SendSource::Memory { .. } if !options.filter.is_empty() => Err(SendError::Settings(
+                "a filter chooses among files: generated data has none".into(),
+            )),
+            SendSource::Memory { .. } if options.delete => Err(SendError::Settings(
+                "--delete mirrors files: generated data has none".into(),
+            )),
+            SendSource::Memory { size } => Ok(Sources {
+                first_batch: ScannedBatch {
+                    batch: ManifestBatch::memory(size),
+                    local_paths: vec![PathBuf::new()],
+                    skipped: Vec::new(),
+                },
+                data: SourceData::pattern(options.unit_size),
+                scanner: None,
+                dest: Vec::new(),
+                sink: SinkKind::Discard,
+            }),
+        }
+    }
+}
+
 struct ControlLink {
     socket: TcpStream,
     /// The transport in use, and why it is not the one asked for.
     transport: Transport,
     fallback: Option<String>,
-    reader: FrameReader<std::io::BufReader<link::LinkReader<link::PollRead>>>,
+    reader: ControlReader,
     writer: FrameWriter<link::LinkWriter>,
     welcomed: auth::Welcomed,
 }
+
+/// The control connection's reading half.
+type ControlReader = FrameReader<std::io::BufReader<link::LinkReader<link::PollRead>>>;
 
 /// How an attempt at the control connection failed.
 enum ControlFailure {

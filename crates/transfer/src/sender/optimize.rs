@@ -8,7 +8,6 @@
 //! interval in which the transfer ends is observed as far as it went (the only one of a
 //! transfer shorter than one), and logged without a decision: none could follow it.
 
-use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -128,12 +127,11 @@ fn sample_intervals(
     meter.reset(&shared.sample_for_meter());
     let mut deadline = last + interval;
     // Data the receiver had acknowledged at the last interval's end.
-    let mut acked = shared.bytes_acked.load(Ordering::Relaxed);
+    let mut acked = shared.counts.bytes_acked.get();
     loop {
         let over = shared.wait_over_until(deadline);
         let now = Instant::now();
-        let acked_before =
-            std::mem::replace(&mut acked, shared.bytes_acked.load(Ordering::Relaxed));
+        let acked_before = std::mem::replace(&mut acked, shared.counts.bytes_acked.get());
         let (mut stats, paths) = meter.measure(
             &shared.sample_for_meter(),
             now.duration_since(shared.start).as_secs_f64(),
@@ -153,7 +151,7 @@ fn sample_intervals(
         }
         // Streams with a handle but no connection to sample yet are still connecting; they
         // count among the streams, as the simulator counts them.
-        let active = shared.active_streams().max(stats.streams);
+        let active = shared.streams.lock().active().max(stats.streams);
         stats.connecting = active - stats.streams;
         stats.streams = active;
         last = now;

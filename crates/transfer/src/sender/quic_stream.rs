@@ -93,7 +93,7 @@ pub(super) fn open(
     quic: &QuicStreams,
 ) -> Result<(TaskConn, QuicConnection), StreamFailure> {
     let mut last = None;
-    for &addr in &shared.addrs {
+    for &addr in &shared.dial.addrs {
         let (opened, abort) = spawn_for_thread(&quic.runtime, open_one(shared.clone(), addr));
         let outcome = loop {
             match opened.recv_timeout(GIVE_UP_POLL) {
@@ -143,7 +143,7 @@ async fn open_one(
     shared: Arc<Shared>,
     addr: SocketAddr,
 ) -> Result<(TaskConn, QuicConnection), Opening> {
-    let Some(quic) = &shared.quic else {
+    let Some(quic) = &shared.dial.quic else {
         return Err(Opening::Connect(QuicError::Io(io::Error::other(
             "the transfer does not use QUIC",
         ))));
@@ -186,9 +186,9 @@ async fn prove_session(
     binding: &crate::auth::ChannelBinding,
 ) -> Result<Welcomed, crate::auth::AuthError> {
     let role = Role::Data {
-        session: shared.session,
+        session: shared.dial.session,
     };
-    let (greeting, hello) = Greeting::start(&shared.session_key, role, shared.sealed)?;
+    let (greeting, hello) = Greeting::start(&shared.dial.session_key, role, shared.dial.sealed)?;
     wire::write_message(&mut conn.replies, &hello)?;
     conn.flush().await.map_err(WireError::Io)?;
     let (mut proving, auth) = match greeting.challenge(conn.next_message().await, binding) {

@@ -194,22 +194,22 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
     let mut threads = HashMap::new();
     let mut next_id = 1u64;
     let mut failures = 0u32;
-    let mut last_active = usize::MAX;
     let mut busy = BusyReceiver::default();
     let mut joins: HashMap<u64, Join> = HashMap::new();
     loop {
         if shared.is_over() {
-            let streams = shared.streams.lock().expect("streams lock");
-            if streams.is_empty() {
+            let streams = shared.streams.lock();
+            if streams.open.is_empty() {
                 break;
             }
-            for handle in streams.values() {
+            for handle in streams.open.values() {
                 handle.retire(shared);
             }
         } else if !shared.units.is_done() {
             let target = shared.target.load(Ordering::Acquire);
-            let mut streams = shared.streams.lock().expect("streams lock");
+            let mut streams = shared.streams.lock();
             let active: Vec<_> = streams
+                .open
                 .values()
                 .filter(|h| !h.is_retiring())
                 .cloned()
@@ -222,7 +222,7 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                 handle.retire(shared);
             }
             // Streams still draining count against the receiver's limit; top up once they exit.
-            let room = shared.max_streams.saturating_sub(streams.len());
+            let room = shared.max_streams.saturating_sub(streams.open.len());
             let room = if busy.may_open(Instant::now()) {
                 room
             } else {
@@ -250,7 +250,7 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                     joins.insert(next_id, join);
                 }
                 next_id += 1;
-                streams.insert(handle.id, handle.clone());
+                streams.open.insert(handle.id, handle.clone());
                 let thread_shared = shared.clone();
                 let name = format!("xfer-stream-{}", handle.id);
                 let spawned = std::thread::Builder::new()
@@ -278,15 +278,14 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                 }
             }
         }
-        let active = {
-            let streams = shared.streams.lock().expect("streams lock");
-            for handle in streams.values() {
+        {
+            let mut streams = shared.streams.lock();
+            for handle in streams.open.values() {
                 handle.close_if_stalled(shared);
             }
-            busy.note_streams(streams.values());
-            pace_joining(shared, &streams, &mut joins);
-            let connected = streams
-                .values()
+            busy.note_streams(streams.open.values());
+            pace_joining(shared, &streams.open, &mut joins);
+            let connected = (streams.open.values())
                 .filter(|h| h.connection.get().is_some())
                 .count();
             let patience = shared.config.options.stall_timeout;
@@ -296,15 +295,8 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
                     limit,
                 });
             }
-            streams.values().filter(|h| !h.is_retiring()).count()
-        };
-        if active != last_active {
-            last_active = active;
-            shared
-                .timeline
-                .lock()
-                .expect("timeline lock")
-                .push((shared.start.elapsed().as_secs_f64(), active));
+            let active = streams.active();
+            streams.note_active(shared.start.elapsed().as_secs_f64(), active);
         }
         let tick = if joins.is_empty() {
             Duration::from_millis(200)
@@ -350,12 +342,12 @@ pub(super) fn run_manager(shared: &Arc<Shared>, events: mpsc::Receiver<ManagerEv
 /// ([`join::share`]); `None` where it slow-starts unpaced, as it does where streams cannot be
 /// paced (MPTCP, QUIC: [`join`] is for TCP).
 fn joining_share(shared: &Shared, active: &[Arc<StreamHandle>]) -> Option<f64> {
-    if shared.transport != Transport::Tcp {
+    if shared.dial.transport != Transport::Tcp {
         return None;
     }
     let carrying: Vec<TcpInfo> = active
         .iter()
-        .filter_map(|h| h.sample(shared.transport))
+        .filter_map(|h| h.sample(shared.dial.transport))
         .map(|(info, _)| info)
         .collect();
     join::share(&carrying)
@@ -391,7 +383,7 @@ fn pace_joining(
         let Some(handle) = streams.get(id) else {
             return false;
         };
-        let Some((info, _)) = handle.sample(shared.transport) else {
+        let Some((info, _)) = handle.sample(shared.dial.transport) else {
             return true; // not connected yet
         };
         let (rate, joining) = match join.pace(&info, now) {
@@ -409,59 +401,17 @@ fn pace_joining(
     });
 }
 
-/// The most data streams of one transfer in their handshake at once. A transfer that opens
-/// many streams together (a fixed count of 100, say) opens them in waves of this many, so that
-/// it never takes every place a receiver keeps for the handshakes of its sessions' addresses
-/// ([`crate::receiver::DEFAULT_MAX_HANDSHAKES`]) and is turned away as busy by its own streams.
-const OPENING_AT_ONCE: usize = 32;
-/// How often a stream waiting for its turn to open asks whether it is still wanted.
-const OPENING_POLL: Duration = Duration::from_millis(100);
-
-/// A transfer's data streams in their handshake, at most [`OPENING_AT_ONCE`].
-#[derive(Default)]
-pub(super) struct Openings {
-    opening: Mutex<usize>,
-    done: std::sync::Condvar,
-}
-
-/// A stream's turn to open, given back when it drops.
-struct Opening<'a>(&'a Openings);
-
-impl Openings {
-    /// Waits for a stream's turn to open; `None` once `give_up` says so.
-    fn enter(&self, give_up: impl Fn() -> bool) -> Option<Opening<'_>> {
-        let mut opening = self.opening.lock().expect("openings lock");
-        while *opening >= OPENING_AT_ONCE {
-            if give_up() {
-                return None;
-            }
-            opening = (self.done.wait_timeout(opening, OPENING_POLL))
-                .expect("openings lock")
-                .0;
-        }
-        *opening += 1;
-        Some(Opening(self))
-    }
-}
-
-impl Drop for Opening<'_> {
-    fn drop(&mut self) {
-        *self.0.opening.lock().expect("openings lock") -= 1;
-        self.0.done.notify_one();
-    }
-}
-
-/// Runs one stream from connect to close, opened in its turn ([`Openings`]).
+/// Runs one stream from connect to close, opened in its turn ([`super::dialing::Openings`]).
 fn run_stream(shared: &Arc<Shared>, handle: &Arc<StreamHandle>) -> Result<(), StreamFailure> {
     let wanted = || !shared.is_over() && !handle.is_retiring();
-    let Some(turn) = shared.openings.enter(|| !wanted()) else {
+    let Some(turn) = shared.dial.openings.enter(|| !wanted()) else {
         if shared.is_over() {
             return Err(StreamFailure::Fatal);
         }
         // Retired before it opened: nothing to carry.
         return Ok(());
     };
-    match &shared.quic {
+    match &shared.dial.quic {
         None => {
             let (reader, mut writer, socket) = open_tcp(shared, handle)?;
             drop(turn);
@@ -494,8 +444,12 @@ fn open_tcp(
     shared: &Shared,
     handle: &StreamHandle,
 ) -> Result<Opened<link::LinkReader<link::PollRead>, TcpStream>, StreamFailure> {
-    let (socket, _, fallback) = connect(&shared.addrs, &shared.config.addr, shared.transport)
-        .map_err(|e| unless_done(shared, e))?;
+    let (socket, _, fallback) = connect(
+        &shared.dial.addrs,
+        &shared.config.addr,
+        shared.dial.transport,
+    )
+    .map_err(|e| unless_done(shared, e))?;
     if let Some(why) = fallback {
         tracing::info!("stream {}: {why}", handle.id);
     }
@@ -524,10 +478,10 @@ fn prove_session<R: Read>(
     channel: &ChannelBinding,
 ) -> Result<(), StreamFailure> {
     let role = Role::Data {
-        session: shared.session,
+        session: shared.dial.session,
     };
-    let key = &shared.session_key;
-    auth::handshake_as_client(reader, writer, channel, key, role, shared.sealed)
+    let key = &shared.dial.session_key;
+    auth::handshake_as_client(reader, writer, channel, key, role, shared.dial.sealed)
         .map(drop)
         .map_err(|e| handshake_failure(shared, e))
 }
@@ -587,7 +541,7 @@ fn carry(
     if !leftover.is_empty() {
         shared.units.hand_back(handle.id, leftover.into_iter());
     }
-    if let Some((tcp, subflows)) = sample_connection(&connection, shared.transport) {
+    if let Some((tcp, subflows)) = sample_connection(&connection, shared.dial.transport) {
         let retransmits = if subflows.is_empty() {
             u64::from(tcp.total_retrans)
         } else {
@@ -596,9 +550,7 @@ fn carry(
                 .map(|s| u64::from(s.tcp.total_retrans))
                 .sum()
         };
-        shared
-            .closed_retransmits
-            .fetch_add(retransmits, Ordering::Relaxed);
+        shared.counts.closed_retransmits.add(retransmits);
     }
     // The receiver's last answer has arrived: nothing is left to deliver either way.
     connection.shutdown();
@@ -683,7 +635,7 @@ pub(super) fn write_units(
         let read = shared
             .source
             .unit_data(unit, sealed, &mut buf, &mut open, || {
-                shared.source_file(unit.file)
+                shared.files.get(unit.file)
             });
         let (data, digest) = match read {
             Ok(read) => read,
@@ -706,9 +658,7 @@ pub(super) fn write_units(
             checksum: digest.checksum,
         };
         wire::write_chunk(writer, &header, data, digest.content.as_ref()).map_err(broken)?;
-        shared
-            .bytes_sent
-            .fetch_add(unit.len as u64, Ordering::Relaxed);
+        shared.counts.bytes_sent.add(unit.len as u64);
         if let Some(socket) = handle.tcp() {
             unsent.follow(socket, shared.target.load(Ordering::Relaxed));
         }
@@ -757,10 +707,10 @@ pub(super) fn on_answer(
             tracing::warn!(
                 "chunk {} of {} failed its checksum at the receiver; sending it again",
                 unit.offset,
-                shared.file_shown(unit.file)
+                shared.files.shown(unit.file)
             );
             shared.units.hand_back(handle.id, std::iter::once(unit));
-            if shared.nacks.fetch_add(1, Ordering::Relaxed) >= MAX_NACKS {
+            if shared.counts.nacks.add(1) >= MAX_NACKS {
                 return Err(fatal(
                     shared,
                     shared.config.lost("too many chunks arrived corrupted"),
