@@ -1,4 +1,5 @@
-"""Network topologies on one machine: loopback, or two namespaces joined by a veth pair.
+"""Network topologies on one machine: loopback, two namespaces joined by a veth pair, or
+several on one bridge.
 
 Namespaces and links carry a per-process suffix so concurrent runs do not collide, use only
 private addresses inside the namespaces, and are deleted when the context exits, also on error.
@@ -78,6 +79,36 @@ def veth_pair(prefix: str = "xb") -> Iterator[Topology]:
         run_ip("-n", snd, "link", "set", f"{tag}a", "up")
         run_ip("-n", rcv, "link", "set", f"{tag}b", "up")
         yield Topology(name="veth", receiver_addr="10.201.0.2", sender_ns=snd, receiver_ns=rcv)
+
+
+@contextmanager
+def bridged(tag: str, count: int, subnet: str = "10.202.0") -> Iterator[list[tuple[str, str]]]:
+    """`count` namespaces (`TAG1`, `TAG2`, ...) on one bridge of this namespace (`TAGbr`, at
+    `SUBNET.1`), as the hosts of one site's LAN: each namespace's name and its address
+    (`SUBNET.11`, `SUBNET.12`, ...). Needs root. Everything made here is removed on exit, also
+    when the body raises."""
+    bridge = f"{tag}br"
+    made: list[str] = []
+    try:
+        run_ip("link", "add", bridge, "type", "bridge")
+        run_ip("addr", "add", f"{subnet}.1/24", "dev", bridge)
+        run_ip("link", "set", bridge, "up")
+        hosts = []
+        for i in range(1, count + 1):
+            ns, addr = f"{tag}{i}", f"{subnet}.{10 + i}"
+            run_ip("netns", "add", ns)
+            made.append(ns)
+            run_ip("link", "add", f"{tag}v{i}", "type", "veth", "peer", "eth0", "netns", ns)
+            run_ip("link", "set", f"{tag}v{i}", "master", bridge, "up")
+            run_ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+            run_ip("-n", ns, "link", "set", "eth0", "up")
+            run_ip("-n", ns, "link", "set", "lo", "up")
+            hosts.append((ns, addr))
+        yield hosts
+    finally:
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
 def tear_down_on_signals() -> None:
