@@ -3,6 +3,7 @@ import os
 import re
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -20,7 +21,9 @@ def test_buffer_sizes():
     assert wan.WanSpec(rate_mbit=1000, rtt_ms=50, buffer="0.5bdp").buffer_bytes() == 3_125_000
     assert wan.WanSpec(rate_mbit=100, rtt_ms=10, buffer="4MiB").buffer_bytes() == 4 << 20
     assert wan.WanSpec(rate_mbit=100, rtt_ms=0).buffer_bytes() == 3000, "never below 2 packets"
-    for bad in [dict(buffer="lots"), dict(loss=1.5), dict(senders=0), dict(delay="magic")]:
+    bad_specs = [dict(buffer="lots"), dict(loss=1.5), dict(senders=0), dict(delay="magic")]
+    bad_specs += [dict(receiving_nodes=-1), dict(node_rate_mbit=0)]
+    for bad in bad_specs:
         with pytest.raises(ValueError):
             wan.WanSpec(rate_mbit=100, rtt_ms=10, **bad)
 
@@ -51,8 +54,35 @@ def test_bottleneck_rate_holds_within_5_percent_also_after_a_change():
         w.set_rate(50)
         after = _iperf3(w, streams=4, seconds=4, omit=1)
     for end, rate in ((before, 100), (after, 50)):
-        wire_mbit = end["sum_received"]["bits_per_second"] * WIRE / MSS / 1e6
+        wire_mbit = _wire_mbit(end)
         assert 0.95 * rate <= wire_mbit <= 1.05 * rate, (rate, wire_mbit)
+
+
+def _wire_mbit(end: dict) -> float:
+    """What an iperf3 report's receiver got, counted on the wire (headers included), Mbit/s."""
+    return end["sum_received"]["bits_per_second"] * WIRE / MSS / 1e6
+
+
+@needs_root
+def test_node_pairs_each_held_to_their_own_link_fill_the_bottleneck_together():
+    # A site's three data-transfer nodes to the other's three (issue 44): each node's link
+    # holds it to 300 Mbit/s, the path they share carries 1000.
+    spec = wan.WanSpec(
+        rate_mbit=1000, rtt_ms=30, senders=3, receiving_nodes=3, node_rate_mbit=300,
+        delay="delay-line",
+    )  # fmt: skip
+    with wan.emulated_wan(spec, prefix="xwt") as w:
+
+        def pair(i: int) -> dict:
+            return dataplane.iperf3_report(w.node_topology(i, i), 4, 5, omit=1)["end"]
+
+        alone = _wire_mbit(pair(0))
+        with ThreadPoolExecutor(3) as pool:
+            together = [_wire_mbit(end) for end in pool.map(pair, range(3))]
+    assert 0.9 * 300 <= alone <= 1.05 * 300, alone
+    assert all(rate <= 1.05 * 300 for rate in together), together
+    assert sum(together) >= 0.9 * 900, together
+    assert wan.leftovers("xwt") == []
 
 
 @needs_root

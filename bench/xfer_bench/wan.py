@@ -50,9 +50,15 @@ def sender_addr(index: int) -> str:
     return f"10.212.{index + 1}.1"
 
 
+def receiving_node_addr(index: int) -> str:
+    """Address of receiving node `index` (from 0), behind the receiver's namespace."""
+    return f"10.213.{index + 1}.1"
+
+
 @dataclass(frozen=True)
 class WanSpec:
-    """The path: bottleneck rate, round-trip time, buffer, random loss, number of senders."""
+    """The path: bottleneck rate, round-trip time, buffer, random loss, number of senders, and
+    the receiving site's nodes."""
 
     rate_mbit: float
     rtt_ms: float
@@ -69,6 +75,12 @@ class WanSpec:
     #: TCP congestion control of the senders (the host's default is not used: it may be BBR,
     #: which ignores random loss).
     congestion: str = "cubic"
+    #: Receiving nodes (a site's data-transfer nodes) behind the receiver's namespace, which
+    #: then routes for them; 0: the receiver's namespace receives itself.
+    receiving_nodes: int = 0
+    #: The rate of each sender's and each receiving node's own link (its NIC), Mbit/s; None:
+    #: only the bottleneck limits.
+    node_rate_mbit: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.rate_mbit > 0 and self.rtt_ms >= 0):
@@ -77,6 +89,10 @@ class WanSpec:
             raise ValueError(f"loss {self.loss} is not a rate between 0 and 1")
         if self.senders < 1:
             raise ValueError("at least one sender")
+        if self.receiving_nodes < 0:
+            raise ValueError("receiving nodes: 0 or more")
+        if self.node_rate_mbit is not None and not self.node_rate_mbit > 0:
+            raise ValueError("a node's rate must be positive")
         if self.delay not in ("auto", "delay-line", "netem"):
             raise ValueError(f"delay {self.delay!r}: expected auto, delay-line or netem")
         self.buffer_bytes()
@@ -107,6 +123,8 @@ class Wan:
     router: str
     receiver: str
     delay_mode: str
+    #: The receiving nodes' namespaces (`WanSpec.receiving_nodes`).
+    nodes: list[str] = field(default_factory=list)
     #: Process id of the delay line while it runs (None with netem).
     delay_line_pid: int | None = None
     delay_stats: list[dict] = field(default_factory=list)
@@ -118,6 +136,15 @@ class Wan:
             receiver_addr=RECEIVER_ADDR,
             sender_ns=self.senders[index],
             receiver_ns=self.receiver,
+        )
+
+    def node_topology(self, sender: int, node: int) -> Topology:
+        """Sender `sender` and receiving node `node`: one pair of a site's nodes."""
+        return Topology(
+            name=f"wan-{self.spec.rate_mbit:g}mbit-{self.spec.rtt_ms:g}ms-node{node}",
+            receiver_addr=receiving_node_addr(node),
+            sender_ns=self.senders[sender],
+            receiver_ns=self.nodes[node],
         )
 
     def sender_cmd(self, index: int, argv: Sequence[str]) -> list[str]:
@@ -266,6 +293,7 @@ def emulated_wan(spec: WanSpec, xfer: Path = DEFAULT_XFER, prefix: str = "xw") -
     tag = f"{prefix}{os.getpid() % 100000}"
     senders = [f"{tag}s{i}" for i in range(spec.senders)]
     router, receiver = f"{tag}r", f"{tag}c"
+    nodes = [f"{tag}n{j}" for j in range(spec.receiving_nodes)]
     mode = spec.delay
     if mode == "auto":
         mode = "netem" if netem_available() else "delay-line"
@@ -275,9 +303,9 @@ def emulated_wan(spec: WanSpec, xfer: Path = DEFAULT_XFER, prefix: str = "xw") -
         raise ValueError("an RTT schedule needs the delay line (delay = 'delay-line')")
     made: list[str] = []
     line: subprocess.Popen[str] | None = None
-    wan = Wan(spec, tag, senders, router, receiver, mode)
+    wan = Wan(spec, tag, senders, router, receiver, mode, nodes)
     try:
-        for ns in [*senders, router, receiver]:
+        for ns in [*senders, router, receiver, *nodes]:
             _ip("netns", "add", ns)
             made.append(ns)
             _ip("-n", ns, "link", "set", "lo", "up")
@@ -289,12 +317,23 @@ def emulated_wan(spec: WanSpec, xfer: Path = DEFAULT_XFER, prefix: str = "xw") -
                 net__core__wmem_max=str(SOCKET_BUFFER_MAX),
             )
         _sysctl(router, net__ipv4__ip_forward="1")
+        if nodes:
+            # The receiver routes for its nodes; their replies leave through the delay line's
+            # device, not the one the data came in by, so reverse-path filtering is off.
+            _sysctl(
+                receiver,
+                net__ipv4__ip_forward="1",
+                net__ipv4__conf__all__rp_filter="0",
+                net__ipv4__conf__default__rp_filter="0",
+            )
         # Names for the path's addresses, which `ip netns exec` mounts over /etc/hosts in each
         # namespace, the host's name meaning the namespace's own address: tools that look
         # their own address up (GridFTP) find it without DNS.
         hosts = ["127.0.0.1 localhost", f"{RECEIVER_ADDR} receiver"]
         hosts += [f"{sender_addr(i)} sender{i}" for i in range(spec.senders)]
+        hosts += [f"{receiving_node_addr(j)} node{j}" for j in range(len(nodes))]
         own = {receiver: RECEIVER_ADDR, **{ns: sender_addr(i) for i, ns in enumerate(senders)}}
+        own |= {ns: receiving_node_addr(j) for j, ns in enumerate(nodes)}
         for ns in made:
             etc = NETNS_ETC / ns
             etc.mkdir(parents=True, exist_ok=True)
@@ -316,6 +355,8 @@ def emulated_wan(spec: WanSpec, xfer: Path = DEFAULT_XFER, prefix: str = "xw") -
                 ns, net__ipv4__conf__all__rp_filter="0", net__ipv4__conf__default__rp_filter="0"
             )
             _set_congestion_control(ns, spec.congestion)
+            if spec.node_rate_mbit is not None:
+                add_htb(ns, s_dev, spec.node_rate_mbit)
         c_dev, rc_dev = f"{tag}ca", wan._bottleneck_dev
         _ip(
             "link", "add", rc_dev, "netns", router, "type", "veth", "peer", c_dev, "netns", receiver
@@ -325,6 +366,20 @@ def emulated_wan(spec: WanSpec, xfer: Path = DEFAULT_XFER, prefix: str = "xw") -
         for n, d in ((router, rc_dev), (receiver, c_dev)):
             _ip("-n", n, "link", "set", d, "up")
             devices.append((n, d))
+        for j, ns in enumerate(nodes):
+            c_node, n_dev = f"{tag}c{j}", f"{tag}n{j}a"
+            _ip("link", "add", c_node, "netns", receiver, "type", "veth",
+                "peer", n_dev, "netns", ns)  # fmt: skip
+            _ip("-n", receiver, "addr", "add", f"10.213.{j + 1}.2/24", "dev", c_node)
+            _ip("-n", ns, "addr", "add", f"{receiving_node_addr(j)}/24", "dev", n_dev)
+            for n, d in ((receiver, c_node), (ns, n_dev)):
+                _ip("-n", n, "link", "set", d, "up")
+                devices.append((n, d))
+            _ip("-n", ns, "route", "add", "default", "via", f"10.213.{j + 1}.2")
+            if spec.node_rate_mbit is not None:
+                add_htb(receiver, c_node, spec.node_rate_mbit)
+        if nodes:
+            _ip("-n", router, "route", "add", "10.213.0.0/16", "via", RECEIVER_ADDR)
         add_htb(router, rc_dev, spec.rate_mbit)
         _tc(router, "qdisc", "add", "dev", rc_dev, "parent", "1:1", "handle", "10:", "bfifo",
             "limit", str(spec.buffer_bytes()))  # fmt: skip

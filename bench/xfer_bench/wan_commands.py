@@ -73,6 +73,8 @@ def _spec(args: argparse.Namespace, rate: float, rtt: float) -> WanSpec:
         loss=args.loss,
         senders=getattr(args, "senders", 1),
         delay=args.delay,
+        receiving_nodes=getattr(args, "receiving_nodes", 0),
+        node_rate_mbit=getattr(args, "node_rate", None),
     )
 
 
@@ -84,6 +86,9 @@ def up(args: argparse.Namespace) -> int:
             print(f"  sender {i}: ip netns exec {ns} COMMAND")
         address = w.topology().receiver_addr
         print(f"  receiver:  ip netns exec {w.receiver} COMMAND  (address {address})")
+        for j, ns in enumerate(w.nodes):
+            node = w.node_topology(0, j).receiver_addr
+            print(f"  receiving node {j}: ip netns exec {ns} COMMAND  (address {node})")
         print("Ctrl-C to tear it down")
         try:
             signal.pause()
@@ -146,6 +151,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.choices["up"].add_argument("--rate", type=float, required=True, help="Mbit/s")
     sub.choices["up"].add_argument("--rtt", type=float, required=True, help="milliseconds")
     sub.choices["up"].add_argument("--senders", type=int, default=1)
+    sub.choices["up"].add_argument(
+        "--receiving-nodes", type=int, default=0, help="nodes behind the receiver (a site's DTNs)"
+    )
+    sub.choices["up"].add_argument(
+        "--node-rate", type=float, help="each sender's and receiving node's own link, Mbit/s"
+    )
     c = sub.choices["ceiling"]
     c.add_argument("--rtts", default="10,50,100", help="RTTs in ms, comma-separated")
     c.add_argument("--rates", default="1000,2500,5000,10000", help="Mbit/s, comma-separated")
