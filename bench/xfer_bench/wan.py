@@ -225,6 +225,17 @@ def _set_congestion_control(ns: str, name: str) -> None:
     _sysctl(ns, net__ipv4__tcp_congestion_control=name)
 
 
+def _veth(devices: list[tuple[str, str]], a: tuple[str, str, str], b: tuple[str, str, str]) -> None:
+    """A veth pair between two namespaces, `(namespace, device, address/prefix)` at each end,
+    both ends up and appended to `devices`."""
+    (a_ns, a_dev, _), (b_ns, b_dev, _) = a, b
+    _ip("link", "add", a_dev, "netns", a_ns, "type", "veth", "peer", b_dev, "netns", b_ns)
+    for ns, dev, addr in (a, b):
+        _ip("-n", ns, "addr", "add", addr, "dev", dev)
+        _ip("-n", ns, "link", "set", dev, "up")
+        devices.append((ns, dev))
+
+
 def _htb_class(dev: str, rate_mbit: float) -> list[str]:
     # A burst of at least 2 ms of the rate: tc's default collapses throughput with many streams.
     burst = max(int(rate_mbit * 1e6 / 8 * 0.002), 32 * 1514)
@@ -342,13 +353,9 @@ def emulated_wan(spec: WanSpec, xfer: Path = DEFAULT_XFER, prefix: str = "xw") -
         cpu, rps_mask = _cpu_plan()
         devices: list[tuple[str, str]] = []
         for i, ns in enumerate(senders):
-            s_dev, r_dev = f"{tag}s{i}a", f"{tag}r{i}"
-            _ip("link", "add", s_dev, "netns", ns, "type", "veth", "peer", r_dev, "netns", router)
-            _ip("-n", ns, "addr", "add", f"{sender_addr(i)}/24", "dev", s_dev)
-            _ip("-n", router, "addr", "add", f"10.212.{i + 1}.2/24", "dev", r_dev)
-            for n, d in ((ns, s_dev), (router, r_dev)):
-                _ip("-n", n, "link", "set", d, "up")
-                devices.append((n, d))
+            s_dev = f"{tag}s{i}a"
+            router_end = (router, f"{tag}r{i}", f"10.212.{i + 1}.2/24")
+            _veth(devices, (ns, s_dev, f"{sender_addr(i)}/24"), router_end)
             _ip("-n", ns, "route", "add", "default", "via", f"10.212.{i + 1}.2")
             _run(ns, "ethtool", "-K", s_dev, "tso", "off", "gso", "off")
             _sysctl(
@@ -357,24 +364,13 @@ def emulated_wan(spec: WanSpec, xfer: Path = DEFAULT_XFER, prefix: str = "xw") -
             _set_congestion_control(ns, spec.congestion)
             if spec.node_rate_mbit is not None:
                 add_htb(ns, s_dev, spec.node_rate_mbit)
-        c_dev, rc_dev = f"{tag}ca", wan._bottleneck_dev
-        _ip(
-            "link", "add", rc_dev, "netns", router, "type", "veth", "peer", c_dev, "netns", receiver
-        )
-        _ip("-n", router, "addr", "add", "10.212.200.2/24", "dev", rc_dev)
-        _ip("-n", receiver, "addr", "add", f"{RECEIVER_ADDR}/24", "dev", c_dev)
-        for n, d in ((router, rc_dev), (receiver, c_dev)):
-            _ip("-n", n, "link", "set", d, "up")
-            devices.append((n, d))
+        rc_dev = wan._bottleneck_dev
+        receiver_end = (receiver, f"{tag}ca", f"{RECEIVER_ADDR}/24")
+        _veth(devices, (router, rc_dev, "10.212.200.2/24"), receiver_end)
         for j, ns in enumerate(nodes):
-            c_node, n_dev = f"{tag}c{j}", f"{tag}n{j}a"
-            _ip("link", "add", c_node, "netns", receiver, "type", "veth",
-                "peer", n_dev, "netns", ns)  # fmt: skip
-            _ip("-n", receiver, "addr", "add", f"10.213.{j + 1}.2/24", "dev", c_node)
-            _ip("-n", ns, "addr", "add", f"{receiving_node_addr(j)}/24", "dev", n_dev)
-            for n, d in ((receiver, c_node), (ns, n_dev)):
-                _ip("-n", n, "link", "set", d, "up")
-                devices.append((n, d))
+            c_node = f"{tag}c{j}"
+            node_end = (ns, f"{tag}n{j}a", f"{receiving_node_addr(j)}/24")
+            _veth(devices, (receiver, c_node, f"10.213.{j + 1}.2/24"), node_end)
             _ip("-n", ns, "route", "add", "default", "via", f"10.213.{j + 1}.2")
             if spec.node_rate_mbit is not None:
                 add_htb(receiver, c_node, spec.node_rate_mbit)
