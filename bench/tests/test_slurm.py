@@ -1,11 +1,14 @@
-"""The Slurm cluster of namespaces that striped transfers are launched on (issue 44)."""
+"""The Slurm cluster of namespaces that striped transfers are launched on (issue 44), and a
+striped transfer launched on it with `srun`."""
 
+import json
 import os
 import subprocess
+from contextlib import ExitStack
 
 import pytest
 
-from xfer_bench import netns, slurm
+from xfer_bench import dataplane, netns, slurm
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
@@ -60,3 +63,53 @@ def test_a_cluster_that_cannot_come_up_says_why_and_leaves_nothing_running(tmp_p
         with slurm.slurm_cluster(nodes, "127.0.0.1", tmp_path / "slurm", start_timeout_s=5):
             pass
     assert slurm_processes() == before
+
+
+def _tree(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@needs_root
+def test_a_striped_transfer_launched_with_srun_arrives_byte_identical(tmp_path):
+    # Three sending nodes under Slurm and three receiving nodes, all on one LAN, sharing this
+    # machine's file system: `srun` starts one `xfer send --stripe` per node, each task taking
+    # its index from SLURM_PROCID and its receiver from a list by the same index.
+    xfer = dataplane.DEFAULT_XFER
+    assert xfer.exists(), "build xfer first (scripts/test runs cargo test --release before pytest)"
+    src = tmp_path / "src" / "run9"
+    for i, size in enumerate([40 << 20, 25 << 20, 1, 0, *range(1000, 60000, 1500)]):
+        path = src / f"d{i % 4}" / f"f{i:02}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(size))
+    (tmp_path / "dst").mkdir()
+    before = slurm_processes()
+    tag = f"xss{os.getpid() % 10000}"
+    with netns.bridged(tag, 6, subnet="10.204.0") as hosts, ExitStack() as stack:
+        senders, receivers = hosts[:3], hosts[3:]
+        nodes = [slurm.Node(f"dtn{i}", ns, addr) for i, (ns, addr) in enumerate(senders, 1)]
+        targets = []
+        for i, (ns, addr) in enumerate(receivers):
+            topo = netns.Topology(f"node{i}", addr, receiver_ns=ns)
+            rx = stack.enter_context(dataplane.xfer_receiver(xfer, topo, tmp_path / "dst"))
+            dataplane.write_key_file(rx, tmp_path / f"key{i}")
+            targets.append(f"{rx.addr}:incoming")
+        (tmp_path / "targets").write_text("\n".join(targets) + "\n")
+        task = (
+            'i=$SLURM_PROCID; exec "$0" send "$1" "$(sed -n "$((i + 1))p" "$2")" '
+            '--key-file "$3$i" --stripe "$i/$SLURM_NTASKS" --json'
+        )
+        argv = ["sh", "-c", task, str(xfer), str(src), str(tmp_path / "targets")]
+        argv.append(str(tmp_path / "key"))
+        with slurm.slurm_cluster(nodes, "10.204.0.1", tmp_path / "slurm") as cluster:
+            out = subprocess.run(
+                cluster.srun(argv), env=cluster.env, capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    summaries = [json.loads(x) for x in out.stdout.splitlines() if '"summary"' in x]
+    assert len(summaries) == 3, out.stdout
+    total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+    assert sum(s["bytes"] for s in summaries) == total
+    assert all(s["bytes"] > 0 for s in summaries), "each node sent its share"
+    assert _tree(tmp_path / "dst" / "incoming" / "run9") == _tree(src)
+    assert slurm_processes() == before, "every daemon stopped"
+    assert not [ns for ns in netns.namespaces() if ns.startswith(tag)]

@@ -392,6 +392,15 @@ pub struct SendArgs {
     /// first what it would remove with --dry-run --delete.
     #[arg(long, conflicts_with = "mem")]
     pub delete: bool,
+    /// Send one node's share of a striped transfer: node INDEX of COUNT (0/3, 1/3 and 2/3 for
+    /// three), each run on a host that reads the same sources from a shared file system, to
+    /// a receiver of its own whose root is on one shared file system too. Every node deals the
+    /// files and the 16 MiB pieces of large ones out by the same rule and sends its share; a
+    /// file is placed once all its pieces arrived, by whichever receiver got the last. Run
+    /// again with any count, the nodes send only what is missing.
+    #[arg(long, value_name = "INDEX/COUNT",
+          conflicts_with_all = ["mem", "delete", "checksum", "verify", "dry_run"])]
+    pub stripe: Option<transfer::stripe::Stripe>,
     /// Read the files with direct I/O (O_DIRECT), bypassing the page cache: for parallel file
     /// systems, and to keep the page cache for other work. A receiver this command starts over
     /// ssh writes with direct I/O too.

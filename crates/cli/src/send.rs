@@ -287,6 +287,7 @@ pub fn send_options(args: &SendArgs, initial: usize) -> anyhow::Result<SendOptio
         .verify(args.verify)
         .checksum(args.checksum)
         .delete(args.delete)
+        .stripe(args.stripe)
         .direct_io(args.direct_io)
         .stream_rate_cap(stream_rate_cap)
         .rate_limit(args.rate_limit.clone())

@@ -89,6 +89,9 @@ pub fn sender_rules(
             (self.0.get(file as usize).copied())
                 .ok_or_else(|| SendError::Protocol(format!("no file {file}")))
         }
+        fn share(&self, _file: u32) -> Result<Option<Vec<std::ops::Range<u64>>>, SendError> {
+            Ok(None)
+        }
         fn shown(&self, file: u32) -> String {
             format!("file {file}")
         }

@@ -3,11 +3,18 @@
 //! A file arrives as `.NAME.xfer-part` beside its final name, with `.NAME.xfer-journal` next to
 //! it. The journal starts with the identity of the source version (size, mtime, and the ctime
 //! and inode number nobody can set back) and then gets
-//! one fixed-size record `(offset, len, xxh3)` appended after each chunk is written. A record
+//! one fixed-size record `(offset, len, xxh3)` appended after each chunk is written, with a
+//! check of its own (the xxh3 of those 24 bytes), so that a record is never taken from bytes
+//! that are not one. A record
 //! goes to the page cache right after its data, so a killed process loses nothing it acknowledged.
 //! On resume every record is checked again against the part file's bytes, so a record that
 //! outlived its data (power loss) or a part file changed behind our back costs a resend, never a
 //! corrupt file. A torn last record is ignored.
+//!
+//! Journals are opened for appending (`O_APPEND`), so that the receiving nodes of a striped
+//! transfer ([`crate::stripe`]), each writing its own ranges of a file into the same part file,
+//! can append their records to one journal: each record is written whole, with one write, at
+//! the journal's end.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -19,9 +26,9 @@ use rangemap::RangeSet;
 use crate::manifest::{FileEntry, Timestamp};
 use crate::wire::chunk_checksum;
 
-const MAGIC: &[u8; 8] = b"XFERJNL2";
+const MAGIC: &[u8; 8] = b"XFERJNL3";
 const HEADER_LEN: usize = 48;
-const RECORD_LEN: usize = 24;
+const RECORD_LEN: usize = 32;
 const NAME_MAX: usize = 255;
 
 /// The source version a journal belongs to: what the sender's manifest said of the file
@@ -257,13 +264,16 @@ impl Journal {
     /// let mut journal = Journal::create(open(&paths.journal), identity).unwrap();
     /// part.write_all_at(b"efgh", 4).unwrap();
     /// journal.record(4, 4, chunk_checksum(b"efgh")).unwrap();
-    /// assert_eq!(std::fs::metadata(&paths.journal).unwrap().len(), 48 + 24);
+    /// assert_eq!(std::fs::metadata(&paths.journal).unwrap().len(), 48 + 32);
     /// ```
     pub fn record(&mut self, offset: u64, len: u64, checksum: u64) -> std::io::Result<()> {
         let mut rec = [0u8; RECORD_LEN];
         rec[..8].copy_from_slice(&offset.to_le_bytes());
         rec[8..16].copy_from_slice(&len.to_le_bytes());
-        rec[16..].copy_from_slice(&checksum.to_le_bytes());
+        rec[16..24].copy_from_slice(&checksum.to_le_bytes());
+        let check = chunk_checksum(&rec[..24]);
+        rec[24..].copy_from_slice(&check.to_le_bytes());
+        // One write, so that writers appending to one journal never interleave within a record.
         self.file.write_all(&rec)
     }
 
@@ -320,12 +330,55 @@ impl Journal {
         part: &File,
         identity: SourceIdentity,
     ) -> Option<(Journal, RangeSet<u64>)> {
-        let (verified, keep) = Journal::read_verified(&mut file, part, identity)?;
-        // Drop a torn tail so that new records stay aligned.
-        file.set_len(keep).ok()?;
+        let (verified, keep, len) = Journal::read_verified(&mut file, part, identity)?;
+        // Drop a torn tail so that new records stay aligned; only a torn one, since another
+        // writer of the same journal may have appended a record since it was read.
+        if keep != len {
+            file.set_len(keep).ok()?;
+        }
         file.seek(SeekFrom::Start(keep)).ok()?;
         let journal = Journal { file };
         Some((journal, verified))
+    }
+
+    /// Joins the journal in `file` that another writer of the same part file started for
+    /// `identity` (a receiving node of the same striped transfer), to append to it, without
+    /// reading its records; `None` when `file` holds no journal of that version.
+    ///
+    /// ```
+    /// # use transfer::journal::{Journal, PartPaths, SourceIdentity};
+    /// # use transfer::manifest::Timestamp;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let paths = PartPaths::for_final(&dir.path().join("run42.h5"));
+    /// # let t = Timestamp { secs: 1_700_000_000, nanos: 0 };
+    /// # let identity = SourceIdentity { size: 8, mtime: t, ctime: t, inode: 7 };
+    /// # let open = |path: &std::path::Path| std::fs::OpenOptions::new().read(true).append(true).create(true).open(path).unwrap();
+    /// let mut one = Journal::create(open(&paths.journal), identity).unwrap();
+    /// let mut other = Journal::join(open(&paths.journal), identity).unwrap();
+    /// one.record(0, 4, 1).unwrap();
+    /// other.record(4, 4, 2).unwrap();
+    /// let recorded = Journal::recorded(open(&paths.journal), identity).unwrap();
+    /// assert_eq!(recorded.iter().cloned().collect::<Vec<_>>(), vec![0..8]);
+    /// let other_version = SourceIdentity { inode: 8, ..identity };
+    /// assert!(Journal::join(open(&paths.journal), other_version).is_none());
+    /// ```
+    pub fn join(mut file: File, identity: SourceIdentity) -> Option<Journal> {
+        let mut header = [0u8; HEADER_LEN];
+        file.read_exact(&mut header).ok()?;
+        Journal::header_is(&header, identity).then_some(())?;
+        file.seek(SeekFrom::End(0)).ok()?;
+        Some(Journal { file })
+    }
+
+    /// The ranges the journal in `file` records for `identity`, taken as they were recorded
+    /// (every writer verified its chunks before recording them), without reading the part
+    /// file: what a striped transfer's seal checks before it places a file that other nodes
+    /// wrote in part. `None` for a journal of another version.
+    pub fn recorded(mut file: File, identity: SourceIdentity) -> Option<RangeSet<u64>> {
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).ok()?;
+        let records = Journal::records(&bytes, identity)?;
+        Some(records.map(|(offset, end, _)| offset..end).collect())
     }
 
     /// What [`Journal::resume`] would find verified, changing nothing (a dry run's plan).
@@ -334,44 +387,65 @@ impl Journal {
         part: &File,
         identity: SourceIdentity,
     ) -> Option<RangeSet<u64>> {
-        Journal::read_verified(&mut file, part, identity).map(|(verified, _)| verified)
+        Journal::read_verified(&mut file, part, identity).map(|(verified, ..)| verified)
     }
 
-    /// The ranges a journal read from its start records and the part file still holds, and
-    /// the length of its whole records; `None` for a journal of another source version.
+    /// The ranges a journal read from its start records and the part file still holds, the
+    /// length of its whole records and its length as read; `None` for a journal of another
+    /// source version.
     fn read_verified(
         file: &mut File,
         part: &File,
         identity: SourceIdentity,
-    ) -> Option<(RangeSet<u64>, u64)> {
+    ) -> Option<(RangeSet<u64>, u64, u64)> {
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).ok()?;
-        if bytes.len() < HEADER_LEN || &bytes[..8] != MAGIC {
-            return None;
-        }
-        let recorded = SourceIdentity::decode(bytes[8..HEADER_LEN].try_into().expect("header"));
-        if recorded != identity {
-            return None;
-        }
         let mut verified = RangeSet::new();
         let mut buf = Vec::new();
-        for rec in bytes[HEADER_LEN..].chunks_exact(RECORD_LEN) {
-            let offset = u64::from_le_bytes(rec[..8].try_into().expect("8 bytes"));
-            let len = u64::from_le_bytes(rec[8..16].try_into().expect("8 bytes"));
-            let checksum = u64::from_le_bytes(rec[16..].try_into().expect("8 bytes"));
-            let Some(end) = offset
-                .checked_add(len)
-                .filter(|&e| e <= identity.size && len > 0)
-            else {
-                continue;
-            };
-            buf.resize(len as usize, 0);
+        for (offset, end, checksum) in Journal::records(&bytes, identity)? {
+            buf.resize((end - offset) as usize, 0);
             if part.read_exact_at(&mut buf, offset).is_ok() && chunk_checksum(&buf) == checksum {
                 verified.insert(offset..end);
             }
         }
         let keep = HEADER_LEN + (bytes.len() - HEADER_LEN) / RECORD_LEN * RECORD_LEN;
-        Some((verified, keep as u64))
+        Some((verified, keep as u64, bytes.len() as u64))
+    }
+
+    /// Whether a journal's first bytes are the header of one for `identity`.
+    fn header_is(bytes: &[u8], identity: SourceIdentity) -> bool {
+        bytes.len() >= HEADER_LEN
+            && &bytes[..8] == MAGIC
+            && SourceIdentity::decode(bytes[8..HEADER_LEN].try_into().expect("header")) == identity
+    }
+
+    /// The whole records of a journal read whole (`bytes`), as `(offset, end, checksum)`,
+    /// leaving out those outside the file, empty, or failing their own check (after a record
+    /// torn by a crash, the bytes of the whole records that other writers appended behind it
+    /// are misaligned, and fail it); `None` for a journal of another version.
+    fn records(
+        bytes: &[u8],
+        identity: SourceIdentity,
+    ) -> Option<impl Iterator<Item = (u64, u64, u64)> + '_> {
+        if !Journal::header_is(bytes, identity) {
+            return None;
+        }
+        let records = bytes[HEADER_LEN..]
+            .chunks_exact(RECORD_LEN)
+            .filter_map(move |rec| {
+                let offset = u64::from_le_bytes(rec[..8].try_into().expect("8 bytes"));
+                let len = u64::from_le_bytes(rec[8..16].try_into().expect("8 bytes"));
+                let checksum = u64::from_le_bytes(rec[16..24].try_into().expect("8 bytes"));
+                let check = u64::from_le_bytes(rec[24..].try_into().expect("8 bytes"));
+                if chunk_checksum(&rec[..24]) != check {
+                    return None;
+                }
+                let end = offset
+                    .checked_add(len)
+                    .filter(|&e| e <= identity.size && len > 0)?;
+                Some((offset, end, checksum))
+            });
+        Some(records)
     }
 }
 
@@ -444,7 +518,7 @@ mod tests {
         }
         // A journal of the earlier format is another version's: the file is sent again.
         let mut old = std::fs::read(&paths.journal).unwrap();
-        old[..8].copy_from_slice(b"XFERJNL1");
+        old[..8].copy_from_slice(b"XFERJNL2");
         std::fs::write(&paths.journal, old).unwrap();
         assert!(Journal::resume(open_rw(&paths.journal), &part, identity).is_none());
     }

@@ -96,6 +96,7 @@ mod runtime;
 pub mod seal;
 pub mod sender;
 pub mod session_id;
+pub mod stripe;
 mod sync;
 mod sys;
 mod task_io;

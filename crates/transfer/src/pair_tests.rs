@@ -50,6 +50,10 @@ impl Announced for Manifest {
         }
     }
 
+    fn share(&self, _file: u32) -> Result<Option<Vec<std::ops::Range<u64>>>, SendError> {
+        Ok(None)
+    }
+
     fn shown(&self, file: u32) -> String {
         self.files
             .get(file as usize)

@@ -29,7 +29,7 @@ use crate::seal::{tags_match, ChunkSeal, FrameKey, FrameWrite, TAG_LEN};
 /// First bytes of every connection's `Hello`, so a stray client is refused at once.
 pub const MAGIC: [u8; 4] = *b"XFR1";
 /// Version of this protocol; peers with another version are refused with a clear error.
-pub const PROTOCOL_VERSION: u16 = 11;
+pub const PROTOCOL_VERSION: u16 = 12;
 /// Largest control message body accepted.
 pub const MAX_MESSAGE_LEN: usize = 64 << 20;
 /// Most entries (directories and files) a sender puts in one [`ManifestBatch`]: with paths of
@@ -401,6 +401,12 @@ pub enum Message {
         /// session sends hold and its manifest does not, except what this filter (the
         /// sender's, paths relative to each source) leaves out. `None`: remove nothing.
         delete: Option<Filter>,
+        /// One of several sessions of a striped transfer ([`crate::stripe`]): other sessions,
+        /// here or on other receiving nodes sharing this file system, write other ranges of
+        /// the same files. The session joins a part file and journal another made rather than
+        /// start them afresh, and a file is placed by the session whose seal finds every range
+        /// of it in the journal; a seal that does not leaves the file for the others.
+        striped: bool,
     },
     /// The next batch of the manifest (control, sender to receiver); answered by a `Plan`.
     Entries(ManifestBatch),
@@ -1215,6 +1221,7 @@ mod tests {
                 sink: SinkKind::Files,
                 present: PresentFiles::Compared,
                 delete: Some(Filter::default().exclude("*.tmp")),
+                striped: true,
             },
             Message::Compare {
                 files: vec![(7, [9; 32])],

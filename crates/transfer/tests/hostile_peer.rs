@@ -553,6 +553,7 @@ fn a_manifest_over_the_limit_is_refused() {
         sink: SinkKind::Files,
         present: PresentFiles::Kept,
         delete: None,
+        striped: false,
     };
     write_message(&mut writer, &start).unwrap();
     write_message(&mut writer, &Message::Entries(manifest(files, vec![]))).unwrap();
@@ -572,32 +573,14 @@ fn a_manifest_over_the_limit_is_refused() {
     assert_eq!(plan, first_plan(vec![FileStatus::Missing]));
 }
 
-/// A mirroring `Start` the receiver cannot honour is refused with the reason, before anything
-/// is planned or removed: over generated data, with a filter larger than it judges by, or with
-/// a pattern that is no glob.
-#[test]
-fn a_mirroring_start_that_cannot_work_is_refused() {
+/// Each `Start` is refused with a reason that says `why`, on a connection of its own, and
+/// nothing of what the receiver held is planned or removed.
+fn starts_are_refused(starts: Vec<(Message, &str)>) {
     let root = tempfile::tempdir().unwrap();
     std::fs::write(root.path().join("kept"), b"here before").unwrap();
     let addr = start(root.path());
-    let huge = (0..10_001).fold(Filter::default(), |f, i| f.exclude(format!("f{i}")));
-    let cases = [
-        (SinkKind::Discard, Filter::default(), "needs files"),
-        (SinkKind::Files, huge, "10001 rules and paths"),
-        (
-            SinkKind::Files,
-            Filter::default().exclude("a[b"),
-            "exclude pattern",
-        ),
-    ];
-    for (sink, filter, why) in cases {
+    for (start, why) in starts {
         let ((mut reader, mut writer), _) = connect(&addr).unwrap();
-        let start = Message::Start {
-            dest: Vec::new(),
-            sink,
-            present: PresentFiles::Kept,
-            delete: Some(filter),
-        };
         write_message(&mut writer, &start).unwrap();
         writer.flush().unwrap();
         let told = reader.read_message();
@@ -610,6 +593,69 @@ fn a_mirroring_start_that_cannot_work_is_refused() {
         std::fs::read(root.path().join("kept")).unwrap(),
         b"here before"
     );
+}
+
+/// A mirroring `Start` the receiver cannot honour is refused with the reason, before anything
+/// is planned or removed: over generated data, with a filter larger than it judges by, or with
+/// a pattern that is no glob.
+#[test]
+fn a_mirroring_start_that_cannot_work_is_refused() {
+    let huge = (0..10_001).fold(Filter::default(), |f, i| f.exclude(format!("f{i}")));
+    let cases = [
+        (SinkKind::Discard, Filter::default(), "needs files"),
+        (SinkKind::Files, huge, "10001 rules and paths"),
+        (
+            SinkKind::Files,
+            Filter::default().exclude("a[b"),
+            "exclude pattern",
+        ),
+    ];
+    let starts = cases.map(|(sink, filter, why)| {
+        let start = Message::Start {
+            dest: Vec::new(),
+            sink,
+            present: PresentFiles::Kept,
+            delete: Some(filter),
+            striped: false,
+        };
+        (start, why)
+    });
+    starts_are_refused(starts.into());
+}
+
+/// A striped `Start` (one node's share of a transfer) that asks for what needs every file
+/// whole at one receiver is refused with the reason, and nothing in place is removed: a mirror
+/// would remove the files other nodes bring, and a hash of a whole file has no node that read
+/// all of it.
+#[test]
+fn a_striped_start_that_needs_whole_files_is_refused() {
+    let cases = [
+        (SinkKind::Files, PresentFiles::Kept, true, "cannot remove"),
+        (
+            SinkKind::Files,
+            PresentFiles::Compared,
+            false,
+            "cannot hash",
+        ),
+        (
+            SinkKind::Files,
+            PresentFiles::Verified,
+            false,
+            "cannot hash",
+        ),
+        (SinkKind::Discard, PresentFiles::Kept, false, "needs files"),
+    ];
+    let starts = cases.map(|(sink, present, mirror, why)| {
+        let start = Message::Start {
+            dest: Vec::new(),
+            sink,
+            present,
+            delete: mirror.then(Filter::default),
+            striped: true,
+        };
+        (start, why)
+    });
+    starts_are_refused(starts.into());
 }
 
 /// The manifest comes in batches whose files are numbered on across them; a file's state is

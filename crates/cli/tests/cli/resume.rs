@@ -14,7 +14,7 @@ const STREAMS: u64 = 4;
 const UNIT: u64 = MIB;
 /// Bytes of a journal's header and of each of its records ([`transfer::journal`]).
 const JOURNAL_HEADER: u64 = 48;
-const JOURNAL_RECORD: u64 = 24;
+const JOURNAL_RECORD: u64 = 32;
 
 /// A tree of one large, one medium and many small files; returns its total size.
 fn build_tree(dir: &Path) -> u64 {
@@ -364,14 +364,18 @@ fn with_verify_a_file_that_fails_its_hash_is_sent_whole_by_the_next_run() {
     part.read_exact_at(&mut chunk, offset).unwrap();
     chunk.iter_mut().for_each(|b| *b = !*b);
     part.write_all_at(&chunk, offset).unwrap();
+    // The record gets the changed chunk's checksum and, over its first 24 bytes, the check of
+    // its own that a record carries.
+    let mut forged = record.to_vec();
     let checksum = transfer::wire::chunk_checksum(&chunk);
+    forged[16..24].copy_from_slice(&checksum.to_le_bytes());
+    let check = transfer::wire::chunk_checksum(&forged[..24]);
+    forged[24..].copy_from_slice(&check.to_le_bytes());
     let journal_file = std::fs::OpenOptions::new()
         .write(true)
         .open(&paths.journal)
         .unwrap();
-    journal_file
-        .write_all_at(&checksum.to_le_bytes(), JOURNAL_HEADER + 16)
-        .unwrap();
+    journal_file.write_all_at(&forged, JOURNAL_HEADER).unwrap();
 
     let args = [file.to_str().unwrap(), &receiver.addr, "--verify"];
     let stderr = fails(send(&receiver, &args));

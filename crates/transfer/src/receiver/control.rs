@@ -50,6 +50,9 @@ pub(crate) struct ManifestSoFar {
     pub bytes: u64,
     /// Files placed under their final names.
     pub placed: u64,
+    /// Files of a striped transfer whose share this session verified, left to the session
+    /// that receives their last range ([`Sealed::Held`]).
+    pub held: u64,
     /// The batch that said `last` came.
     pub complete: bool,
 }
@@ -152,6 +155,10 @@ impl ControlSession {
                     self.announced.placed += 1;
                     Step::reply(Message::Finalized { file, error: None })
                 }
+                Ok(Sealed::Held) => {
+                    self.announced.held += 1;
+                    Step::reply(Message::Finalized { file, error: None })
+                }
                 Ok(Sealed::Changed) => Step::reply(Message::Compared {
                     kept: Vec::new(),
                     changed: vec![file],
@@ -170,6 +177,10 @@ impl ControlSession {
                     match files.seal(file, Some(blake3)) {
                         Ok(Sealed::Placed) => {
                             self.announced.placed += 1;
+                            kept.push(file);
+                        }
+                        Ok(Sealed::Held) => {
+                            self.announced.held += 1;
                             kept.push(file);
                         }
                         Ok(Sealed::Changed) => changed.push(file),

@@ -150,7 +150,7 @@ async fn serve_session(shared: &Arc<Shared>, conn: &mut TaskConn, welcomed: Welc
     let name = SessionId(id).short();
     let mut beats = heartbeat();
     let writes = shared.served[places.tenant].access.writes();
-    let (dest, sink, present, delete) = match next_message(conn, &mut beats).await {
+    let (dest, sink, present, delete, striped) = match next_message(conn, &mut beats).await {
         Ok(Message::Start { dest, .. })
             if granted
                 .as_ref()
@@ -190,7 +190,8 @@ async fn serve_session(shared: &Arc<Shared>, conn: &mut TaskConn, welcomed: Welc
             sink,
             present,
             delete,
-        }) => (dest, sink, present, delete),
+            striped,
+        }) => (dest, sink, present, delete, striped),
         Ok(other) => {
             let reason = format!("expected Start, got {}", auth::name(&other));
             return refuse(shared, conn, peer, reason).await;
@@ -210,6 +211,7 @@ async fn serve_session(shared: &Arc<Shared>, conn: &mut TaskConn, welcomed: Welc
         direct_io: options.direct_io,
         present,
         delete: delete.as_ref(),
+        striped,
     };
     let dest = match tokio::task::block_in_place(|| Destination::open(placement, sink)) {
         Ok(dest) => dest,
@@ -263,6 +265,7 @@ async fn serve_session(shared: &Arc<Shared>, conn: &mut TaskConn, welcomed: Welc
         files_announced: announced.files,
         bytes_announced: announced.bytes,
         files_placed: announced.placed,
+        files_held: announced.held,
         bytes_received: session.bytes_received.load(Ordering::Acquire),
         seconds: started.elapsed().as_secs_f64(),
         outcome: session.outcome(outcome),
@@ -467,6 +470,7 @@ pub(crate) fn control_for_fuzzing(
         // A fresh root holds no file to verify or compare.
         present: crate::wire::PresentFiles::Kept,
         delete: None,
+        striped: false,
     };
     let mut files = match Destination::open(placement, crate::manifest::SinkKind::Files) {
         Ok(destination) => Unattended(destination),

@@ -156,6 +156,9 @@ pub struct Placement<'a> {
     pub present: PresentFiles,
     /// Mirror: what the session removes once it is complete ([`crate::wire::Message::Start`]).
     pub delete: Option<&'a Filter>,
+    /// One session of a striped transfer ([`crate::wire::Message::Start`]): other sessions,
+    /// here or on other nodes, write other ranges of the same files.
+    pub striped: bool,
 }
 
 /// What sealing a file came to ([`Destination::seal`]).
@@ -167,11 +170,37 @@ pub enum Sealed {
     /// Compared by content and found to differ ([`PresentFiles::Compared`]): nothing of it is
     /// held now, and it is sent whole.
     Changed,
+    /// A striped session's share of the file is verified and journaled, and other ranges are
+    /// not yet: the session whose seal finds the whole file in the journal places it.
+    Held,
 }
 
 impl Destination {
     /// Opens the destination (creating its directory when files are to land there).
     pub fn open(placement: Placement<'_>, sink: SinkKind) -> Result<Destination, DestinationError> {
+        if placement.striped {
+            // A stripe's manifest holds a share of the files, and only of some: a mirror would
+            // remove the others' files, and a whole-file hash has no node that read it all.
+            let whole = [
+                (
+                    sink != SinkKind::Files,
+                    "it needs files, not generated data",
+                ),
+                (
+                    placement.delete.is_some(),
+                    "it cannot remove what its manifest lacks (--delete)",
+                ),
+                (
+                    placement.present != PresentFiles::Kept,
+                    "it cannot hash a whole file (--verify, --checksum)",
+                ),
+            ];
+            if let Some((_, why)) = whole.iter().find(|(set, _)| *set) {
+                return Err(DestinationError::Refused(format!(
+                    "a striped session shares its files with other nodes: {why}"
+                )));
+            }
+        }
         Ok(match sink {
             SinkKind::Discard if placement.delete.is_some() => {
                 return Err(DestinationError::Refused(

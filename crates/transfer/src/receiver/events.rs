@@ -81,6 +81,7 @@ pub enum ReceiverEvent {
 ///     files_announced: 3,
 ///     bytes_announced: 3 << 30,
 ///     files_placed: 3,
+///     files_held: 0,
 ///     bytes_received: 2 << 30,
 ///     seconds: 4.0,
 ///     outcome: SessionOutcome::Completed,
@@ -106,6 +107,10 @@ pub struct SessionReport {
     pub bytes_announced: u64,
     /// Files verified whole and put in place under their own names in this session.
     pub files_placed: u64,
+    /// Files of a striped transfer ([`crate::stripe`]) whose share this session verified
+    /// while other ranges were still due: the session that receives the last range places
+    /// each.
+    pub files_held: u64,
     /// Bytes of the chunks this session's streams delivered and verified (a chunk a sender
     /// sent twice, a straggler's copy at the tail, counts twice; chunks held from an earlier
     /// run are not sent again).
@@ -337,6 +342,7 @@ mod tests {
             files_announced: 3,
             bytes_announced: 300,
             files_placed: 2,
+            files_held: 0,
             bytes_received: 200,
             seconds: 1.5,
             outcome: SessionOutcome::Disconnected("connection reset".into()),

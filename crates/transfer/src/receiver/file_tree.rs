@@ -56,6 +56,8 @@ struct TreeFile {
     /// A copy in place of the entry's size is taken for it whatever its mtime, and its seal
     /// compares its content ([`PresentFiles::Compared`]).
     compared: bool,
+    /// Other sessions of a striped transfer write other ranges of it ([`FileTree::striped`]).
+    striped: bool,
 }
 
 /// A file's part file and journal (open while chunks are due), and which byte ranges verified.
@@ -151,6 +153,12 @@ pub struct FileTree {
     preview_compared: Mutex<BTreeMap<u32, TreeFile>>,
     /// A mirroring session's manifest and filter: what it removes at the end.
     mirror: Option<Mirror>,
+    /// One session of a striped transfer ([`crate::stripe`]): other sessions, in this process
+    /// or on other nodes sharing the file system, write other ranges of the same files into
+    /// the same part files and journal. Whatever decides between them (a part file and
+    /// journal made or joined, what survives of an earlier attempt, the file placed) is done
+    /// holding the directory's lock ([`TreeFile::stripe_lock`]), and every file has a journal.
+    striped: bool,
 }
 
 impl Drop for FileTree {
@@ -211,6 +219,7 @@ impl FileTree {
             previewed: Mutex::new(0),
             preview_compared: Mutex::default(),
             mirror,
+            striped: placement.striped,
         })
     }
 
@@ -345,6 +354,7 @@ impl FileTree {
             if fresh {
                 prepared.push((FileStatus::Missing, file));
             } else {
+                let _lock = file.stripe_lock()?;
                 let (status, state) = file.resume_state(false)?;
                 *file.state.lock().expect("part lock") = state;
                 prepared.push((status, file));
@@ -370,6 +380,7 @@ impl FileTree {
             written: Condvar::new(),
             direct: self.direct,
             compared: self.present == PresentFiles::Compared,
+            striped: self.striped,
         }
     }
 
@@ -495,6 +506,22 @@ impl FileTree {
         if state.present {
             drop(state);
             return self.seal_present(file, &f, expected);
+        }
+        let _lock = f.stripe_lock()?;
+        if f.striped {
+            match f.striped_seal(&mut state)? {
+                Sealed::Placed => {}
+                sealed => {
+                    // Held for the other nodes' ranges, or placed by the node that wrote the
+                    // last: nothing more is done with it here.
+                    state.part = None;
+                    state.journal = None;
+                    drop(state);
+                    self.files.settle(file);
+                    self.active.release([&f.rel]);
+                    return Ok(sealed);
+                }
+            }
         }
         require_complete(&state.verified, f.entry.size, &f.rel.display().to_string())?;
         // Made here for an empty file, which no chunk started.
@@ -828,6 +855,10 @@ impl TreeFile {
             state = self.written.wait(state).expect("part lock");
         }
         let whole = range.start == 0 && range.end == self.entry.size;
+        let _lock = match state.started {
+            false => self.stripe_lock()?,
+            true => None,
+        };
         let part = self.open_part(&mut state, whole)?;
         state.claims += 1;
         let number = state.claims;
@@ -849,6 +880,70 @@ impl TreeFile {
     /// FIFO under that name is neither written nor even opened.
     fn open(&self, name: &Path, create: bool) -> std::io::Result<File> {
         self.open_with(name, &part_options(create, false))
+    }
+
+    /// Opens the journal for appending ([`crate::journal`]), as [`TreeFile::open`] opens.
+    fn open_journal(&self, create: bool) -> std::io::Result<File> {
+        let mut options = part_options(create, false);
+        options.append(true);
+        self.open_with(&self.names.journal, &options)
+    }
+
+    /// In a striped session, the lock of the file's directory, held until the returned file is
+    /// dropped: an exclusive `flock` on a descriptor of the directory opened for it, so that
+    /// it keeps out the other sessions of the transfer, here and on every node whose kernel
+    /// sees the same file system's locks (a local file system, NFSv4, Lustre mounted with
+    /// `flock`), and this session's other threads too. `None` outside a striped session.
+    fn stripe_lock(&self) -> Result<Option<File>, DestinationError> {
+        if !self.striped {
+            return Ok(None);
+        }
+        let io = io_at(&self.rel);
+        // Read-only, since a path-only handle (as `dir` is) cannot be locked.
+        let dir = open_dir_read_only(&self.dir, Path::new(".")).map_err(&io)?;
+        rustix::fs::flock(&dir, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| io(e.into()))?;
+        Ok(Some(dir))
+    }
+
+    /// A striped session's seal, holding the directory's lock ([`TreeFile::stripe_lock`]):
+    /// `Placed` when the file is to be placed now (this session's ranges and those the
+    /// journal records cover it all, and its part file is still there), `Held` when ranges are
+    /// still missing, `Changed` never; a file another node placed already is `Held` too, with
+    /// nothing left here to do.
+    fn striped_seal(&self, state: &mut PartState) -> Result<Sealed, DestinationError> {
+        let io = io_at(&self.rel);
+        let size = self.entry.size;
+        if state.verified.gaps(&(0..size)).next().is_some() {
+            if let Ok(journal) = self.open_journal(false) {
+                if let Some(recorded) = Journal::recorded(journal, self.identity()) {
+                    state.verified.extend(recorded);
+                }
+            }
+        }
+        let part_there = match self.dir.symlink_metadata(&self.names.part) {
+            Ok(meta) => meta.is_file(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(io(e)),
+        };
+        if !part_there && size > 0 {
+            // The node that completed the file placed it, or an earlier attempt left nothing.
+            let placed = self
+                .dir
+                .symlink_metadata(&self.name)
+                .is_ok_and(|m| m.is_file() && m.len() == size && self.holds_entry(&m));
+            return match placed {
+                true => Ok(Sealed::Held),
+                false => Err(DestinationError::Refused(format!(
+                    "{}: its part file went away while its ranges were being received",
+                    self.rel.display()
+                ))),
+            };
+        }
+        match state.verified.gaps(&(0..size)).next() {
+            Some(_) => Ok(Sealed::Held),
+            None => Ok(Sealed::Placed),
+        }
     }
 
     /// Opens the file under its final name for reading, never through a link or into a FIFO.
@@ -893,7 +988,9 @@ impl TreeFile {
 
     /// The open part file. The first chunk creates it (preallocated, so a full disk shows at
     /// once) with a journal beside it unless that chunk is the `whole` of a small file; later
-    /// ones reopen it if it was closed.
+    /// ones reopen it if it was closed. In a striped session the first chunk joins the part
+    /// file and journal another session made, if there are any, and its caller holds the
+    /// directory's lock ([`TreeFile::stripe_lock`]) while it is not started.
     fn open_part(
         &self,
         state: &mut PartState,
@@ -904,11 +1001,25 @@ impl TreeFile {
         }
         let io = io_at(&self.rel);
         let part = self.open(&self.names.part, !state.started).map_err(&io)?;
+        let joined = match (state.started, self.striped) {
+            // Another receiving node of the transfer made the part file and its journal.
+            (false, true) => self
+                .open_journal(false)
+                .ok()
+                .and_then(|journal| Journal::join(journal, self.identity())),
+            _ => None,
+        };
+        if let Some(journal) = joined {
+            state.journal = Some(journal);
+            state.journaled = true;
+            state.started = true;
+        }
         if !state.started {
             part.set_len(0).map_err(&io)?;
             preallocate(&part, self.entry.size).map_err(&io)?;
-            if !(whole && self.entry.size < UNJOURNALED_BELOW) {
-                let journal = self.open(&self.names.journal, true).map_err(&io)?;
+            let unjournaled = whole && self.entry.size < UNJOURNALED_BELOW && !self.striped;
+            if !unjournaled && self.entry.size > 0 {
+                let journal = self.open_journal(true).map_err(&io)?;
                 state.journal = Some(Journal::create(journal, self.identity()).map_err(&io)?);
                 state.journaled = true;
             }
@@ -942,9 +1053,7 @@ impl TreeFile {
         let journal = match state.journal.take() {
             Some(journal) => journal,
             None => {
-                let file = self
-                    .open(&self.names.journal, false)
-                    .map_err(io_at(&self.rel))?;
+                let file = self.open_journal(false).map_err(io_at(&self.rel))?;
                 Journal::append_to(file).map_err(io_at(&self.rel))?
             }
         };
@@ -1206,12 +1315,101 @@ mod tests {
             direct_io: false,
             present,
             delete: None,
+            striped: false,
         }
     }
 
     /// A session's tree at `root`, room for one file unsealed.
     fn tree_at(root: &Path, active: &Arc<ActivePaths>, present: PresentFiles) -> FileTree {
         FileTree::open(placement(root, active, present), false).unwrap()
+    }
+
+    /// Two striped sessions on one root (as two receiving nodes on one shared file system,
+    /// each with its own claims) write the two halves of a file: the first seal holds it, the
+    /// second finds the other's records in the one journal and places it; a session that
+    /// plans it after that finds it complete.
+    #[test]
+    fn striped_sessions_share_a_part_file_and_the_last_seal_places_it() {
+        let root = tempfile::tempdir().unwrap();
+        let mtime = Timestamp {
+            secs: 1_700_000_000,
+            nanos: 0,
+        };
+        let size = 3 << 20;
+        let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        let batch = one_file(b"run/big.bin", size as u64, mtime);
+        let striped = |active| {
+            let placement = Placement {
+                striped: true,
+                ..placement(root.path(), active, PresentFiles::Kept)
+            };
+            FileTree::open(placement, false).unwrap()
+        };
+        let (one_claims, other_claims) = (Arc::default(), Arc::default());
+        let (one, other) = (striped(&one_claims), striped(&other_claims));
+        let half = size / 2;
+        assert_eq!(one.add_batch(&batch).unwrap().1, vec![FileStatus::Missing]);
+        one.write(
+            0,
+            0,
+            &data[..half],
+            crate::wire::chunk_checksum(&data[..half]),
+        )
+        .unwrap();
+        // The other node plans after the first chunk: it resumes what the journal holds.
+        let plan = other.add_batch(&batch).unwrap().1;
+        assert_eq!(plan, vec![FileStatus::Partial(vec![(0, half as u64)])]);
+        let rest = &data[half..];
+        other
+            .write(0, half as u64, rest, crate::wire::chunk_checksum(rest))
+            .unwrap();
+        let placed = root.path().join("run/big.bin");
+        assert_eq!(other.seal(0, None).unwrap(), Sealed::Placed);
+        assert_eq!(std::fs::read(&placed).unwrap(), data);
+        assert_eq!(
+            one.seal(0, None).unwrap(),
+            Sealed::Held,
+            "placed by the other"
+        );
+        let left: Vec<_> = std::fs::read_dir(root.path().join("run"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            left,
+            vec![OsString::from("big.bin")],
+            "no part file or journal"
+        );
+
+        // Sealed before the other half arrived, the first seal holds the file and the last
+        // places it.
+        std::fs::remove_file(&placed).unwrap();
+        let claims: [Arc<ActivePaths>; 3] = Default::default();
+        let (one, other) = (striped(&claims[0]), striped(&claims[1]));
+        assert_eq!(one.add_batch(&batch).unwrap().1, vec![FileStatus::Missing]);
+        assert_eq!(
+            other.add_batch(&batch).unwrap().1,
+            vec![FileStatus::Missing]
+        );
+        one.write(
+            0,
+            0,
+            &data[..half],
+            crate::wire::chunk_checksum(&data[..half]),
+        )
+        .unwrap();
+        assert_eq!(one.seal(0, None).unwrap(), Sealed::Held, "half of it");
+        assert!(!placed.exists());
+        other
+            .write(0, half as u64, rest, crate::wire::chunk_checksum(rest))
+            .unwrap();
+        assert_eq!(other.seal(0, None).unwrap(), Sealed::Placed);
+        assert_eq!(std::fs::read(&placed).unwrap(), data);
+        let later = striped(&claims[2]);
+        assert_eq!(
+            later.add_batch(&batch).unwrap().1,
+            vec![FileStatus::Complete]
+        );
     }
 
     #[test]

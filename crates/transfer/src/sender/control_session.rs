@@ -22,6 +22,7 @@ use std::ops::Range;
 
 use super::SendError;
 use crate::auth;
+use crate::stripe;
 use crate::wire::{FileStatus, Message, PresentFiles, Removal};
 
 /// What the rules need to know of the manifest the sender announced so far.
@@ -30,6 +31,9 @@ pub(crate) trait Announced {
     fn announced(&self) -> (u64, bool);
     /// The size of announced file `file`, while it is waiting to be settled.
     fn size(&self, file: u32) -> Result<u64, SendError>;
+    /// The ranges of `file` this sender sends, in a striped transfer ([`crate::stripe`]);
+    /// `None`: all of it.
+    fn share(&self, file: u32) -> Result<Option<Vec<Range<u64>>>, SendError>;
     /// How `file` is shown in messages: its path.
     fn shown(&self, file: u32) -> String;
 }
@@ -201,10 +205,19 @@ impl Planner {
         let (mut queued, mut settled, mut sealed) = (Vec::new(), Vec::new(), Vec::new());
         for (file, status) in (first..).zip(plan) {
             let size = files.size(file)?;
-            let ranges = ranges_to_send(size, status)?;
+            let (ranges, owned) = match files.share(file)? {
+                Some(share) => {
+                    let owned = share.iter().map(|r| r.end - r.start).sum();
+                    (
+                        stripe::within(&ranges_to_send(size, status)?, &share),
+                        owned,
+                    )
+                }
+                None => (ranges_to_send(size, status)?, size),
+            };
             let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
             to_send += bytes;
-            skipped += size - bytes;
+            skipped += owned - bytes;
             match (status, self.present) {
                 (FileStatus::Complete, PresentFiles::Kept) => {
                     settled.push(Action::Settle(file));
@@ -300,6 +313,9 @@ mod tests {
         }
         fn size(&self, _file: u32) -> Result<u64, SendError> {
             Ok(10)
+        }
+        fn share(&self, _file: u32) -> Result<Option<Vec<Range<u64>>>, SendError> {
+            Ok(None)
         }
         fn shown(&self, file: u32) -> String {
             format!("f{file}")

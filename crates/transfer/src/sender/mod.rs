@@ -39,6 +39,7 @@ mod unsettled;
 pub(crate) mod work_queue;
 
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -799,6 +800,10 @@ impl Announced for UnsettledFiles {
         Ok(self.get(file)?.entry.size)
     }
 
+    fn share(&self, file: u32) -> Result<Option<Vec<Range<u64>>>, SendError> {
+        Ok(self.get(file)?.share.clone())
+    }
+
     fn shown(&self, file: u32) -> String {
         UnsettledFiles::shown(self, file)
     }
@@ -902,6 +907,7 @@ impl Transfer {
             sink: sources.sink,
             present,
             delete: config.options.deletion(),
+            striped: config.options.stripe.is_some(),
         };
         wire::write_message(&mut writer, &opening).map_err(|e| config.lost(e))?;
         let (quic, quic_runtime) = match transport {
@@ -934,6 +940,7 @@ impl Transfer {
             session_key,
             sealed: writer.seals(),
         };
+        let files = UnsettledFiles::new(wire::SENDER_UNSEALED, config.options.stripe);
         let shared = Arc::new(Shared {
             target: AtomicUsize::new(config.options.streams.clamp(1, max_streams)),
             config,
@@ -942,7 +949,7 @@ impl Transfer {
             source: sources.data,
             start,
             units: HandOut::new(unit_size),
-            files: UnsettledFiles::new(wire::SENDER_UNSEALED),
+            files,
             streams: StreamSet::new(),
             counts: Counters::default(),
             max_streams,
@@ -1492,6 +1499,9 @@ impl Sources {
             )),
             SendSource::Memory { .. } if options.delete => Err(SendError::Settings(
                 "--delete mirrors files: generated data has none".into(),
+            )),
+            SendSource::Memory { .. } if options.stripe.is_some() => Err(SendError::Settings(
+                "a striped transfer shares files between nodes: generated data has none".into(),
             )),
             SendSource::Memory { size } => Ok(Sources {
                 first_batch: ScannedBatch {

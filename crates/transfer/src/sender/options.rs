@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::SendError;
 use crate::filter::Filter;
 use crate::quic::Congestion;
+use crate::stripe::Stripe;
 use crate::transport::Transport;
 use crate::wire;
 
@@ -113,6 +114,12 @@ pub struct SendOptions {
     /// go to the other streams. [`DEFAULT_STALL_TIMEOUT`] suits most links.
     #[serde(with = "crate::duration")]
     pub stall_timeout: Duration,
+    /// This node's place in a striped transfer (`xfer send --stripe I/K`, [`crate::stripe`]):
+    /// it sends only its share of the sources, which the other nodes of the transfer, reading
+    /// the same file system, complete. `None`: the whole sources. Files only, and neither
+    /// [`SendOptions::verify`], [`SendOptions::checksum`] nor [`SendOptions::delete`], which
+    /// need a node that holds every file whole.
+    pub stripe: Option<Stripe>,
 }
 
 impl Default for SendOptions {
@@ -133,6 +140,7 @@ impl Default for SendOptions {
             transport: Transport::Tcp,
             congestion: Congestion::default(),
             stall_timeout: DEFAULT_STALL_TIMEOUT,
+            stripe: None,
         }
     }
 }
@@ -171,6 +179,12 @@ impl SendOptions {
     /// Sets [`SendOptions::stream_rate_cap`].
     pub fn stream_rate_cap(mut self, bytes_per_second: Option<u64>) -> Self {
         self.stream_rate_cap = bytes_per_second;
+        self
+    }
+
+    /// Sets [`SendOptions::stripe`].
+    pub fn stripe(mut self, stripe: Option<Stripe>) -> Self {
+        self.stripe = stripe;
         self
     }
 
@@ -254,6 +268,21 @@ impl SendOptions {
             return Err(SendError::Settings(
                 "a rate limit must be above 0 bytes per second".into(),
             ));
+        }
+        if let Some(stripe) = self.stripe {
+            let whole = [
+                (self.verify, "--verify hashes each whole file"),
+                (self.checksum, "--checksum hashes each whole file"),
+                (
+                    self.delete,
+                    "--delete needs the whole manifest at one receiver",
+                ),
+            ];
+            if let Some((_, why)) = whole.iter().find(|(set, _)| *set) {
+                return Err(SendError::Settings(format!(
+                    "a striped transfer (node {stripe}) sends a share of each file: {why}"
+                )));
+            }
         }
         if self.transport != Transport::Tcp && self.stream_rate_cap.is_some() {
             return Err(SendError::Settings(format!(

@@ -97,6 +97,11 @@ pub fn preview(
 ) -> Result<Preview, SendError> {
     options.check()?;
     source.check()?;
+    if let Some(stripe) = options.stripe {
+        return Err(SendError::Settings(format!(
+            "a dry run lists the whole transfer's plan: run it without the stripe (node {stripe})"
+        )));
+    }
     let SendSource::Paths { paths, destination } = source else {
         return Err(SendError::Settings(
             "a dry run lists the files a run would send: generated data has none".into(),
@@ -119,6 +124,7 @@ pub fn preview(
         sink: SinkKind::Preview,
         present,
         delete: config.options.deletion(),
+        striped: false,
     };
     wire::write_message(&mut writer, &start).map_err(|e| config.lost(e))?;
     let mut preview = Preview::default();

@@ -12,12 +12,15 @@ use crate::manifest::FileEntry;
 use crate::sys::mapped::{self, ReadWindow, MAPPED_MIN};
 use crate::wire::chunk_checksum;
 
-/// A file announced to the receiver and not yet settled: what the manifest said of it and
-/// where it is on this host (nowhere, for generated data).
+/// A file announced to the receiver and not yet settled: what the manifest said of it, where
+/// it is on this host (nowhere, for generated data) and, in a striped transfer, the ranges of
+/// it this node sends.
 #[derive(Debug)]
 pub(crate) struct SourceFile {
     pub(crate) entry: FileEntry,
     pub(crate) local: PathBuf,
+    /// This node's share of the file ([`crate::stripe::Dealer::deal`]); `None`: all of it.
+    pub(crate) share: Option<Vec<std::ops::Range<u64>>>,
 }
 
 /// Where unit bytes come from.

@@ -4,6 +4,10 @@
 //! control reader settles a file once it is in place (or found complete), which forgets it and
 //! makes room for the scanner.
 //!
+//! In a striped transfer ([`crate::stripe`]) the files are dealt out as they are announced:
+//! only those of which this node was dealt a piece are kept and announced, each with its
+//! share.
+//!
 //! A settled file or the transfer's end wakes the scanner, which looks at both under the lock
 //! they change under, so it never sleeps past either (the loom model below checks it). The
 //! lock is poison-proof ([`unpoisoned`]): each change inserts, removes or counts whole.
@@ -14,6 +18,7 @@ use std::sync::Arc;
 use super::source::SourceFile;
 use super::SendError;
 use crate::manifest::{ManifestBatch, ScannedBatch};
+use crate::stripe::{Dealer, Stripe};
 use crate::sync::{unpoisoned, Condvar, Mutex, MutexGuard};
 
 /// The announced files not yet settled, and the manifest's progress.
@@ -38,13 +43,20 @@ struct State {
     skipped: Vec<String>,
     /// The transfer is over: the scanner stops waiting.
     stopped: bool,
+    /// A striped transfer's dealer of the manifest's pieces.
+    dealer: Option<Dealer>,
 }
 
 impl UnsettledFiles {
-    /// No file announced yet; the scanner waits while `room` are unsettled.
-    pub(super) fn new(room: usize) -> Self {
+    /// No file announced yet; the scanner waits while `room` are unsettled. In a striped
+    /// transfer, `stripe` is this node's place in it.
+    pub(super) fn new(room: usize, stripe: Option<Stripe>) -> Self {
+        let state = State {
+            dealer: stripe.map(Dealer::new),
+            ..State::default()
+        };
         UnsettledFiles {
-            state: Mutex::new(State::default()),
+            state: Mutex::new(state),
             settled: Condvar::new(),
             room,
         }
@@ -55,14 +67,30 @@ impl UnsettledFiles {
     }
 
     /// Numbers the files of a scanned batch on from those announced before and keeps them until
-    /// they are settled; returns the batch to announce.
+    /// they are settled; returns the batch to announce. A striped transfer keeps and announces
+    /// only the files of which this node was dealt a piece.
     pub(super) fn announce(&self, scanned: ScannedBatch) -> Result<ManifestBatch, SendError> {
         let ScannedBatch {
-            batch,
+            mut batch,
             local_paths,
             skipped,
         } = scanned;
         let mut state = self.lock();
+        let mut shares = Vec::with_capacity(batch.files.len());
+        let mut locals = Vec::with_capacity(batch.files.len());
+        let files = std::mem::take(&mut batch.files);
+        for (entry, local) in files.into_iter().zip(local_paths) {
+            let share = match &mut state.dealer {
+                Some(dealer) => match dealer.deal(entry.size) {
+                    Some(share) => Some(share),
+                    None => continue,
+                },
+                None => None,
+            };
+            batch.files.push(entry);
+            locals.push(local);
+            shares.push(share);
+        }
         let first = state.announced;
         let count = batch.files.len() as u64;
         if first + count > u64::from(u32::MAX) {
@@ -71,9 +99,15 @@ impl UnsettledFiles {
             });
         }
         state.skipped.extend(skipped);
-        for (number, (entry, local)) in (first..).zip(batch.files.iter().zip(local_paths)) {
+        let kept = batch.files.iter().zip(locals).zip(shares);
+        for (number, ((entry, local), share)) in (first..).zip(kept) {
             let entry = entry.clone();
-            (state.files).insert(number as u32, Arc::new(SourceFile { entry, local }));
+            let file = SourceFile {
+                entry,
+                local,
+                share,
+            };
+            (state.files).insert(number as u32, Arc::new(file));
         }
         state.announced = first + count;
         state.whole |= batch.last;
@@ -172,7 +206,7 @@ mod tests {
 
     #[test]
     fn batches_are_numbered_on_and_settled_files_are_forgotten() {
-        let files = UnsettledFiles::new(8);
+        let files = UnsettledFiles::new(8, None);
         files.announce(batch(2, false)).unwrap();
         files.announce(batch(3, true)).unwrap();
         assert_eq!(files.announced(), (5, true));
@@ -189,7 +223,7 @@ mod tests {
 
     #[test]
     fn a_poisoned_lock_still_announces_and_settles() {
-        let files = UnsettledFiles::new(8);
+        let files = UnsettledFiles::new(8, None);
         files.announce(batch(1, true)).unwrap();
         crate::sync::panic_holding(|| files.lock());
         files.settle(0).unwrap();
@@ -208,7 +242,7 @@ mod loom_models {
 
     /// Room for two, both taken, and a scanner started that waits for room in it.
     fn full_with_a_waiting_scanner() -> (Arc<UnsettledFiles>, thread::JoinHandle<bool>) {
-        let files = UnsettledFiles::new(2);
+        let files = UnsettledFiles::new(2, None);
         files.announce(batch(2, false)).unwrap();
         let files = Arc::new(files);
         let waiting = files.clone();

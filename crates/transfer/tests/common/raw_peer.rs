@@ -116,6 +116,7 @@ pub fn open_session_into(
         sink: SinkKind::Files,
         present: PresentFiles::Kept,
         delete: None,
+        striped: false,
     };
     write_message(&mut writer, &start).unwrap();
     write_message(&mut writer, &Message::Entries(batch)).unwrap();

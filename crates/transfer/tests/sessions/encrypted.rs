@@ -150,6 +150,7 @@ fn a_receiver_that_requires_encryption_refuses_plain_sessions_and_streams() {
         sink: SinkKind::Discard,
         present: PresentFiles::Kept,
         delete: None,
+        striped: false,
     };
     write_message(&mut control_writer, &start).unwrap();
     let batch = Message::Entries(ManifestBatch::memory(10));

@@ -1,5 +1,6 @@
 //! Sessions end to end through the library's public API, in one test binary: encrypted and
-//! sealed sessions, jobs, the live optimiser, a receiver's events and its stop, and tenants.
+//! sealed sessions, jobs, the live optimiser, a receiver's events and its stop, tenants, and
+//! striped transfers.
 //!
 //! One binary rather than one per file: each integration test binary links the whole crate and
 //! its dependencies again, so seven of them linked seven times what one links once.
@@ -15,4 +16,5 @@ mod job;
 mod live_optimizer;
 mod receiver_events;
 mod receiver_stop;
+mod striped;
 mod tenants;

@@ -1,0 +1,86 @@
+"""Striped transfers across a site's data-transfer nodes (issue 44), with namespaces as nodes:
+three sending namespaces and three receiving ones, each node's link held to 300 Mbit/s, all
+crossing one emulated 1 Gbit/s, 30 ms bottleneck, and sharing one directory as their file
+system."""
+
+import os
+import shutil
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from xfer_bench import dataplane, wan
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+
+MIB = 1 << 20
+
+
+def _write_tree(root: Path) -> int:
+    """Large files of several 16 MiB pieces and many small ones; their total size."""
+    sizes = {f"large/f{i}.bin": size for i, size in enumerate([240 * MIB, 200 * MIB, 170 * MIB])}
+    sizes |= {f"small/d{i % 10}/f{i:03}.dat": 100_000 + 3_001 * i for i in range(300)}
+    for rel, size in sizes.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as out:
+            out.write(os.urandom(size))
+    return sum(sizes.values())
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@needs_root
+def test_a_striped_tree_over_three_node_pairs_fills_the_bottleneck(tmp_path):
+    xfer = dataplane.DEFAULT_XFER
+    assert xfer.exists(), "build xfer first (scripts/test runs cargo test --release before pytest)"
+    src = tmp_path / "src" / "run7"
+    total = _write_tree(src)
+    spec = wan.WanSpec(
+        rate_mbit=1000, rtt_ms=30, senders=3, receiving_nodes=3, node_rate_mbit=300,
+        delay="delay-line",
+    )  # fmt: skip
+    (tmp_path / "dst").mkdir()
+    with wan.emulated_wan(spec, prefix="xws") as w, ExitStack() as stack:
+        nodes = []
+        for i in range(3):
+            topo = w.node_topology(i, i)
+            rx = stack.enter_context(dataplane.xfer_receiver(xfer, topo, tmp_path / "dst"))
+            nodes.append((topo, rx, dataplane.write_key_file(rx, tmp_path / f"key{i}")))
+
+        def send(i: int, count: int, dest: str) -> dict:
+            topo, rx, key = nodes[i]
+            argv = [str(xfer), "send", str(src), f"{rx.addr}:{dest}", "--key-file", str(key)]
+            argv += ["--stripe", f"{i}/{count}", "--json"]
+            out = subprocess.run(topo.sender_cmd(argv), capture_output=True, text=True)
+            assert out.returncode == 0, out.stderr
+            return dataplane.xfer_summary(out.stdout)
+
+        # One node pair alone, with the share it has among three.
+        alone = send(0, 3, "alone")
+        alone_mbit = alone["bytes"] * 8 / alone["seconds"] / 1e6
+        shutil.rmtree(tmp_path / "dst" / "alone")
+        started = time.monotonic()
+        with ThreadPoolExecutor(3) as pool:
+            summaries = list(pool.map(lambda i: send(i, 3, "striped"), range(3)))
+        seconds = time.monotonic() - started
+    striped_mbit = total * 8 / seconds / 1e6
+    assert _tree(tmp_path / "dst" / "striped" / "run7") == _tree(src)
+    assert sum(s["bytes"] for s in summaries) == total, summaries
+    print(f"one pair {alone_mbit:.1f} Mbit/s, three striped {striped_mbit:.1f} Mbit/s (goodput)")
+    assert alone_mbit <= 1.05 * 300, alone_mbit
+    # Three pairs carry three times what one does (2.92 to 3.07 in six runs on 2026-12-07). One
+    # pair carries 244 to 255 Mbit/s of payload over its 300 Mbit/s link file to file (iperf3
+    # 287, xfer memory to memory 261 to 277), so three reach 738 to 767: short of 0.9 x 900,
+    # by what one pair lacks (docs/experiments/2026-12-07-striped-transfers.md).
+    assert striped_mbit >= 0.9 * 3 * alone_mbit, (striped_mbit, alone_mbit)
+    assert striped_mbit >= 0.8 * 900, (striped_mbit, [s["seconds"] for s in summaries])
+    assert wan.leftovers("xws") == []
