@@ -38,8 +38,17 @@ def _tree(root: Path) -> dict[str, bytes]:
     }
 
 
+@pytest.fixture
+def work(tmp_path):
+    """The test's directory, removed after it: pytest keeps the last runs' directories, and
+    this one holds the tree twice over (1.6 GB)."""
+    yield tmp_path
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
 @needs_root
-def test_a_striped_tree_over_three_node_pairs_fills_the_bottleneck(tmp_path):
+def test_a_striped_tree_over_three_node_pairs_fills_the_bottleneck(work):
+    tmp_path = work
     xfer = dataplane.DEFAULT_XFER
     assert xfer.exists(), "build xfer first (scripts/test runs cargo test --release before pytest)"
     src = tmp_path / "src" / "run7"

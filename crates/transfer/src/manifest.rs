@@ -157,7 +157,13 @@ pub struct FileEntry {
 /// use transfer::wire::Message;
 ///
 /// // A memory-to-memory benchmark's session starts so.
-/// let start = Message::Start { dest: Vec::new(), sink: SinkKind::Discard, present: Default::default(), delete: None };
+/// let start = Message::Start {
+///     dest: Vec::new(),
+///     sink: SinkKind::Discard,
+///     present: Default::default(),
+///     delete: None,
+///     striped: false,
+/// };
 /// # let _ = start;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
