@@ -2,11 +2,10 @@
 //!
 //! A file arrives as `.NAME.xfer-part` beside its final name, with `.NAME.xfer-journal` next to
 //! it. The journal starts with the identity of the source version (size, mtime, and the ctime
-//! and inode number nobody can set back) and then gets
-//! one fixed-size record `(offset, len, xxh3)` appended after each chunk is written, with a
-//! check of its own (the xxh3 of those 24 bytes), so that a record is never taken from bytes
-//! that are not one. A record
-//! goes to the page cache right after its data, so a killed process loses nothing it acknowledged.
+//! and inode number nobody can set back) and then gets one fixed-size record `(offset, len,
+//! xxh3)` appended after each chunk is written, with a check of its own (the xxh3 of those 24
+//! bytes), so that a record is never taken from bytes that are not one. A record goes to the
+//! page cache right after its data, so a killed process loses nothing it acknowledged.
 //! On resume every record is checked again against the part file's bytes, so a record that
 //! outlived its data (power loss) or a part file changed behind our back costs a resend, never a
 //! corrupt file. A torn last record is ignored.
@@ -366,8 +365,7 @@ impl Journal {
         let mut header = [0u8; HEADER_LEN];
         file.read_exact(&mut header).ok()?;
         Journal::header_is(&header, identity).then_some(())?;
-        file.seek(SeekFrom::End(0)).ok()?;
-        Some(Journal { file })
+        Journal::append_to(file).ok()
     }
 
     /// The ranges the journal in `file` records for `identity`, taken as they were recorded
