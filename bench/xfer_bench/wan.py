@@ -13,7 +13,11 @@ writing a packet into a TUN device runs whatever network softirq work is pending
 writer's CPU (without this, packets leave up to 100 ms late). Segmentation offloads are off on
 the senders' links, so drop-tail and random loss hit single segments as on a real router,
 not 64 KB GSO super-packets. The senders accept packets arriving on the TUN device although
-their route to the receiver goes through the router (rp_filter off).
+their route to the receiver goes through the router (rp_filter off). While a path exists,
+each CPU may queue 10,000 packets for its network softirq rather than the host's default 1,000
+(`net.core.netdev_max_backlog`, a setting of the whole host, put back on exit): with every
+hop of several node pairs handed to the softirq of two CPUs, a burst of a few hundred
+microseconds overflows 1,000 and its packets are dropped as no router on the path would.
 
 Everything is made under a per-process tag and removed on exit, also after an error or
 Ctrl-C; the delay line is stopped and its statistics kept.
@@ -315,6 +319,7 @@ def emulated_wan(spec: WanSpec, xfer: Path = DEFAULT_XFER, prefix: str = "xw") -
     made: list[str] = []
     line: subprocess.Popen[str] | None = None
     wan = Wan(spec, tag, senders, router, receiver, mode, nodes)
+    backlog = _raise_backlog(10_000)
     try:
         for ns in [*senders, router, receiver, *nodes]:
             _ip("netns", "add", ns)
@@ -429,6 +434,19 @@ def emulated_wan(spec: WanSpec, xfer: Path = DEFAULT_XFER, prefix: str = "xw") -
         for ns in made:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
             shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
+        BACKLOG.write_text(backlog)
+
+
+#: Packets each CPU may queue for its network softirq (host-wide).
+BACKLOG = Path("/proc/sys/net/core/netdev_max_backlog")
+
+
+def _raise_backlog(packets: int) -> str:
+    """Makes the host's softirq backlog at least `packets`; returns the setting to put back."""
+    before = BACKLOG.read_text().strip()
+    if int(before) < packets:
+        BACKLOG.write_text(str(packets))
+    return before
 
 
 def leftovers(prefix: str = "xw") -> list[str]:

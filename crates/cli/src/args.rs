@@ -283,7 +283,9 @@ pub struct SendArgs {
     /// absolute or under the remote home, and is created if missing). Sources named
     /// [USER@]HOST:PATH are sent by HOST, started over ssh: to a local directory (a pull), or
     /// to another host (a third-party transfer, whose data goes from HOST to it directly). A
-    /// name is remote when a colon comes before any slash (./a:b is a local file).
+    /// name is remote when a colon comes before any slash (./a:b is a local file). With
+    /// --nodes, the paths are on the sending nodes and the destination a directory on the
+    /// receiving nodes, without hosts.
     #[arg(required_unless_present = "over_ssh", num_args = 1.., value_name = "PATH... DESTINATION")]
     pub args: Vec<String>,
     /// Started by another xfer over ssh to send from this host: the transfer comes as JSON on
@@ -401,6 +403,16 @@ pub struct SendArgs {
     #[arg(long, value_name = "INDEX/COUNT",
           conflicts_with_all = ["mem", "delete", "checksum", "verify", "dry_run"])]
     pub stripe: Option<transfer::stripe::Stripe>,
+    /// Stripe the transfer over node pairs, all started over ssh from this host: FILE holds a
+    /// line per pair, SENDER RECEIVER ([USER@]HOST each; # starts a comment). The paths name
+    /// the sources on the sending nodes' shared file system and the destination a directory
+    /// on the receiving nodes' (absolute, or under the remote home). Each pair sends its
+    /// stripe over its own streams, directly; a pair that fails has its stripe sent again by
+    /// another at once, which sends only what is missing, and the summary says so.
+    #[arg(long, value_name = "FILE",
+          conflicts_with_all = ["stripe", "mem", "delete", "checksum", "verify", "dry_run",
+                                "key_file", "listen", "over_ssh"])]
+    pub nodes: Option<PathBuf>,
     /// Read the files with direct I/O (O_DIRECT), bypassing the page cache: for parallel file
     /// systems, and to keep the page cache for other work. A receiver this command starts over
     /// ssh writes with direct I/O too.

@@ -12,6 +12,7 @@ mod fetch;
 mod generate;
 mod metrics_endpoint;
 mod model;
+mod nodes;
 mod recv;
 mod remote_send;
 mod report;

@@ -12,7 +12,8 @@
 //! xfer runs `xfer send --over-ssh` on the source's host, hands it the transfer as one JSON
 //! line ([`Request`]: the receiver, its key, the paths, the filter and the options), and shows
 //! the reports it prints ([`Style::Relay`](crate::report::Style::Relay)) as its own: the same
-//! bar, JSON, MI log, summary and exit status as a push.
+//! bar, JSON, MI log, summary and exit status as a push. The head of a transfer striped over
+//! node pairs ([`crate::nodes`]) runs one such third-party transfer ([`Started`]) per pair.
 
 use std::io::BufRead;
 use std::net::{IpAddr, SocketAddr};
@@ -32,7 +33,7 @@ use crate::recv::nearest_existing;
 use crate::report::{DryRunReport, ProgressReport, RelayLine, Shown, SummaryReport};
 use crate::send::{self, Interrupted, Relayed};
 use crate::signals;
-use crate::ssh_start::{Lifeline, RemoteReceiver, SshHost, SshStart};
+use crate::ssh_start::{Lifeline, RemoteReceiver, RemoteSender, SshHost, SshStart};
 
 /// How long a pull's receiver here may take to close its session once the sender reported
 /// its end.
@@ -68,93 +69,189 @@ pub fn run(
     paths: Vec<String>,
     destination: &str,
 ) -> anyhow::Result<()> {
-    if args.key_file.is_some() {
-        bail!(
-            "--key-file is for a running receiver; the receiver of a transfer from {source} is \
-             started for it with a one-time key"
-        );
-    }
-    // Checked here before anything starts, and once more by the sender there.
-    let filter = send::remote_sending(args, &source)?.2.filter;
-    let source = SshHost {
-        ssh_command: args.ssh_command.clone(),
-        target: source,
-        remote_xfer: args.remote_xfer.clone(),
-    };
-    let receiving = Receiving::start(args, &source, destination)?;
-    let (host, port, dest, key) = receiving.address();
-    let mut shown = Shown::new(args, false, receiving.verb())?;
-    let request = Request {
-        host,
-        port,
-        dest,
-        key,
-        paths,
-        filter,
-        args: forwarded(args),
-    };
-    let request = serde_json::to_string(&request).context("writing the request")?;
-    let mut sender = source.start_sender(&request)?;
-    let mut lifelines = vec![sender.lifeline()];
-    lifelines.extend(receiving.lifeline());
+    let started = Started::start(args, source, paths, destination)?;
+    let mut shown = Shown::new(args, false, started.receiving.verb())?;
+    let lifelines = started.lifelines();
     // The first signal cuts the ssh channels, which ends the xfer at their other ends (what
     // the receiver verified is kept).
     let interrupted = signals::stop_on_first(move || lifelines.iter().for_each(Lifeline::cut))?;
-
     let mut latest = Progress::default();
-    let mut summary = None;
-    let mut dry_run = false;
-    for line in sender.lines.by_ref() {
-        let line = line.context("reading from ssh")?;
-        let Ok(value) = serde_json::from_str::<serde_json::Value>(&line) else {
-            // A login script's words: not a report.
-            eprintln!("{}: {line}", source.target);
-            continue;
-        };
-        match value["type"].as_str() {
-            Some("progress") => {
-                let report: ProgressReport =
-                    serde_json::from_value(value).context("a progress report of the sender")?;
-                latest = report.progress();
-                shown.progress(&report)?;
-            }
-            Some("summary") => {
-                summary = Some(
-                    serde_json::from_value::<SummaryReport>(value)
-                        .context("the summary of the sender")?,
-                );
-            }
-            Some("dry_run") => {
-                let report: DryRunReport =
-                    serde_json::from_value(value).context("the dry run of the sender")?;
-                shown.dry_run(&report)?;
-                dry_run = true;
-            }
-            Some("interval" | "notice") => {
-                match serde_json::from_value(value).context("a report of the sender")? {
-                    RelayLine::Interval { record, line } => shown.interval(record, line)?,
-                    RelayLine::Notice { text } => shown.notice(&text)?,
-                }
-            }
-            _ => eprintln!("{}: {line}", source.target),
+    let (ended, receiving) = started.follow(|report| match report {
+        Report::Progress(report) => {
+            latest = report.progress();
+            shown.progress(&report)
         }
-    }
+        Report::DryRun(report) => shown.dry_run(&report),
+        Report::Interval { record, line } => shown.interval(record, line),
+        Report::Notice(text) => shown.notice(&text),
+    })?;
     shown.finish();
-    let status = sender.exit_status()?;
-    let done = summary.is_some() || dry_run;
-    if let (Some(&signal), false) = (interrupted.get(), done) {
+    if let (Some(&signal), false) = (interrupted.get(), ended.done()) {
         return Err(Interrupted::at(signal, &latest, true).into());
     }
-    if !status.success() || !done {
-        bail!(
-            "the sender on {} failed ({status}); its messages are above",
-            source.target
-        );
-    }
+    ended.check()?;
     receiving.finish()?;
-    match summary {
+    match ended.summary {
         Some(summary) => shown.summary(&summary),
         None => Ok(()),
+    }
+}
+
+/// A transfer whose sender xfer started over ssh, running: the sender and its receiver.
+pub struct Started {
+    source: SshHost,
+    sender: RemoteSender,
+    /// Its receiver, here or on a third host.
+    pub receiving: Receiving,
+}
+
+/// What a sender started over ssh reported as it ran, besides its summary.
+pub enum Report {
+    /// How far it got.
+    Progress(ProgressReport),
+    /// What a dry run found.
+    DryRun(DryRunReport),
+    /// One monitoring interval: its MI-log record and its `--verbose` line.
+    Interval {
+        /// The MI-log record.
+        record: serde_json::Value,
+        /// The `--verbose` line.
+        line: String,
+    },
+    /// A warning.
+    Notice(String),
+}
+
+/// How a sender started over ssh ended.
+pub struct Ended {
+    /// Its exit status, as ssh passed it on.
+    pub status: std::process::ExitStatus,
+    /// Its summary, if it printed one.
+    pub summary: Option<SummaryReport>,
+    /// It reported a dry run.
+    dry_run: bool,
+    /// `[USER@]HOST` it ran on.
+    target: String,
+}
+
+impl Ended {
+    /// It reported its end: a summary or a dry run.
+    pub fn done(&self) -> bool {
+        self.summary.is_some() || self.dry_run
+    }
+
+    /// Fails unless it succeeded and reported its end.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if !self.status.success() || !self.done() {
+            bail!(
+                "the sender on {} failed ({}); its messages are above",
+                self.target,
+                self.status
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Started {
+    /// Starts the receiver `destination` names (here, or over ssh on a third host), then the
+    /// sender of `paths` on `source` over ssh, which connects to it.
+    pub fn start(
+        args: &SendArgs,
+        source: String,
+        paths: Vec<String>,
+        destination: &str,
+    ) -> anyhow::Result<Started> {
+        if args.key_file.is_some() {
+            bail!(
+                "--key-file is for a running receiver; the receiver of a transfer from {source} \
+                 is started for it with a one-time key"
+            );
+        }
+        // Checked here before anything starts, and once more by the sender there.
+        let filter = send::remote_sending(args, &source)?.2.filter;
+        let source = SshHost {
+            ssh_command: args.ssh_command.clone(),
+            target: source,
+            remote_xfer: args.remote_xfer.clone(),
+        };
+        let receiving = Receiving::start(args, &source, destination)?;
+        let (host, port, dest, key) = receiving.address();
+        let request = Request {
+            host,
+            port,
+            dest,
+            key,
+            paths,
+            filter,
+            args: forwarded(args),
+        };
+        let request = serde_json::to_string(&request).context("writing the request")?;
+        let sender = source.start_sender(&request)?;
+        Ok(Started {
+            source,
+            sender,
+            receiving,
+        })
+    }
+
+    /// The ssh channels, whose cutting ends the xfer at their other ends.
+    pub fn lifelines(&self) -> Vec<Lifeline> {
+        let mut lifelines = vec![self.sender.lifeline()];
+        lifelines.extend(self.receiving.lifeline());
+        lifelines
+    }
+
+    /// Hands each report of the sender to `on` until its output ends; how it ended, and the
+    /// receiver (still to be finished after a success).
+    pub fn follow(
+        mut self,
+        mut on: impl FnMut(Report) -> anyhow::Result<()>,
+    ) -> anyhow::Result<(Ended, Receiving)> {
+        let target = &self.source.target;
+        let mut summary = None;
+        let mut dry_run = false;
+        for line in self.sender.lines.by_ref() {
+            let line = line.context("reading from ssh")?;
+            let Ok(value) = serde_json::from_str::<serde_json::Value>(&line) else {
+                // A login script's words: not a report.
+                eprintln!("{target}: {line}");
+                continue;
+            };
+            match value["type"].as_str() {
+                Some("progress") => on(Report::Progress(
+                    serde_json::from_value(value).context("a progress report of the sender")?,
+                ))?,
+                Some("summary") => {
+                    summary = Some(
+                        serde_json::from_value::<SummaryReport>(value)
+                            .context("the summary of the sender")?,
+                    );
+                }
+                Some("dry_run") => {
+                    dry_run = true;
+                    on(Report::DryRun(
+                        serde_json::from_value(value).context("the dry run of the sender")?,
+                    ))?;
+                }
+                Some("interval" | "notice") => {
+                    match serde_json::from_value(value).context("a report of the sender")? {
+                        RelayLine::Interval { record, line } => {
+                            on(Report::Interval { record, line })?
+                        }
+                        RelayLine::Notice { text } => on(Report::Notice(text))?,
+                    }
+                }
+                _ => eprintln!("{target}: {line}"),
+            }
+        }
+        let ended = Ended {
+            status: self.sender.exit_status()?,
+            summary,
+            dry_run,
+            target: self.source.target,
+        };
+        Ok((ended, self.receiving))
     }
 }
 
@@ -217,7 +314,7 @@ fn forwarded(args: &SendArgs) -> SendArgs {
 }
 
 /// The receiving side of a transfer whose sender is remote.
-enum Receiving {
+pub enum Receiving {
     /// A receiver in this process (a pull).
     Here(LocalReceiver),
     /// One started over ssh on a third host.
@@ -294,7 +391,7 @@ impl Receiving {
     }
 
     /// After the sender reported success: waits for the receiver to end its session.
-    fn finish(self) -> anyhow::Result<()> {
+    pub fn finish(self) -> anyhow::Result<()> {
         match self {
             Receiving::Here(local) => local.finish(),
             Receiving::There(remote) => remote.finish(),

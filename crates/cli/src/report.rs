@@ -142,6 +142,36 @@ pub struct SummaryReport {
     /// The files the receiver held, compared by content (`--checksum`).
     #[serde(default)]
     pub compared: Compared,
+    /// A transfer over several node pairs (`--nodes`): each run of a stripe over a pair, in
+    /// the order they started. A stripe whose pair failed was run again over another: it has
+    /// a run more.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<RunReport>,
+}
+
+/// One run of a stripe over a node pair, in a transfer over several (`--nodes`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunReport {
+    /// The pair, numbered from 0 in the order of the node list.
+    pub node: usize,
+    /// Its sending host, as ssh reaches it.
+    pub sender: String,
+    /// Its receiving host, as ssh reaches it.
+    pub receiver: String,
+    /// The stripe it sent, `INDEX/COUNT`.
+    pub stripe: String,
+    /// When it started, in seconds since the transfer started.
+    pub started: f64,
+    /// When it ended, the same way.
+    pub ended: f64,
+    /// Bytes it sent that its receiver acknowledged (for a failed run, as last reported).
+    pub bytes: u64,
+    /// Why it failed, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
+    /// The pair whose failure it took the stripe over from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub took_over_from: Option<usize>,
 }
 
 impl SummaryReport {
@@ -162,6 +192,7 @@ impl SummaryReport {
             removed: RemovalReport::from(&summary.removed),
             compared: summary.compared,
             streams_timeline: summary.streams_timeline,
+            runs: Vec::new(),
         }
     }
 }
@@ -403,6 +434,9 @@ impl Shown {
                 if self.verify {
                     writeln!(out, "{}", verified_line(summary))?;
                 }
+                for run in &summary.runs {
+                    writeln!(out, "{}", run_line(run))?;
+                }
                 out.flush().context("writing the summary")
             }
         }
@@ -620,6 +654,28 @@ fn summary_line(summary: &SummaryReport, verb: &str) -> String {
     )
 }
 
+/// What one run of a stripe over a node pair did.
+fn run_line(run: &RunReport) -> String {
+    let took = match run.took_over_from {
+        Some(node) => format!(" (taken over from node {node})"),
+        None => String::new(),
+    };
+    let failed = match &run.failed {
+        Some(why) => format!("; failed: {why}"),
+        None => String::new(),
+    };
+    format!(
+        "node {} ({} -> {}): stripe {}{took}, {} from {:.2} s to {:.2} s{failed}",
+        run.node,
+        run.sender,
+        run.receiver,
+        run.stripe,
+        indicatif::BinaryBytes(run.bytes),
+        run.started,
+        run.ended,
+    )
+}
+
 /// What `--checksum` found of the files the receiver held.
 fn compared_line(compared: &Compared) -> String {
     let files = match compared.files {
@@ -717,6 +773,7 @@ mod tests {
             verified: true,
             removed: RemovalReport::default(),
             compared: Compared::default(),
+            runs: Vec::new(),
         };
         assert_eq!(
             summary_line(&summary, "received"),

@@ -1,6 +1,7 @@
 //! `xfer send`: a transfer run as the library's [`SendJob`] when the sources are here (a push),
 //! or by a sender xfer starts over ssh on the host they are on ([`crate::remote_send`]: a
-//! pull, a third-party transfer); shown by [`Shown`].
+//! pull, a third-party transfer), or by a third-party transfer per node pair
+//! ([`crate::nodes`]: `--nodes`); shown by [`Shown`].
 
 use std::io::IsTerminal;
 use std::os::unix::ffi::OsStrExt;
@@ -36,6 +37,9 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     let Some((destination, sources)) = args.args.split_last() else {
         bail!("missing destination HOST:PORT[:DEST] or [USER@]HOST:DIR");
     };
+    if let Some(list) = &args.nodes {
+        return crate::nodes::run(&args, list, sources, destination);
+    }
     let remote = sources.iter().filter(|s| is_remote(s)).count();
     if remote == 0 {
         if !is_remote(destination) {

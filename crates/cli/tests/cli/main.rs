@@ -1,8 +1,9 @@
 //! End-to-end tests of the `xfer` binary over loopback: whole trees byte-identical, live stream
 //! count changes, resume after SIGKILL of either side, every bad input with its error, the
-//! receiver started over ssh (an sshd in a network namespace), the receiver as a daemon
-//! (configuration file, SIGTERM, metrics) under load, one limit on a transfer's rate, the Debian
-//! package installed in a container-like root, and the fault-injection suite.
+//! receiver started over ssh (an sshd in a network namespace), transfers striped over node
+//! pairs started over ssh, the receiver as a daemon (configuration file, SIGTERM, metrics)
+//! under load, one limit on a transfer's rate, the Debian package installed in a
+//! container-like root, and the fault-injection suite.
 
 mod bad_input;
 mod chaos;
@@ -16,6 +17,7 @@ mod load;
 mod mirror;
 mod mptcp;
 mod netns;
+mod nodes;
 mod odd_sizes;
 mod optimize;
 mod package;

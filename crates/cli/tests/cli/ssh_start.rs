@@ -17,11 +17,11 @@ use crate::netns::Namespaces;
 /// private addresses cannot collide with anything).
 const REMOTE_ADDR: &str = "10.204.0.2";
 /// The host alias the test's ssh config maps to `REMOTE_ADDR`.
-const ALIAS: &str = "xfer-test-peer";
+pub(crate) const ALIAS: &str = "xfer-test-peer";
 
 /// An sshd in a namespace of its own (1), a sender namespace (0) that reaches it, and an ssh
 /// config for the alias. Everything is removed when dropped, also when the test fails.
-struct SshPeer {
+pub(crate) struct SshPeer {
     sshd: Option<Child>,
     /// The veth device of the sender's namespace, whose counters show what crossed it.
     sender_dev: String,
@@ -48,7 +48,7 @@ fn keygen(path: &Path) {
 impl SshPeer {
     /// Sets everything up; `None` (with the reason printed) when not root, as namespaces and
     /// sshd need it.
-    fn start() -> Option<SshPeer> {
+    pub(crate) fn start() -> Option<SshPeer> {
         let hosts = Namespaces::new(2, "the ssh start test")?;
         let [sender_dev, _] = hosts.link(0, (SENDER, "10.204.0.1/30"), (REMOTE, "10.204.0.2/30"));
         let mut peer = SshPeer {
@@ -61,7 +61,7 @@ impl SshPeer {
         Some(peer)
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
@@ -125,7 +125,7 @@ impl SshPeer {
 
     /// `xfer send ARGS...` in the sender's namespace, with the test's ssh config, running
     /// `remote_xfer` on the remote side.
-    fn send(&self, args: &[&str], remote_xfer: &str) -> Command {
+    pub(crate) fn send(&self, args: &[&str], remote_xfer: &str) -> Command {
         let mut cmd = self.hosts.command(SENDER, env!("CARGO_BIN_EXE_xfer"));
         cmd.arg("send")
             .args(args)
@@ -136,7 +136,7 @@ impl SshPeer {
         cmd
     }
 
-    fn run(&self, args: &[&str]) -> Output {
+    pub(crate) fn run(&self, args: &[&str]) -> Output {
         self.send(args, env!("CARGO_BIN_EXE_xfer"))
             .output()
             .expect("run xfer send")
@@ -165,20 +165,28 @@ impl SshPeer {
             .sum()
     }
 
-    /// Processes in the remote namespace other than sshd's listener.
+    /// Processes in the remote namespace other than sshd's listener: their command lines.
     fn remote_processes(&self) -> Vec<String> {
+        self.remote_pids().into_iter().map(|(_, cmd)| cmd).collect()
+    }
+
+    /// Processes in the remote namespace other than sshd's listener: their pids and command
+    /// lines.
+    pub(crate) fn remote_pids(&self) -> Vec<(u32, String)> {
         let sshd = self.sshd.as_ref().map(Child::id).unwrap_or_default();
         self.hosts
             .pids(REMOTE)
             .into_iter()
             .filter(|&pid| pid != sshd)
-            .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/cmdline")).ok())
-            .map(|cmd| cmd.replace('\0', " "))
+            .filter_map(|pid| {
+                let cmd = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).ok()?;
+                Some((pid, cmd.replace('\0', " ")))
+            })
             .collect()
     }
 
     /// Waits until nothing but sshd's listener runs in the remote namespace, `after` an event.
-    fn assert_remote_side_ends(&self, after: &str, within: Duration) {
+    pub(crate) fn assert_remote_side_ends(&self, after: &str, within: Duration) {
         let deadline = Instant::now() + within;
         loop {
             let left = self.remote_processes();
@@ -205,7 +213,7 @@ impl Drop for SshPeer {
 
 /// A small tree: files of a few sizes (one spanning several units), a subdirectory, modes and
 /// a name with a space.
-fn build_tree(root: &Path) {
+pub(crate) fn build_tree(root: &Path) {
     std::fs::create_dir_all(root.join("sub dir")).unwrap();
     write_data(&root.join("big.bin"), 9 << 20, 1);
     write_data(&root.join("sub dir/small"), 1000, 2);

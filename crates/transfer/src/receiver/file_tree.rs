@@ -30,6 +30,7 @@ use crate::manifest::{split_relative, DirEntry, FileEntry, ManifestBatch, PathEr
 use crate::seal::ChunkCheck;
 use crate::sync::unpoisoned;
 use crate::sys::mapped::{self, Detachable, Truncated, WriteWindow, MAPPED_MIN};
+use crate::sys::writeback;
 use crate::wire::{FileStatus, PresentFiles, Removal};
 
 /// Files smaller than this that arrive in one chunk get no journal: an interruption before
@@ -96,6 +97,17 @@ impl PartFile {
         match &self.direct {
             Some(direct) => direct_io::write_at(direct, &self.file, data, offset),
             None => self.file.write_all_at(data, offset),
+        }
+    }
+
+    /// Starts writing `range`, just received, to disk. Without it the kernel keeps a session's
+    /// data dirty in memory up to its background limit (a tenth of memory by default), and the
+    /// flush at the session's end (`syncfs`) then waits for all of it: seconds after the last
+    /// byte arrived, and minutes on a host with hundreds of gigabytes. Nothing depends on it
+    /// succeeding: the flush makes the data durable.
+    fn start_writeback(&self, range: Range<u64>) {
+        if let Err(e) = writeback::start(&self.file, range.start, range.end - range.start) {
+            tracing::debug!("starting the write-back of a part file: {e}");
         }
     }
 
@@ -449,6 +461,7 @@ impl FileTree {
             return Err(f.truncated());
         }
         part.write_at(data, offset).map_err(io_at(&f.rel))?;
+        part.start_writeback(offset..end);
         claim.commit(checksum).map(drop)
     }
 
@@ -476,7 +489,11 @@ impl FileTree {
         match WriteWindow::map(&part.file, offset, len) {
             Ok(window) => {
                 claim.register(window.detachable());
-                Ok(Some(MappedChunk { claim, window }))
+                Ok(Some(MappedChunk {
+                    claim,
+                    window,
+                    part,
+                }))
             }
             Err(_) if part.file.metadata().is_ok_and(|m| m.len() < end) => Err(f.truncated()),
             Err(e) => {
@@ -785,6 +802,7 @@ impl Drop for Claim {
 pub(super) struct MappedChunk {
     claim: Claim,
     window: WriteWindow,
+    part: Arc<PartFile>,
 }
 
 impl MappedChunk {
@@ -810,6 +828,7 @@ impl MappedChunk {
         if !matched && !detached() {
             return Ok(false);
         }
+        self.part.start_writeback(self.claim.range.clone());
         self.claim.commit(check.checksum)
     }
 }
