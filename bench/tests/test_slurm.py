@@ -1,5 +1,6 @@
-"""The Slurm cluster of namespaces that striped transfers are launched on (issue 44), and a
-striped transfer launched on it with `srun`."""
+"""The Slurm cluster of namespaces that striped transfers are launched on (issue 44), a
+striped transfer launched on it with `srun` a node at a time, and one whose head starts the
+nodes with `srun` from inside an allocation."""
 
 import json
 import os
@@ -8,7 +9,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from xfer_bench import dataplane, netns, slurm
+from xfer_bench import dataplane, netns, slurm, sshd
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
@@ -69,6 +70,14 @@ def _tree(root):
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
+def _write_tree(src):
+    """Two files of several 16 MiB pieces, an empty one and small ones, in four directories."""
+    for i, size in enumerate([40 << 20, 25 << 20, 1, 0, *range(1000, 60000, 1500)]):
+        path = src / f"d{i % 4}" / f"f{i:02}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(size))
+
+
 @needs_root
 def test_a_striped_transfer_launched_with_srun_arrives_byte_identical(tmp_path):
     # Three sending nodes under Slurm and three receiving nodes, all on one LAN, sharing this
@@ -77,10 +86,7 @@ def test_a_striped_transfer_launched_with_srun_arrives_byte_identical(tmp_path):
     xfer = dataplane.DEFAULT_XFER
     assert xfer.exists(), "build xfer first (scripts/test runs cargo test --release before pytest)"
     src = tmp_path / "src" / "run9"
-    for i, size in enumerate([40 << 20, 25 << 20, 1, 0, *range(1000, 60000, 1500)]):
-        path = src / f"d{i % 4}" / f"f{i:02}.bin"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(os.urandom(size))
+    _write_tree(src)
     (tmp_path / "dst").mkdir()
     before = slurm_processes()
     tag = f"xss{os.getpid() % 10000}"
@@ -111,5 +117,55 @@ def test_a_striped_transfer_launched_with_srun_arrives_byte_identical(tmp_path):
     assert sum(s["bytes"] for s in summaries) == total
     assert all(s["bytes"] > 0 for s in summaries), "each node sent its share"
     assert _tree(tmp_path / "dst" / "incoming" / "run9") == _tree(src)
+    assert slurm_processes() == before, "every daemon stopped"
+    assert not [ns for ns in netns.namespaces() if ns.startswith(tag)]
+
+
+@needs_root
+def test_the_head_starts_each_sending_node_with_srun_inside_an_allocation(tmp_path):
+    # Three sending nodes under Slurm and three receiving nodes with an sshd each, on one LAN:
+    # the head runs inside an allocation of the three (`salloc`), starts each node's sender as
+    # a step of it with srun (the transfer sealed with the cluster's MUNGE) and each receiver
+    # over ssh.
+    xfer = dataplane.DEFAULT_XFER
+    assert xfer.exists(), "build xfer first (scripts/test runs cargo test --release before pytest)"
+    src = tmp_path / "src" / "run9"
+    _write_tree(src)
+    dst = tmp_path / "dst" / "incoming"
+    (tmp_path / "ssh").mkdir()
+    before = slurm_processes()
+    tag = f"xsh{os.getpid() % 10000}"
+    with netns.bridged(tag, 6, subnet="10.205.0") as hosts, ExitStack() as stack:
+        senders, receivers = hosts[:3], hosts[3:]
+        nodes = [slurm.Node(f"dtn{i}", ns, addr) for i, (ns, addr) in enumerate(senders, 1)]
+        servers = {f"r{i}": host for i, host in enumerate(receivers)}
+        config = stack.enter_context(sshd.ssh_servers(servers, tmp_path / "ssh"))
+        cluster = stack.enter_context(slurm.slurm_cluster(nodes, "10.205.0.1", tmp_path / "slurm"))
+        (tmp_path / "nodes").write_text("".join(f"dtn{i} r{i - 1}\n" for i in range(1, 4)))
+        head = [str(xfer), "send", "--nodes", str(tmp_path / "nodes"), "--launcher", "srun"]
+        head += ["--munge-socket", str(cluster.munge_socket), str(src), str(dst), "--json"]
+        head += ["--ssh-command", f"ssh -F {config}", "--remote-xfer", str(xfer)]
+        out = subprocess.run(
+            ["salloc", "--nodes=3", "--quiet", *head],
+            env=cluster.env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        # A sealed transfer opens once (that only its sealer opens it: srun_start.rs's tests).
+        munge = ["--socket", str(cluster.munge_socket)]
+        argv = ["munge", *munge, "--string", "{}"]
+        sealed = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+        subprocess.run(
+            ["unmunge", *munge], input=sealed, capture_output=True, text=True, check=True
+        )
+        argv = [str(xfer), "send", "--over-srun", "--munge-socket", str(cluster.munge_socket)]
+        refused = subprocess.run(argv, input=sealed, capture_output=True, text=True, timeout=30)
+        assert refused.returncode == 1 and "Replayed credential" in refused.stderr, refused
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout.splitlines()[-1])
+    runs = summary["runs"]
+    assert [(r["node"], r["sender"]) for r in runs] == [(0, "dtn1"), (1, "dtn2"), (2, "dtn3")]
+    assert all(r["bytes"] > 0 and "failed" not in r for r in runs), runs
+    total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+    assert summary["bytes"] == total, summary
+    assert _tree(dst / "run9") == _tree(src)
     assert slurm_processes() == before, "every daemon stopped"
     assert not [ns for ns in netns.namespaces() if ns.startswith(tag)]

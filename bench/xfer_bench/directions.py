@@ -24,11 +24,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from xfer_bench import supervise
+from xfer_bench import sshd
 from xfer_bench.dataplane import (
     add_common_options,
     check_runnable,
@@ -76,60 +76,16 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def _keygen(path: Path) -> None:
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "xfer-bench", "-f", str(path)],
-        check=True,
-    )
-
-
 @contextmanager
 def ssh_servers(wan: Wan, work: Path) -> Iterator[Path]:
-    """An sshd on sender 0 and on the receiver, as root with one key pair made here; yields an
-    ssh config in which `sender0` and `receiver` name them."""
-    _keygen(work / "host_key")
-    _keygen(work / "id")
-    shutil.copy(work / "id.pub", work / "authorized_keys")
-    host_pub = (work / "host_key.pub").read_text()
-    servers = {wan.senders[0]: sender_addr(0), wan.receiver: RECEIVER_ADDR}
-    (work / "known_hosts").write_text("".join(f"{a} {host_pub}" for a in servers.values()))
-    config = work / "ssh_config"
-    config.write_text(
-        "".join(
-            f"Host {name}\n  HostName {addr}\n  IdentityFile {work}/id\n  IdentitiesOnly yes\n"
-            f"  UserKnownHostsFile {work}/known_hosts\n  GlobalKnownHostsFile /dev/null\n"
-            "  StrictHostKeyChecking yes\n  BatchMode yes\n  LogLevel ERROR\n  User root\n"
-            for name, addr in (("sender0", sender_addr(0)), ("receiver", RECEIVER_ADDR))
-        )
-    )
-    Path("/run/sshd").mkdir(exist_ok=True)
-    with ExitStack() as stack:
-        for ns, addr in servers.items():
-            cfg = work / f"sshd_config-{ns}"
-            cfg.write_text(
-                f"ListenAddress {addr}:22\nHostKey {work}/host_key\n"
-                f"PidFile {work}/sshd-{ns}.pid\nAuthorizedKeysFile {work}/authorized_keys\n"
-                "PubkeyAuthentication yes\nPasswordAuthentication no\nUsePAM no\n"
-                "PermitRootLogin prohibit-password\nStrictModes no\nLogLevel ERROR\n"
-            )
-            argv = ["ip", "netns", "exec", ns, "/usr/sbin/sshd", "-D", "-e", "-f", str(cfg)]
-            # INFO for the one line that says it listens; a file, so that its log of every
-            # connection never fills a pipe nobody reads.
-            argv += ["-o", "LogLevel=INFO"]
-            log = work / f"sshd-{ns}.log"
-            with log.open("wb") as stderr:
-                proc = supervise.start(argv, stdout=subprocess.DEVNULL, stderr=stderr)
-            stack.callback(supervise.stop, proc)
-            _wait_for_listening(proc, log)
+    """An sshd on sender 0 and on the receiver (`xfer_bench.sshd`); yields an ssh config in
+    which `sender0` and `receiver` name them."""
+    servers = {
+        "sender0": (wan.senders[0], sender_addr(0)),
+        "receiver": (wan.receiver, RECEIVER_ADDR),
+    }
+    with sshd.ssh_servers(servers, work) as config:
         yield config
-
-
-def _wait_for_listening(proc: subprocess.Popen, log: Path, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while b"Server listening" not in log.read_bytes():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"sshd did not start: {log.read_text(errors='replace').strip()}")
-        time.sleep(0.05)
 
 
 def measure(

@@ -54,6 +54,11 @@ class Cluster:
         """The environment Slurm's commands (`srun`, `sinfo`, `sbatch`) read this cluster from."""
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
+    @property
+    def munge_socket(self) -> Path:
+        """The socket of the cluster's munged (for `xfer send --munge-socket`)."""
+        return self.conf.parent / "munge" / "socket"
+
     def srun(self, argv: Sequence[str], nodes: int | None = None) -> list[str]:
         """The command line that runs `argv` as one task on each of `nodes` nodes (all)."""
         count = len(self.nodes) if nodes is None else nodes

@@ -45,6 +45,15 @@ pub enum LogFormat {
     Json,
 }
 
+/// How the head of a striped transfer starts the sending nodes' senders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+pub enum Launcher {
+    /// Over ssh, as for one remote host.
+    Ssh,
+    /// With srun, inside a Slurm allocation; the transfer is sealed with MUNGE.
+    Srun,
+}
+
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -286,13 +295,17 @@ pub struct SendArgs {
     /// name is remote when a colon comes before any slash (./a:b is a local file). With
     /// --nodes, the paths are on the sending nodes and the destination a directory on the
     /// receiving nodes, without hosts.
-    #[arg(required_unless_present = "over_ssh", num_args = 1.., value_name = "PATH... DESTINATION")]
+    #[arg(required_unless_present_any = ["over_ssh", "over_srun"], num_args = 1.., value_name = "PATH... DESTINATION")]
     pub args: Vec<String>,
     /// Started by another xfer over ssh to send from this host: the transfer comes as JSON on
     /// stdin, the reports go back as JSON lines on stdout, and the sender exits as soon as the
     /// ssh channel (stdin) closes.
     #[arg(long, hide = true)]
     pub over_ssh: bool,
+    /// Started by the head of a striped transfer with srun (--launcher srun): as --over-ssh,
+    /// but the transfer on stdin is sealed with MUNGE.
+    #[arg(long, hide = true, conflicts_with = "over_ssh")]
+    pub over_srun: bool,
     /// For a pull: the address and port this host's receiver listens on for the remote
     /// sender's streams, which connect to it directly [default: any free port, on the address
     /// the ssh connection comes from].
@@ -411,8 +424,17 @@ pub struct SendArgs {
     /// another at once, which sends only what is missing, and the summary says so.
     #[arg(long, value_name = "FILE",
           conflicts_with_all = ["stripe", "mem", "delete", "checksum", "verify", "dry_run",
-                                "key_file", "listen", "over_ssh"])]
+                                "key_file", "listen", "over_ssh", "over_srun"])]
     pub nodes: Option<PathBuf>,
+    /// How the head (--nodes) starts the sending nodes' senders: over ssh, or with srun as
+    /// steps of the Slurm allocation it runs in (the sending nodes are then named as Slurm
+    /// names them). The receiving nodes are started over ssh either way.
+    #[arg(long, value_enum, default_value_t = Launcher::Ssh, requires = "nodes")]
+    pub launcher: Launcher,
+    /// The socket of the munged that seals the transfer each node is handed by srun
+    /// (--launcher srun) [default: MUNGE's own].
+    #[arg(long, value_name = "PATH")]
+    pub munge_socket: Option<PathBuf>,
     /// Read the files with direct I/O (O_DIRECT), bypassing the page cache: for parallel file
     /// systems, and to keep the page cache for other work. A receiver this command starts over
     /// ssh writes with direct I/O too.

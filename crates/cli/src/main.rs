@@ -19,6 +19,7 @@ mod report;
 mod send;
 mod signals;
 mod sim;
+mod srun_start;
 mod ssh_start;
 
 use std::io::IsTerminal;

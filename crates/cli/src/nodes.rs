@@ -1,9 +1,11 @@
 //! A transfer striped over a site's node pairs from one command: `xfer send --nodes FILE
-//! PATH... DIR`. This host, the head, starts a third-party transfer per pair over ssh (a
-//! sender on the sending node, a receiver on the receiving node: [`crate::remote_send`]), each
-//! sending its stripe (`--stripe I/K`), and shows them as one transfer: one progress bar, one
-//! MI log whose records name their node, one summary with a line per run. The data goes from
-//! node to node; only the ssh channels reach the head, so it needs no port of its own.
+//! PATH... DIR`. This host, the head, starts a third-party transfer per pair over ssh (a sender
+//! on the sending node, a receiver on the receiving node: [`crate::remote_send`]), each sending
+//! its stripe (`--stripe I/K`; with `--launcher srun` the senders are started as steps of the
+//! head's Slurm allocation instead, [`crate::srun_start`]), and shows them as one transfer: one
+//! progress bar, one MI log whose records name their node, one summary with a line per run. The
+//! data goes from node to node; only the ssh channels reach the head, so it needs no port of
+//! its own.
 //!
 //! A pair whose run fails (a node's process killed, its host or its link down) is not used
 //! again, and its stripe is run again at once over the live pair with the least work. The

@@ -28,7 +28,7 @@ use transfer::filter::Filter;
 use transfer::receiver::{Receiver, ReceiverSettings};
 use transfer::sender::Progress;
 
-use crate::args::{is_remote, parse_destination, Destination, SendArgs};
+use crate::args::{is_remote, parse_destination, Destination, Launcher, SendArgs};
 use crate::recv::nearest_existing;
 use crate::report::{DryRunReport, ProgressReport, RelayLine, Shown, SummaryReport};
 use crate::send::{self, Interrupted, Relayed};
@@ -97,7 +97,8 @@ pub fn run(
     }
 }
 
-/// A transfer whose sender xfer started over ssh, running: the sender and its receiver.
+/// A transfer whose sender xfer started over ssh (or srun, for the head of a striped
+/// transfer), running: the sender and its receiver.
 pub struct Started {
     source: SshHost,
     sender: RemoteSender,
@@ -187,7 +188,15 @@ impl Started {
             args: forwarded(args),
         };
         let request = serde_json::to_string(&request).context("writing the request")?;
-        let sender = source.start_sender(&request)?;
+        let sender = match args.launcher {
+            Launcher::Ssh => source.start_sender(&request)?,
+            Launcher::Srun => crate::srun_start::start_sender(
+                &source.target,
+                &args.remote_xfer,
+                args.munge_socket.as_deref(),
+                &request,
+            )?,
+        };
         Ok(Started {
             source,
             sender,
@@ -255,14 +264,21 @@ impl Started {
     }
 }
 
-/// Serves the transfer another xfer asked this one, started over ssh, to send (`xfer send
-/// --over-ssh`): reads the [`Request`] from stdin and sends, reporting on stdout.
-pub fn serve() -> anyhow::Result<()> {
-    let mut line = String::new();
-    std::io::stdin()
-        .lock()
-        .read_line(&mut line)
-        .context("reading the transfer from the ssh channel")?;
+/// Serves the transfer another xfer asked this one, started over ssh or srun, to send (`xfer
+/// send --over-ssh`, `--over-srun`): the [`Request`] read from stdin (over ssh) or already
+/// opened (`opened`, over srun), and sends, reporting on stdout.
+pub fn serve(opened: Option<String>) -> anyhow::Result<()> {
+    let line = match opened {
+        Some(line) => line,
+        None => {
+            let mut line = String::new();
+            std::io::stdin()
+                .lock()
+                .read_line(&mut line)
+                .context("reading the transfer from the ssh channel")?;
+            line
+        }
+    };
     let request: Request = serde_json::from_str(&line).context(
         "the transfer the xfer that started this sender asked for (are both the same version?)",
     )?;

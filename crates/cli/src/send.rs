@@ -32,7 +32,11 @@ const REPORT_EVERY: Duration = Duration::from_secs(1);
 /// Runs `xfer send`.
 pub fn run(args: SendArgs) -> anyhow::Result<()> {
     if args.over_ssh {
-        return crate::remote_send::serve();
+        return crate::remote_send::serve(None);
+    }
+    if args.over_srun {
+        let request = crate::srun_start::open_request(args.munge_socket.as_deref())?;
+        return crate::remote_send::serve(Some(request));
     }
     let Some((destination, sources)) = args.args.split_last() else {
         bail!("missing destination HOST:PORT[:DEST] or [USER@]HOST:DIR");

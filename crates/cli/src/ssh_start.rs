@@ -74,8 +74,9 @@ pub struct RemoteSender {
     target: String,
 }
 
-/// The running ssh client; stopped when dropped.
-struct SshChild {
+/// The running ssh client (or `srun`, [`crate::srun_start`]), whose stdin is the remote
+/// xfer's lifeline; stopped when dropped.
+pub struct SshChild {
     child: Child,
     lifeline: Lifeline,
 }
@@ -141,17 +142,9 @@ impl SshHost {
 
     /// Runs `command` on the host, its stdin the lifeline and its stdout piped.
     fn spawn(&self, command: &str) -> anyhow::Result<(SshChild, Lines<BufReader<ChildStdout>>)> {
-        let mut child = self
-            .ssh()?
-            .args(["-T", "--", &self.target, command])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("starting {:?}", self.ssh_command))?;
-        let stdout = BufReader::new(child.stdout.take().expect("stdout is piped")).lines();
-        let lifeline = Lifeline(Arc::new(Mutex::new(child.stdin.take())));
-        Ok((SshChild { child, lifeline }, stdout))
+        let mut ssh = self.ssh()?;
+        ssh.args(["-T", "--", &self.target, command]);
+        SshChild::spawn(ssh).with_context(|| format!("starting {:?}", self.ssh_command))
     }
 
     /// Why the `role` (`receiver`, `sender`) started on the host ended before it was ready,
@@ -176,14 +169,7 @@ impl SshHost {
     /// channel then stays open as its lifeline).
     pub fn start_sender(&self, request: &str) -> anyhow::Result<RemoteSender> {
         let (mut ssh, lines) = self.spawn(&format!("{} send --over-ssh", self.remote_xfer))?;
-        let handed = match ssh.lifeline.0.lock() {
-            Ok(mut stdin) => match stdin.as_mut() {
-                Some(stdin) => writeln!(stdin, "{request}").and_then(|()| stdin.flush()),
-                None => Ok(()),
-            },
-            Err(_) => Ok(()),
-        };
-        if let Err(e) = handed {
+        if let Err(e) = ssh.hand(request) {
             let why = self.why_it_ended(&mut ssh, "sender", "");
             return Err(
                 anyhow::Error::new(e).context(format!("{why}; the messages above say more"))
@@ -299,6 +285,11 @@ impl RemoteReceiver {
 }
 
 impl RemoteSender {
+    /// The sender whose client is `ssh`, printing `lines`, on `target` (for messages).
+    pub fn new(ssh: SshChild, lines: Lines<BufReader<ChildStdout>>, target: String) -> Self {
+        RemoteSender { ssh, lines, target }
+    }
+
     /// Its ssh channel, which a signal handler may cut.
     pub fn lifeline(&self) -> Lifeline {
         self.ssh.lifeline.clone()
@@ -335,6 +326,32 @@ pub fn exit_when_stdin_closes(role: &'static str) {
 }
 
 impl SshChild {
+    /// Runs `command` (ssh or srun with its arguments), its stdin the lifeline, its stdout
+    /// piped and its stderr this process's.
+    pub fn spawn(
+        mut command: Command,
+    ) -> std::io::Result<(SshChild, Lines<BufReader<ChildStdout>>)> {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let stdout = BufReader::new(child.stdout.take().expect("stdout is piped")).lines();
+        let lifeline = Lifeline(Arc::new(Mutex::new(child.stdin.take())));
+        Ok((SshChild { child, lifeline }, stdout))
+    }
+
+    /// Writes `line` to the remote xfer's stdin (nothing once the lifeline is cut).
+    pub fn hand(&self, line: &str) -> std::io::Result<()> {
+        match self.lifeline.0.lock() {
+            Ok(mut stdin) => match stdin.as_mut() {
+                Some(stdin) => writeln!(stdin, "{line}").and_then(|()| stdin.flush()),
+                None => Ok(()),
+            },
+            Err(_) => Ok(()),
+        }
+    }
+
     /// How ssh ended, if it does within `limit`.
     fn exited_within(&mut self, limit: Duration) -> std::io::Result<Option<ExitStatus>> {
         let deadline = Instant::now() + limit;
@@ -351,7 +368,7 @@ impl SshChild {
 
     /// Closes the lifeline and gives ssh a moment to end; kills it if it does not. Returns
     /// how it ended on its own, if it did.
-    fn stop(&mut self) -> Option<ExitStatus> {
+    pub fn stop(&mut self) -> Option<ExitStatus> {
         self.lifeline.cut();
         let ended = self.exited_within(Duration::from_secs(2)).ok().flatten();
         if ended.is_none() {
