@@ -6,6 +6,7 @@ system: each node started by hand against iperf3 over the same pairs, and the he
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import time
@@ -126,6 +127,12 @@ def _pids(ns: str, holding: str) -> list[int]:
     return found
 
 
+def _children_cpu_s() -> float:
+    """User and system CPU seconds of this process's ended children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _links_down(ns: str) -> None:
     """Takes every link of namespace `ns` down, as a node whose cable is pulled."""
     out = subprocess.run(["ip", "-n", ns, "-o", "link", "show"], capture_output=True, text=True)
@@ -165,7 +172,7 @@ def test_the_head_starts_the_pairs_over_ssh_and_a_failed_node_is_taken_over(work
             argv += ["--ssh-command", f"ssh -F {config}", "--remote-xfer", str(xfer)]
             # Held to 100 Mbit/s a pair, so that the transfer lasts seconds after the kill.
             argv += ["--rate-limit", "100Mbit", "--mi-log", str(mi_log), "--stall-timeout", "3s"]
-            started = time.monotonic()
+            started, cpu = time.monotonic(), _children_cpu_s()
             head = subprocess.Popen(
                 w.sender_cmd(0, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
             )
@@ -183,7 +190,7 @@ def test_the_head_starts_the_pairs_over_ssh_and_a_failed_node_is_taken_over(work
             else:
                 _links_down(w.nodes[1])
             rest, err = head.communicate(timeout=120)
-            seconds = time.monotonic() - started
+            seconds, cpu = time.monotonic() - started, _children_cpu_s() - cpu
     assert head.returncode == 0, err
     summary = json.loads(rest.splitlines()[-1])
     assert _tree(dst / "run7") == _tree(src)
@@ -200,6 +207,7 @@ def test_the_head_starts_the_pairs_over_ssh_and_a_failed_node_is_taken_over(work
         f"on the head's clock); pair 1 failed ({failure}) at {failed_at:.2f} s, its stripe "
         f"started over pair {took[0]['node']} at {took[0]['started']:.2f} s"
     )
+    print(f"  the head's CPU, its ssh clients included: {cpu:.2f} s, {cpu / total * 1e9:.2f} s/GB")
     for r in runs:
         print(
             f"  node {r['node']} stripe {r['stripe']}: {r['bytes'] / MIB:.1f} MiB from "

@@ -45,6 +45,7 @@ fn a_tree_striped_over_three_node_pairs_arrives_identical_and_a_rerun_over_two_s
     let (tree, total) = striped_tree(&peer);
     let dest = peer.path("b/incoming");
     let three = node_list(&peer, 3);
+    let crossed = peer.sender_link_bytes();
     let first = summary(&ok(peer.run(&[
         "--nodes",
         text(&three),
@@ -52,6 +53,13 @@ fn a_tree_striped_over_three_node_pairs_arrives_identical_and_a_rerun_over_two_s
         text(&dest),
         "--json",
     ])));
+    // The head's link carries ssh and the reports only: the data goes from node to node.
+    let crossed = peer.sender_link_bytes() - crossed;
+    println!("the head's link carried {crossed} bytes for a {total}-byte striped transfer");
+    assert!(
+        crossed < total / 64,
+        "{crossed} bytes crossed the head's link for a {total}-byte transfer"
+    );
     assert_eq!(first["bytes"], total, "{first}");
     assert_eq!(first["bytes_skipped"], 0, "{first}");
     let runs = first["runs"].as_array().unwrap();

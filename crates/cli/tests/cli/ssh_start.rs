@@ -143,7 +143,7 @@ impl SshPeer {
     }
 
     /// Bytes received and sent so far through the sender's namespace's link.
-    fn sender_link_bytes(&self) -> u64 {
+    pub(crate) fn sender_link_bytes(&self) -> u64 {
         ["rx_bytes", "tx_bytes"]
             .iter()
             .map(|counter| {
