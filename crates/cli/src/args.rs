@@ -416,12 +416,12 @@ pub struct SendArgs {
     #[arg(long, value_name = "INDEX/COUNT",
           conflicts_with_all = ["mem", "delete", "checksum", "verify", "dry_run"])]
     pub stripe: Option<transfer::stripe::Stripe>,
-    /// Stripe the transfer over node pairs, all started over ssh from this host: FILE holds a
-    /// line per pair, SENDER RECEIVER ([USER@]HOST each; # starts a comment). The paths name
-    /// the sources on the sending nodes' shared file system and the destination a directory
-    /// on the receiving nodes' (absolute, or under the remote home). Each pair sends its
-    /// stripe over its own streams, directly; a pair that fails has its stripe sent again by
-    /// another at once, which sends only what is missing, and the summary says so.
+    /// Stripe the transfer over node pairs, all started from this host (over ssh; see also
+    /// --launcher): FILE holds a line per pair, SENDER RECEIVER ([USER@]HOST each; # starts a
+    /// comment). The paths name the sources on the sending nodes' shared file system and the
+    /// destination a directory on the receiving nodes' (absolute, or under the remote home). Each
+    /// pair sends its stripe over its own streams, directly; a pair that fails has its stripe sent
+    /// again by another at once, which sends only what is missing, and the summary says so.
     #[arg(long, value_name = "FILE",
           conflicts_with_all = ["stripe", "mem", "delete", "checksum", "verify", "dry_run",
                                 "key_file", "listen", "over_ssh", "over_srun"])]
