@@ -363,6 +363,18 @@ impl Run {
     fn running(&self) -> bool {
         self.ended.is_none()
     }
+
+    /// Its summary, if it completed.
+    fn summary(&self) -> Option<&SummaryReport> {
+        match &self.ended {
+            Some((_, Ok(summary))) => Some(summary),
+            _ => None,
+        }
+    }
+
+    fn completed(&self) -> bool {
+        self.summary().is_some()
+    }
 }
 
 /// A stripe's figures over its runs.
@@ -608,20 +620,6 @@ impl Runs {
             },
             took_over_from: run.took_over_from,
         }
-    }
-}
-
-impl Run {
-    /// Its summary, if it completed.
-    fn summary(&self) -> Option<&SummaryReport> {
-        match &self.ended {
-            Some((_, Ok(summary))) => Some(summary),
-            _ => None,
-        }
-    }
-
-    fn completed(&self) -> bool {
-        self.summary().is_some()
     }
 }
 
